@@ -1,0 +1,1 @@
+"""gpuaas control plane: intent, placement and evidence for a fleet of GPU hosts."""

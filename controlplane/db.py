@@ -1,0 +1,44 @@
+"""Engine and transaction boundary for the control-plane store."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from controlplane.embedded import EmbeddedPostgres
+
+DATABASE_URL_ENV = "GPUAAS_DATABASE_URL"
+
+
+def normalize_url(url: str) -> str:
+    """Accept plain ``postgresql://`` URLs and use the psycopg 3 driver for them."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def database_url() -> str:
+    """``GPUAAS_DATABASE_URL`` when set, else the embedded cluster (started on demand)."""
+    url = os.environ.get(DATABASE_URL_ENV)
+    if url:
+        return normalize_url(url)
+    return EmbeddedPostgres().start()
+
+
+@lru_cache(maxsize=8)
+def engine_for(url: str, pool_size: int = 5) -> Engine:
+    return create_engine(url, pool_size=pool_size, max_overflow=20, pool_pre_ping=True)
+
+
+@contextmanager
+def transaction(engine: Engine) -> Iterator[Session]:
+    """The service boundary: one session, committed on success, rolled back on error."""
+    factory = sessionmaker(engine, expire_on_commit=False)
+    with factory() as session, session.begin():
+        yield session

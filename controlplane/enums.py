@@ -1,0 +1,145 @@
+"""Domain enumerations. Their values are the contract with the seeds and the database."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class CapacityShape(StrEnum):
+    BAREMETAL = "baremetal"
+    GPU_SLICE = "gpu_slice"
+
+
+class ProfileIntent(StrEnum):
+    """Node profile intent, taken from MAAS tags."""
+
+    SLICE_VM = "slice_vm"
+    BAREMETAL = "baremetal"
+    UNKNOWN = "unknown"
+
+
+MAAS_PROFILE_TAGS: dict[str, ProfileIntent] = {
+    "gpuaas-profile-slice-vm": ProfileIntent.SLICE_VM,
+    "gpuaas-profile-baremetal": ProfileIntent.BAREMETAL,
+}
+
+
+class AdminState(StrEnum):
+    SCHEDULABLE = "schedulable"
+    DRAINING = "draining"
+    UNAVAILABLE = "unavailable"
+
+
+class SlotStatus(StrEnum):
+    DISABLED = "disabled"
+    AVAILABLE = "available"
+    RESERVED = "reserved"
+    PROVISIONING = "provisioning"
+    ACTIVE = "active"
+    RELEASING = "releasing"
+    CLEANUP = "cleanup"
+    CLEANUP_BLOCKED = "cleanup_blocked"
+
+
+# Slot statuses in which the slot belongs to an allocation.
+SLOT_IN_USE = frozenset(
+    {SlotStatus.RESERVED, SlotStatus.PROVISIONING, SlotStatus.ACTIVE, SlotStatus.RELEASING}
+)
+
+
+class HealthState(StrEnum):
+    UNKNOWN = "unknown"
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    FAILED = "failed"
+
+
+class FabricClaimMode(StrEnum):
+    PER_SLOT_VF = "per_slot_vf"
+    SHARED_DEVICE = "shared_device"
+    NONE = "none"
+
+
+class SharingMechanism(StrEnum):
+    """How a slot shares its GPU. Only whole-device slots are schedulable in v1."""
+
+    EXCLUSIVE_DEVICE = "exclusive_device"
+    MIG_PARTITION = "mig_partition"
+    MDEV_VGPU = "mdev_vgpu"
+    TIME_SLICED = "time_sliced"
+    MPS = "mps"
+    SOFTWARE_SHARED = "software_shared"
+
+
+class AllocationState(StrEnum):
+    PENDING = "pending"
+    PROVISIONING = "provisioning"
+    ACTIVE = "active"
+    RELEASING = "releasing"
+    RELEASED = "released"
+    FAILED = "failed"
+
+
+class ClaimKind(StrEnum):
+    NODE_EXCLUSIVE = "node_exclusive"
+    SLOT = "slot"
+
+
+class ClaimState(StrEnum):
+    ACTIVE = "active"
+    RELEASED = "released"
+
+
+class NodeTaskKind(StrEnum):
+    TOPOLOGY_DISCOVER = "slice.topology_discover"
+    VM_PROVISION = "slice.vm_provision"
+    VM_RELEASE = "slice.vm_release"
+    HOST_BOOTSTRAP = "host.bootstrap"
+    HOST_NETWORK = "host.network_baseline"
+    HOST_PARITY = "host.parity"
+    STORAGE_TRANSITION = "storage.transition"
+    DISK_WIPE = "disk.wipe"
+    RECONCILE = "node.reconcile"
+
+
+class NodeTaskState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class EvidenceKind(StrEnum):
+    TOPOLOGY = "topology"
+    PARITY = "parity"
+    HOST_RESULT = "host_result"
+    STORAGE_MANIFEST = "storage_manifest"
+    WIPE_PROOF = "wipe_proof"
+    READINESS = "readiness"
+    DRIFT = "drift"
+    APPROVAL = "approval"
+
+
+class ImageStatus(StrEnum):
+    DISABLED = "disabled"
+    ACTIVE = "active"
+    DEPRECATED = "deprecated"
+
+
+class DriverStrategy(StrEnum):
+    CLOUD_INIT = "cloud-init"
+    PREINSTALLED = "preinstalled"
+
+
+class ImageCacheStatus(StrEnum):
+    MISSING = "missing"
+    DOWNLOADING = "downloading"
+    VERIFIED = "verified"
+    CORRUPT = "corrupt"
+
+
+class NetworkMode(StrEnum):
+    PRIVATE_NAT = "private-nat"
+    PRIVATE_ROUTED = "private-routed"
+    PUBLIC_NAT = "public-nat"

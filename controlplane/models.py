@@ -1,0 +1,487 @@
+"""The control-plane store: typed SQLAlchemy 2 models.
+
+Invariants that must hold even if application code is wrong live in the database:
+partial unique indexes and an exclusion constraint on claims, composite foreign keys
+that pin a claim to its slot's node and its allocation's node, fleet-wide MAC and
+per-node IP/VF/GPU/disk uniqueness, checked enumerations, a slot that needs a wipe
+can never be ``available``, and ``evidence`` is append-only (see the migrations).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Enum,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import (
+    ARRAY,
+    CIDR,
+    INET,
+    JSONB,
+    MACADDR,
+    UUID,
+    ExcludeConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from controlplane.enums import (
+    AdminState,
+    AllocationState,
+    CapacityShape,
+    ClaimKind,
+    ClaimState,
+    DriverStrategy,
+    EvidenceKind,
+    FabricClaimMode,
+    HealthState,
+    ImageCacheStatus,
+    ImageStatus,
+    NetworkMode,
+    NodeTaskKind,
+    NodeTaskState,
+    ProfileIntent,
+    SharingMechanism,
+    SlotStatus,
+)
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+PCI_ADDRESS_PATTERN = r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
+def checked_enum(enum_cls: type[StrEnum], name: str) -> Enum:
+    """A VARCHAR column restricted by a CHECK constraint to the enum's values."""
+    return Enum(
+        enum_cls,
+        name=name,
+        native_enum=False,
+        create_constraint=True,
+        length=40,
+        values_callable=lambda members: [m.value for m in members],
+        validate_strings=True,
+    )
+
+
+def utcnow_column() -> Mapped[dt.datetime]:
+    return mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {
+        dict[str, Any]: JSONB,
+        uuid.UUID: UUID(as_uuid=True),
+        dt.datetime: DateTime(timezone=True),
+    }
+
+
+class Sku(Base):
+    __tablename__ = "skus"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    slug: Mapped[str] = mapped_column(String(100), unique=True)
+    display_name: Mapped[str] = mapped_column(String(200))
+    capacity_shape: Mapped[CapacityShape] = mapped_column(
+        checked_enum(CapacityShape, "capacity_shape")
+    )
+    node_family: Mapped[str] = mapped_column(String(100))
+    gpu_model: Mapped[str] = mapped_column(String(100))
+    allowed_gpu_counts: Mapped[list[int]] = mapped_column(ARRAY(Integer))
+    vcpu_per_gpu: Mapped[int] = mapped_column(Integer, server_default=text("24"))
+    memory_gib_per_gpu: Mapped[int] = mapped_column(Integer, server_default=text("64"))
+    runtime_profile: Mapped[str | None] = mapped_column(String(100))
+    requires_hugepages: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    enabled: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
+    created_at: Mapped[dt.datetime] = utcnow_column()
+
+    __table_args__ = (
+        CheckConstraint("cardinality(allowed_gpu_counts) > 0", name="allowed_gpu_counts_nonempty"),
+        CheckConstraint("0 < ALL(allowed_gpu_counts)", name="allowed_gpu_counts_positive"),
+        CheckConstraint("vcpu_per_gpu > 0 AND memory_gib_per_gpu > 0", name="profile_positive"),
+    )
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    hostname: Mapped[str] = mapped_column(String(253), unique=True)
+    region_code: Mapped[str] = mapped_column(String(100))
+    maas_system_id: Mapped[str | None] = mapped_column(String(64), unique=True)
+    maas_tags: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
+    profile_intent: Mapped[ProfileIntent] = mapped_column(
+        checked_enum(ProfileIntent, "profile_intent"), server_default=ProfileIntent.UNKNOWN.value
+    )
+    admin_state: Mapped[AdminState] = mapped_column(
+        checked_enum(AdminState, "admin_state"), server_default=AdminState.SCHEDULABLE.value
+    )
+    admin_state_reason: Mapped[str | None] = mapped_column(Text)
+    node_family: Mapped[str] = mapped_column(String(100))
+    gpu_count: Mapped[int] = mapped_column(Integer, server_default=text("8"))
+    slice_network_mode: Mapped[NetworkMode] = mapped_column(
+        checked_enum(NetworkMode, "slice_network_mode"),
+        server_default=NetworkMode.PRIVATE_NAT.value,
+    )
+    slice_subnet: Mapped[str | None] = mapped_column(CIDR)
+    slice_bridge: Mapped[str] = mapped_column(String(15), server_default=text("'ovsbr0'"))
+    management_address: Mapped[str | None] = mapped_column(String(253))
+    created_at: Mapped[dt.datetime] = utcnow_column()
+    updated_at: Mapped[dt.datetime] = utcnow_column()
+
+    slots: Mapped[list[NodeResourceSlot]] = relationship(
+        back_populates="node", lazy="raise", order_by="NodeResourceSlot.slot_index"
+    )
+
+    __table_args__ = (CheckConstraint("gpu_count >= 0", name="gpu_count_nonnegative"),)
+
+
+class NodeResourceSlot(Base):
+    """An approved (or candidate, while ``disabled``) host-local resource bundle."""
+
+    __tablename__ = "node_resource_slots"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
+    slot_index: Mapped[int] = mapped_column(Integer)
+    status: Mapped[SlotStatus] = mapped_column(
+        checked_enum(SlotStatus, "slot_status"), server_default=SlotStatus.DISABLED.value
+    )
+    health_state: Mapped[HealthState] = mapped_column(
+        checked_enum(HealthState, "health_state"), server_default=HealthState.UNKNOWN.value
+    )
+    health_detail: Mapped[str | None] = mapped_column(Text)
+    gpu_pci_address: Mapped[str | None] = mapped_column(String(16))
+    gpu_count: Mapped[int] = mapped_column(Integer, server_default=text("1"))
+    numa_node: Mapped[int | None] = mapped_column(Integer)
+    nvme_device: Mapped[str | None] = mapped_column(String(255))
+    nvme_kernel_name: Mapped[str | None] = mapped_column(String(64))
+    network_device: Mapped[str | None] = mapped_column(String(64))
+    mac_address: Mapped[str | None] = mapped_column(MACADDR)
+    private_ip: Mapped[str | None] = mapped_column(INET)
+    fabric_claim_mode: Mapped[FabricClaimMode] = mapped_column(
+        checked_enum(FabricClaimMode, "fabric_claim_mode"),
+        server_default=FabricClaimMode.NONE.value,
+    )
+    fabric_vf_pci_address: Mapped[str | None] = mapped_column(String(16))
+    fabric_device: Mapped[str | None] = mapped_column(String(16))
+    vcpu_count: Mapped[int] = mapped_column(Integer, server_default=text("24"))
+    memory_gib: Mapped[int] = mapped_column(Integer, server_default=text("64"))
+    capacity_metadata: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'"))
+    parent_slot_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("node_resource_slots.id", ondelete="RESTRICT")
+    )
+    sharing_mechanism: Mapped[SharingMechanism] = mapped_column(
+        checked_enum(SharingMechanism, "sharing_mechanism"),
+        server_default=SharingMechanism.EXCLUSIVE_DEVICE.value,
+    )
+    wipe_required: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    last_wipe_proof_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("evidence.id", ondelete="RESTRICT", use_alter=True)
+    )
+    generation: Mapped[int] = mapped_column(Integer, server_default=text("1"))
+    approved_at: Mapped[dt.datetime | None]
+    approved_by: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[dt.datetime] = utcnow_column()
+    updated_at: Mapped[dt.datetime] = utcnow_column()
+
+    node: Mapped[Node] = relationship(back_populates="slots", lazy="raise")
+
+    __table_args__ = (
+        UniqueConstraint("node_id", "slot_index"),
+        # Target of the composite foreign key that pins a claim to its slot's node.
+        UniqueConstraint("id", "node_id"),
+        UniqueConstraint("mac_address"),
+        UniqueConstraint("node_id", "private_ip"),
+        UniqueConstraint("node_id", "fabric_vf_pci_address"),
+        UniqueConstraint("node_id", "gpu_pci_address"),
+        UniqueConstraint("node_id", "nvme_device"),
+        CheckConstraint("slot_index >= 0", name="slot_index_nonnegative"),
+        CheckConstraint("gpu_count > 0", name="gpu_count_positive"),
+        CheckConstraint("vcpu_count > 0 AND memory_gib > 0", name="profile_positive"),
+        CheckConstraint("generation > 0", name="generation_positive"),
+        CheckConstraint(
+            f"gpu_pci_address IS NULL OR gpu_pci_address ~ '{PCI_ADDRESS_PATTERN}'",
+            name="gpu_pci_address_format",
+        ),
+        CheckConstraint(
+            f"fabric_vf_pci_address IS NULL OR fabric_vf_pci_address ~ '{PCI_ADDRESS_PATTERN}'",
+            name="fabric_vf_pci_address_format",
+        ),
+        CheckConstraint(
+            f"fabric_device IS NULL OR fabric_device ~ '{PCI_ADDRESS_PATTERN}'",
+            name="fabric_device_format",
+        ),
+        CheckConstraint(
+            "status <> 'available' OR NOT wipe_required", name="available_needs_no_wipe"
+        ),
+        # An available slot carries every runtime-critical binding (seed phase 2).
+        CheckConstraint(
+            "status <> 'available' OR ("
+            "gpu_pci_address IS NOT NULL AND numa_node IS NOT NULL"
+            " AND nvme_device LIKE '/dev/disk/by-id/%'"
+            " AND mac_address IS NOT NULL AND private_ip IS NOT NULL"
+            " AND fabric_claim_mode = 'per_slot_vf' AND fabric_vf_pci_address IS NOT NULL)",
+            name="available_is_complete",
+        ),
+        CheckConstraint("parent_slot_id IS NULL OR parent_slot_id <> id", name="parent_not_self"),
+        Index("ix_node_resource_slots_status_node", "status", "node_id"),
+    )
+
+
+class Allocation(Base):
+    __tablename__ = "allocations"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    capacity_shape: Mapped[CapacityShape] = mapped_column(
+        checked_enum(CapacityShape, "capacity_shape"),
+        server_default=CapacityShape.BAREMETAL.value,
+    )
+    sku_id: Mapped[int] = mapped_column(ForeignKey("skus.id", ondelete="RESTRICT"))
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    state: Mapped[AllocationState] = mapped_column(
+        checked_enum(AllocationState, "allocation_state"),
+        server_default=AllocationState.PENDING.value,
+    )
+    failure_reason: Mapped[str | None] = mapped_column(Text)
+    # Read model only: correctness lives in allocation_resource_claims.
+    node_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
+    region_code: Mapped[str | None] = mapped_column(String(100))
+    project_id: Mapped[str | None] = mapped_column(String(100))
+    requested_by: Mapped[str | None] = mapped_column(String(200))
+    runtime_metadata: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'"))
+    created_at: Mapped[dt.datetime] = utcnow_column()
+    updated_at: Mapped[dt.datetime] = utcnow_column()
+    released_at: Mapped[dt.datetime | None]
+
+    claims: Mapped[list[AllocationResourceClaim]] = relationship(
+        back_populates="allocation", lazy="raise"
+    )
+
+    __table_args__ = (
+        UniqueConstraint("id", "node_id"),
+        CheckConstraint("gpu_count > 0", name="gpu_count_positive"),
+        CheckConstraint(
+            "state <> 'failed' OR failure_reason IS NOT NULL", name="failed_has_reason"
+        ),
+        Index("ix_allocations_state", "state"),
+    )
+
+
+class AllocationResourceClaim(Base):
+    """Durable binding of an allocation to a node (baremetal) or to one slot (slice)."""
+
+    __tablename__ = "allocation_resource_claims"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    allocation_id: Mapped[uuid.UUID] = mapped_column()
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
+    slot_id: Mapped[uuid.UUID | None] = mapped_column()
+    claim_kind: Mapped[ClaimKind] = mapped_column(checked_enum(ClaimKind, "claim_kind"))
+    state: Mapped[ClaimState] = mapped_column(
+        checked_enum(ClaimState, "claim_state"), server_default=ClaimState.ACTIVE.value
+    )
+    created_at: Mapped[dt.datetime] = utcnow_column()
+    released_at: Mapped[dt.datetime | None]
+
+    allocation: Mapped[Allocation] = relationship(
+        back_populates="claims",
+        lazy="raise",
+        foreign_keys=[allocation_id],
+        primaryjoin="AllocationResourceClaim.allocation_id == Allocation.id",
+    )
+
+    __table_args__ = (
+        # A claim sits on its allocation's node and on its slot's node: no spanning.
+        ForeignKeyConstraint(
+            ["allocation_id", "node_id"],
+            ["allocations.id", "allocations.node_id"],
+            name="fk_allocation_resource_claims_allocation_node",
+            ondelete="RESTRICT",
+        ),
+        ForeignKeyConstraint(
+            ["slot_id", "node_id"],
+            ["node_resource_slots.id", "node_resource_slots.node_id"],
+            name="fk_allocation_resource_claims_slot_node",
+            ondelete="RESTRICT",
+        ),
+        CheckConstraint(
+            "(claim_kind = 'slot') = (slot_id IS NOT NULL)", name="slot_claim_has_slot"
+        ),
+        CheckConstraint(
+            "(state = 'released') = (released_at IS NOT NULL)", name="released_has_time"
+        ),
+        Index(
+            "uq_allocation_resource_claims_active_slot",
+            "slot_id",
+            unique=True,
+            postgresql_where=text("state = 'active' AND slot_id IS NOT NULL"),
+        ),
+        Index(
+            "uq_allocation_resource_claims_active_exclusive_node",
+            "node_id",
+            unique=True,
+            postgresql_where=text("state = 'active' AND claim_kind = 'node_exclusive'"),
+        ),
+        # Never a slot claim beside a node_exclusive claim on the same node (btree_gist).
+        ExcludeConstraint(
+            ("node_id", "="),
+            ("claim_kind", "<>"),
+            where=text("state = 'active'"),
+            using="gist",
+            name="ex_allocation_resource_claims_kind_mix",
+        ),
+        Index("ix_allocation_resource_claims_allocation_id", "allocation_id"),
+        Index(
+            "ix_allocation_resource_claims_active_node",
+            "node_id",
+            postgresql_where=text("state = 'active'"),
+        ),
+    )
+
+
+class NodeTask(Base):
+    __tablename__ = "node_tasks"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
+    allocation_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("allocations.id", ondelete="RESTRICT")
+    )
+    kind: Mapped[NodeTaskKind] = mapped_column(checked_enum(NodeTaskKind, "node_task_kind"))
+    state: Mapped[NodeTaskState] = mapped_column(
+        checked_enum(NodeTaskState, "node_task_state"), server_default=NodeTaskState.QUEUED.value
+    )
+    parameters: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'"))
+    output: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    error: Mapped[str | None] = mapped_column(Text)
+    requested_by: Mapped[str | None] = mapped_column(String(200))
+    flow_run_id: Mapped[str | None] = mapped_column(String(64))
+    artifact_dir: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = utcnow_column()
+    started_at: Mapped[dt.datetime | None]
+    finished_at: Mapped[dt.datetime | None]
+
+    __table_args__ = (Index("ix_node_tasks_node_kind_created", "node_id", "kind", "created_at"),)
+
+
+class Evidence(Base):
+    """Append-only record of who/what/when and the structured result behind a decision."""
+
+    __tablename__ = "evidence"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    kind: Mapped[EvidenceKind] = mapped_column(checked_enum(EvidenceKind, "evidence_kind"))
+    node_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
+    slot_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("node_resource_slots.id", ondelete="RESTRICT")
+    )
+    allocation_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("allocations.id", ondelete="RESTRICT")
+    )
+    node_task_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("node_tasks.id", ondelete="RESTRICT")
+    )
+    passed: Mapped[bool] = mapped_column(Boolean)
+    summary: Mapped[str] = mapped_column(Text)
+    payload: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'"))
+    recorded_by: Mapped[str] = mapped_column(String(200))
+    recorded_at: Mapped[dt.datetime] = utcnow_column()
+
+    __table_args__ = (
+        Index("ix_evidence_slot_kind", "slot_id", "kind"),
+        Index("ix_evidence_node_kind", "node_id", "kind"),
+    )
+
+
+class Outbox(Base):
+    __tablename__ = "outbox"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    aggregate_type: Mapped[str] = mapped_column(String(50))
+    aggregate_id: Mapped[uuid.UUID] = mapped_column()
+    event_type: Mapped[str] = mapped_column(String(100))
+    payload: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'"))
+    created_at: Mapped[dt.datetime] = utcnow_column()
+    published_at: Mapped[dt.datetime | None]
+
+    __table_args__ = (
+        Index("ix_outbox_unpublished", "id", postgresql_where=text("published_at IS NULL")),
+    )
+
+
+class OsImage(Base):
+    __tablename__ = "os_images"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    slug: Mapped[str] = mapped_column(String(100), unique=True)
+    status: Mapped[ImageStatus] = mapped_column(
+        checked_enum(ImageStatus, "image_status"), server_default=ImageStatus.DISABLED.value
+    )
+    driver_strategy: Mapped[DriverStrategy] = mapped_column(
+        checked_enum(DriverStrategy, "driver_strategy"),
+        server_default=DriverStrategy.CLOUD_INIT.value,
+    )
+    source_uri: Mapped[str | None] = mapped_column(Text)
+    digest_sha256: Mapped[str | None] = mapped_column(String(64))
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    compatible_skus: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
+    image_metadata: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'"))
+    created_at: Mapped[dt.datetime] = utcnow_column()
+
+    __table_args__ = (
+        CheckConstraint(
+            f"digest_sha256 IS NULL OR digest_sha256 ~ '{SHA256_PATTERN}'", name="digest_format"
+        ),
+        CheckConstraint(
+            "status <> 'active' OR digest_sha256 IS NOT NULL", name="active_has_digest"
+        ),
+    )
+
+
+class NodeImageCache(Base):
+    __tablename__ = "node_image_cache"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
+    image_id: Mapped[int] = mapped_column(ForeignKey("os_images.id", ondelete="RESTRICT"))
+    status: Mapped[ImageCacheStatus] = mapped_column(
+        checked_enum(ImageCacheStatus, "image_cache_status"),
+        server_default=ImageCacheStatus.MISSING.value,
+    )
+    digest_sha256: Mapped[str | None] = mapped_column(String(64))
+    local_path: Mapped[str | None] = mapped_column(Text)
+    verified_at: Mapped[dt.datetime | None]
+
+    __table_args__ = (
+        UniqueConstraint("node_id", "image_id"),
+        CheckConstraint(
+            "status <> 'verified' OR (digest_sha256 IS NOT NULL AND verified_at IS NOT NULL)",
+            name="verified_has_digest",
+        ),
+    )
