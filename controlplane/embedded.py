@@ -176,3 +176,13 @@ class EmbeddedPostgres:
             return False
         self._run(str(self.bindir / "pg_ctl"), "stop", "-m", "fast", "-D", str(self.data_dir))
         return True
+
+    def recreate_database(self, name: str) -> None:
+        """Drop and create a database (used by the demo for repeatable runs)."""
+        import psycopg
+
+        with psycopg.connect(
+            host=str(self.socket_dir), user=self._role(), dbname="postgres", autocommit=True
+        ) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{name}"')

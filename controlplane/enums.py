@@ -119,6 +119,7 @@ class EvidenceKind(StrEnum):
     READINESS = "readiness"
     DRIFT = "drift"
     APPROVAL = "approval"
+    OPERATOR_ACTION = "operator_action"
 
 
 class ImageStatus(StrEnum):

@@ -743,6 +743,7 @@ def upgrade() -> None:
                 "readiness",
                 "drift",
                 "approval",
+                "operator_action",
                 name="evidence_kind",
                 native_enum=False,
                 create_constraint=True,

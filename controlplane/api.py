@@ -1,0 +1,112 @@
+"""The control plane's Python API: each call is one transaction (the service boundary)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from sqlalchemy import Engine
+
+from controlplane import db, migrate
+from controlplane.enums import AdminState
+from controlplane.repositories import nodes as node_repo
+from controlplane.repositories import slots as slot_repo
+from controlplane.services import inventory, occupancy
+from controlplane.services import slots as slot_service
+
+
+def node_view(node) -> dict[str, Any]:
+    return {
+        "id": str(node.id),
+        "hostname": node.hostname,
+        "region_code": node.region_code,
+        "node_family": node.node_family,
+        "maas_system_id": node.maas_system_id,
+        "maas_tags": list(node.maas_tags or []),
+        "profile_intent": node.profile_intent.value,
+        "admin_state": node.admin_state.value,
+        "admin_state_reason": node.admin_state_reason,
+        "gpu_count": node.gpu_count,
+        "slice_subnet": str(node.slice_subnet) if node.slice_subnet is not None else None,
+        "slice_bridge": node.slice_bridge,
+    }
+
+
+def slot_view(slot, hostname: str) -> dict[str, Any]:
+    return {
+        "id": str(slot.id),
+        "node": hostname,
+        "slot_index": slot.slot_index,
+        "status": slot.status.value,
+        "health_state": slot.health_state.value,
+        "health_detail": slot.health_detail,
+        "gpu_pci_address": slot.gpu_pci_address,
+        "numa_node": slot.numa_node,
+        "nvme_device": slot.nvme_device,
+        "mac_address": str(slot.mac_address) if slot.mac_address is not None else None,
+        "private_ip": str(slot.private_ip).split("/")[0] if slot.private_ip is not None else None,
+        "fabric_claim_mode": slot.fabric_claim_mode.value,
+        "fabric_vf_pci_address": slot.fabric_vf_pci_address,
+        "fabric_device": slot.fabric_device,
+        "wipe_required": slot.wipe_required,
+        "generation": slot.generation,
+    }
+
+
+class ControlPlane:
+    """Entry point for the CLI, flows and tests."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @classmethod
+    def from_environment(cls) -> ControlPlane:
+        return cls(db.engine_for(db.database_url()))
+
+    def upgrade_schema(self) -> str | None:
+        migrate.upgrade(self.engine)
+        return migrate.current_revision(self.engine)
+
+    def register_node(self, spec: inventory.NodeSpec) -> dict[str, Any]:
+        with db.transaction(self.engine) as session:
+            node, created = inventory.register(session, spec)
+            return {**node_view(node), "created": created}
+
+    def list_nodes(self, region: str | None = None) -> list[dict[str, Any]]:
+        with db.transaction(self.engine) as session:
+            return [node_view(n) for n in node_repo.list_nodes(session, region)]
+
+    def set_admin_state(
+        self, hostname: str, state: AdminState, reason: str | None = None
+    ) -> dict[str, Any]:
+        with db.transaction(self.engine) as session:
+            node, changed = inventory.set_admin_state(session, hostname, state, reason)
+            return {**node_view(node), "changed": changed}
+
+    def import_topology(self, hostname: str, document: Any, actor: str) -> dict[str, Any]:
+        with db.transaction(self.engine) as session:
+            return asdict(slot_service.import_topology(session, hostname, document, actor))
+
+    def approve_slots(
+        self, hostname: str, slot_indexes: list[int] | None, actor: str
+    ) -> dict[str, Any]:
+        with db.transaction(self.engine) as session:
+            return asdict(slot_service.approve(session, hostname, slot_indexes, actor))
+
+    def list_slots(self, hostname: str | None = None) -> list[dict[str, Any]]:
+        with db.transaction(self.engine) as session:
+            if hostname:
+                node_repo.get_by_hostname(session, hostname)
+            return [slot_view(s, h) for s, h in slot_repo.listing(session, hostname)]
+
+    def disable_slot(self, hostname: str, slot_index: int, reason: str, actor: str) -> bool:
+        with db.transaction(self.engine) as session:
+            return slot_service.disable(session, hostname, slot_index, reason, actor)
+
+    def repair_slot(self, hostname: str, slot_index: int, reason: str, actor: str) -> str:
+        with db.transaction(self.engine) as session:
+            return slot_service.repair(session, hostname, slot_index, reason, actor)
+
+    def occupancy(self, region: str | None = None) -> dict[str, Any]:
+        with db.transaction(self.engine) as session:
+            return asdict(occupancy.occupancy(session, region))

@@ -1,0 +1,406 @@
+"""``gpuaas``: the operator CLI. Human tables by default, ``--json`` for machines.
+
+Errors exit non-zero; with ``--json`` they print ``{"error": {"code", "message",
+"details"}}`` on stdout, otherwise a sentence on stderr.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import sys
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.exc import OperationalError
+
+from controlplane.api import ControlPlane
+from controlplane.enums import AdminState
+from controlplane.errors import GpuaasError, InvalidInput
+from controlplane.services.inventory import NodeSpec
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+db_app = typer.Typer(no_args_is_help=True, help="Database schema and the embedded PostgreSQL.")
+node_app = typer.Typer(no_args_is_help=True, help="Register and administer nodes.")
+slots_app = typer.Typer(no_args_is_help=True, help="Import topology, approve and manage slots.")
+app.add_typer(db_app, name="db")
+app.add_typer(node_app, name="node")
+app.add_typer(slots_app, name="slots")
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
+NodeOpt = Annotated[str, typer.Option("--node", help="Node host name.")]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded as evidence).")]
+
+out = Console(width=None if sys.stdout.isatty() else 200)
+
+
+def actor() -> str:
+    return f"cli:{getpass.getuser()}"
+
+
+def control_plane() -> ControlPlane:
+    return ControlPlane.from_environment()
+
+
+def fail(error: GpuaasError, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(error.as_dict(), indent=2, default=str))
+    else:
+        err = Console(stderr=True)
+        err.print(f"[red]error[/red] {error.code}: {error.message}", highlight=False)
+        for rejection in (
+            (error.details or {}).get("rejections", []) if isinstance(error.details, dict) else []
+        ):
+            err.print(f"  - {rejection['code']}: {rejection['message']}", highlight=False)
+    raise typer.Exit(1)
+
+
+def run(as_json: bool, action: Callable[[], Any], render: Callable[[Any], None]) -> None:
+    """Run one command: JSON or human output, errors mapped to the error contract."""
+    try:
+        result = action()
+    except GpuaasError as error:
+        fail(error, as_json)
+        return
+    except OperationalError as exc:
+        fail(GpuaasError("database_unavailable", f"cannot reach the database: {exc.orig}"), as_json)
+        return
+    if as_json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        render(result)
+
+
+def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    grid = Table(title=title, title_justify="left")
+    for column in columns:
+        grid.add_column(column)
+    for row in rows:
+        grid.add_row(*("" if v is None else str(v) for v in row))
+    out.print(grid)
+
+
+# -- db ---------------------------------------------------------------------------------
+
+
+@db_app.command("upgrade")
+def db_upgrade(as_json: JsonFlag = False) -> None:
+    """Apply all migrations (creates the embedded database on first use)."""
+    run(
+        as_json,
+        lambda: {"revision": control_plane().upgrade_schema()},
+        lambda r: out.print(f"schema at revision {r['revision']}"),
+    )
+
+
+@db_app.command("stop")
+def db_stop(as_json: JsonFlag = False) -> None:
+    """Stop the embedded PostgreSQL (no effect with GPUAAS_DATABASE_URL)."""
+    from controlplane.embedded import EmbeddedPostgres
+
+    def stop() -> dict[str, Any]:
+        cluster = EmbeddedPostgres()
+        return {"data_dir": str(cluster.data_dir), "stopped": cluster.stop()}
+
+    run(
+        as_json,
+        stop,
+        lambda r: out.print(f"embedded PostgreSQL at {r['data_dir']} stopped: {r['stopped']}"),
+    )
+
+
+# -- node -------------------------------------------------------------------------------
+
+
+def render_nodes(nodes: list[dict[str, Any]]) -> None:
+    table(
+        "nodes",
+        ["hostname", "region", "family", "intent", "admin state", "subnet", "bridge", "maas id"],
+        [
+            [
+                n["hostname"],
+                n["region_code"],
+                n["node_family"],
+                n["profile_intent"],
+                n["admin_state"]
+                + (f" ({n['admin_state_reason']})" if n["admin_state_reason"] else ""),
+                n["slice_subnet"],
+                n["slice_bridge"],
+                n["maas_system_id"],
+            ]
+            for n in nodes
+        ],
+    )
+
+
+@node_app.command("register")
+def node_register(
+    hostname: Annotated[str, typer.Argument(help="Node host name.")],
+    region: Annotated[str, typer.Option("--region", help="Region code.")],
+    family: Annotated[str, typer.Option("--family", help="Node family.")] = "h200-sxm",
+    maas_id: Annotated[str | None, typer.Option("--maas-id", help="MAAS system id.")] = None,
+    tag: Annotated[list[str] | None, typer.Option("--tag", help="MAAS tag (repeatable).")] = None,
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs in the node.")] = 8,
+    subnet: Annotated[str | None, typer.Option("--subnet", help="Slice subnet (CIDR).")] = None,
+    bridge: Annotated[str, typer.Option("--bridge", help="Slice bridge name.")] = "ovsbr0",
+    address: Annotated[str | None, typer.Option("--address", help="Management address.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Register a node (or update its registration)."""
+    spec = NodeSpec(
+        hostname=hostname,
+        region_code=region,
+        node_family=family,
+        maas_system_id=maas_id,
+        maas_tags=tuple(tag or ()),
+        gpu_count=gpus,
+        slice_subnet=subnet,
+        slice_bridge=bridge,
+        management_address=address,
+    )
+    run(
+        as_json,
+        lambda: control_plane().register_node(spec),
+        lambda n: out.print(
+            f"{'registered' if n['created'] else 'updated'} {n['hostname']} ({n['id']})"
+        ),
+    )
+
+
+@node_app.command("list")
+def node_list(
+    region: Annotated[str | None, typer.Option("--region")] = None, as_json: JsonFlag = False
+) -> None:
+    """List nodes."""
+    run(as_json, lambda: control_plane().list_nodes(region), render_nodes)
+
+
+@node_app.command("drain")
+def node_drain(
+    hostname: Annotated[str, typer.Argument()], reason: ReasonOpt, as_json: JsonFlag = False
+) -> None:
+    """Stop new placements on a node; existing allocations continue."""
+    run(
+        as_json,
+        lambda: control_plane().set_admin_state(hostname, AdminState.DRAINING, reason),
+        lambda n: out.print(f"{n['hostname']} is {n['admin_state']}"),
+    )
+
+
+@node_app.command("undrain")
+def node_undrain(hostname: Annotated[str, typer.Argument()], as_json: JsonFlag = False) -> None:
+    """Make a node schedulable again."""
+    run(
+        as_json,
+        lambda: control_plane().set_admin_state(hostname, AdminState.SCHEDULABLE, None),
+        lambda n: out.print(f"{n['hostname']} is {n['admin_state']}"),
+    )
+
+
+# -- slots ------------------------------------------------------------------------------
+
+
+def read_topology(source: str) -> Any:
+    """A topology map file, or the slice_topology module's result holding one."""
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(
+            "file_unreadable", f"cannot read {source}: {exc.strerror}", {"file": source}
+        ) from exc
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(
+            "json_invalid", f"{source} is not JSON: {exc}", {"file": source}
+        ) from exc
+    if isinstance(document, dict) and isinstance(document.get("topology"), dict):
+        return document["topology"]
+    return document
+
+
+def render_import(result: dict[str, Any]) -> None:
+    out.print(
+        f"imported topology of {result['hostname']} collected at {result['collected_at']}: "
+        f"created {result['created']}, updated {result['updated']}, unchanged {result['unchanged']}"
+    )
+    if result["blockers"]:
+        counts = Counter(b["code"] for b in result["blockers"])
+        out.print(
+            "blockers: "
+            + ", ".join(f"{code} x{n}" if n > 1 else code for code, n in counts.items())
+        )
+    out.print(f"approvable slots: {result['approvable']}")
+    for index, reasons in sorted(result["not_approvable"].items()):
+        out.print(
+            f"slot {index} not approvable: " + ", ".join(sorted({r["code"] for r in reasons}))
+        )
+    for drift in result["drift"]:
+        out.print(f"drift on slot {drift['slot_index']} ({drift['status']})")
+
+
+@slots_app.command("import")
+def slots_import(
+    node: NodeOpt,
+    source: Annotated[str, typer.Option("--from", help="Topology map JSON file, or - for stdin.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Record a gpuaas.topology/v1 candidate map and mirror its candidates as disabled slots."""
+    run(
+        as_json,
+        lambda: control_plane().import_topology(node, read_topology(source), actor()),
+        render_import,
+    )
+
+
+@slots_app.command("approve")
+def slots_approve(
+    node: NodeOpt,
+    slot: Annotated[
+        list[int] | None, typer.Option("--slot", help="Slot index (repeatable).")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Approve slots as available: every rule re-checked, all or nothing."""
+    run(
+        as_json,
+        lambda: control_plane().approve_slots(node, slot or None, actor()),
+        lambda r: out.print(
+            f"{r['hostname']}: approved {r['approved']}, already available {r['unchanged']}"
+        ),
+    )
+
+
+def render_slots(slots: list[dict[str, Any]]) -> None:
+    table(
+        "slots",
+        ["node", "slot", "status", "health", "gpu", "numa", "disk", "mac", "ip", "vf", "detail"],
+        [
+            [
+                s["node"],
+                s["slot_index"],
+                s["status"],
+                s["health_state"],
+                s["gpu_pci_address"],
+                s["numa_node"],
+                (s["nvme_device"] or "").removeprefix("/dev/disk/by-id/"),
+                s["mac_address"],
+                s["private_ip"],
+                s["fabric_vf_pci_address"],
+                s["health_detail"],
+            ]
+            for s in slots
+        ],
+    )
+
+
+@slots_app.command("list")
+def slots_list(
+    node: Annotated[str | None, typer.Option("--node")] = None, as_json: JsonFlag = False
+) -> None:
+    """List slots (optionally of one node)."""
+    run(as_json, lambda: control_plane().list_slots(node), render_slots)
+
+
+@slots_app.command("disable")
+def slots_disable(
+    node: NodeOpt,
+    slot: Annotated[int, typer.Option("--slot")],
+    reason: ReasonOpt,
+    as_json: JsonFlag = False,
+) -> None:
+    """Take a slot out of scheduling."""
+    run(
+        as_json,
+        lambda: {"changed": control_plane().disable_slot(node, slot, reason, actor())},
+        lambda r: out.print(f"slot {slot} of {node} disabled (changed: {r['changed']})"),
+    )
+
+
+@slots_app.command("repair")
+def slots_repair(
+    node: NodeOpt,
+    slot: Annotated[int, typer.Option("--slot")],
+    reason: ReasonOpt,
+    as_json: JsonFlag = False,
+) -> None:
+    """Move a cleanup_blocked slot to cleanup (disk may hold data) or disabled."""
+    run(
+        as_json,
+        lambda: {"status": control_plane().repair_slot(node, slot, reason, actor())},
+        lambda r: out.print(f"slot {slot} of {node} is now {r['status']}"),
+    )
+
+
+# -- occupancy --------------------------------------------------------------------------
+
+
+def render_occupancy(result: dict[str, Any]) -> None:
+    table(
+        "node occupancy",
+        [
+            "node",
+            "region",
+            "intent",
+            "posture",
+            "slots",
+            "available",
+            "in use",
+            "cleanup",
+            "blocked",
+        ],
+        [
+            [
+                n["hostname"],
+                n["region_code"],
+                n["profile_intent"],
+                n["posture"],
+                n["slots"]["slots"],
+                n["slots"]["available"],
+                n["slots"]["in_use"],
+                n["slots"]["cleanup"],
+                n["slots"]["cleanup_blocked"],
+            ]
+            for n in result["nodes"]
+        ],
+    )
+    table(
+        "availability per SKU",
+        ["sku", "shape", "free GPUs", "largest same-node", "nodes", "placeable GPU counts"],
+        [
+            [
+                s["sku"],
+                s["capacity_shape"],
+                s["free_gpus"],
+                s["largest_same_node"],
+                s["nodes_with_capacity"],
+                ", ".join(map(str, s["placeable_gpu_counts"])) or "none",
+            ]
+            for s in result["skus"]
+        ],
+    )
+
+
+@app.command("occupancy")
+def occupancy_command(
+    region: Annotated[str | None, typer.Option("--region")] = None, as_json: JsonFlag = False
+) -> None:
+    """Node postures and aggregate availability per SKU (no PCI details)."""
+    run(as_json, lambda: control_plane().occupancy(region), render_occupancy)
+
+
+@app.command("demo")
+def demo_command() -> None:
+    """Run the end-to-end demo on the configured (default: embedded) database."""
+    from controlplane import demo
+
+    demo.main()
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,1 @@
+"""Repository functions: take a session, read or write rows, never commit."""

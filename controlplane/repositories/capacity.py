@@ -1,0 +1,138 @@
+"""Capacity queries shared by occupancy and the scheduler.
+
+The eligibility predicates are applied here, in SQL, even where the table says
+``available``: a slot counts only when it is complete, healthy, whole-GPU, not awaiting
+a wipe, on a schedulable slice node of the right family and region, on a node without
+an active exclusive claim, and its passthrough fabric device (VF, or legacy whole
+device) is not held by another actively claimed slot on the node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+ELIGIBLE_SLOT_PREDICATE = """
+    s.status = 'available'
+    AND s.health_state = 'healthy'
+    AND s.sharing_mechanism = 'exclusive_device'
+    AND s.parent_slot_id IS NULL
+    AND NOT s.wipe_required
+    AND s.gpu_pci_address IS NOT NULL
+    AND s.numa_node IS NOT NULL
+    AND s.nvme_device LIKE '/dev/disk/by-id/%'
+    AND s.mac_address IS NOT NULL
+    AND s.private_ip IS NOT NULL
+    AND s.fabric_claim_mode = 'per_slot_vf'
+    AND s.fabric_vf_pci_address IS NOT NULL
+    AND n.admin_state = 'schedulable'
+    AND n.profile_intent = 'slice_vm'
+    AND NOT EXISTS (
+        SELECT 1 FROM allocation_resource_claims x
+        WHERE x.node_id = n.id AND x.state = 'active' AND x.claim_kind = 'node_exclusive')
+    AND NOT EXISTS (
+        SELECT 1 FROM allocation_resource_claims c
+        WHERE c.slot_id = s.id AND c.state = 'active')
+    AND NOT EXISTS (
+        SELECT 1 FROM allocation_resource_claims c
+        JOIN node_resource_slots o ON o.id = c.slot_id
+        WHERE c.node_id = n.id AND c.state = 'active' AND o.id <> s.id
+          AND (o.fabric_vf_pci_address = s.fabric_vf_pci_address
+               OR (o.fabric_device = s.fabric_device
+                   AND (o.fabric_claim_mode <> 'per_slot_vf'
+                        OR s.fabric_claim_mode <> 'per_slot_vf'))))
+"""
+
+ELIGIBLE_SLOTS_SQL = text(
+    f"""
+SELECT s.id, s.node_id, n.hostname, s.slot_index, s.numa_node, s.gpu_count,
+       (SELECT count(*) FROM allocation_resource_claims c
+         WHERE c.node_id = n.id AND c.state = 'active') AS node_active_claims
+FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id
+WHERE {ELIGIBLE_SLOT_PREDICATE}
+  AND n.node_family = :node_family
+  AND (CAST(:region AS text) IS NULL OR n.region_code = :region)
+ORDER BY n.hostname, s.slot_index
+"""
+)
+
+# A node can go whole to a baremetal tenant only when nothing of any tenant is on it.
+BAREMETAL_ELIGIBLE_SQL = text(
+    """
+SELECT n.id, n.hostname, n.gpu_count
+FROM nodes n
+WHERE n.admin_state = 'schedulable'
+  AND n.profile_intent IN ('baremetal', 'slice_vm')
+  AND n.node_family = :node_family
+  AND n.gpu_count >= :gpu_count
+  AND (CAST(:region AS text) IS NULL OR n.region_code = :region)
+  AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims c
+                  WHERE c.node_id = n.id AND c.state = 'active')
+  AND NOT EXISTS (SELECT 1 FROM node_resource_slots s
+                  WHERE s.node_id = n.id
+                    AND (s.wipe_required OR s.status NOT IN ('available', 'disabled')))
+ORDER BY n.hostname
+"""
+)
+
+
+@dataclass(frozen=True)
+class EligibleSlot:
+    slot_id: object
+    node_id: object
+    hostname: str
+    slot_index: int
+    numa_node: int
+    gpu_count: int
+    node_active_claims: int
+
+
+def eligible_slots(session: Session, node_family: str, region: str | None) -> list[EligibleSlot]:
+    rows = session.execute(ELIGIBLE_SLOTS_SQL, {"node_family": node_family, "region": region})
+    return [EligibleSlot(*row) for row in rows]
+
+
+@dataclass(frozen=True)
+class BaremetalCandidate:
+    node_id: object
+    hostname: str
+    gpu_count: int
+
+
+def baremetal_candidates(
+    session: Session, node_family: str, gpu_count: int, region: str | None
+) -> Sequence[BaremetalCandidate]:
+    rows = session.execute(
+        BAREMETAL_ELIGIBLE_SQL,
+        {"node_family": node_family, "gpu_count": gpu_count, "region": region},
+    )
+    return [BaremetalCandidate(*row) for row in rows]
+
+
+NODE_OCCUPANCY_SQL = text(
+    """
+SELECT n.id, n.hostname, n.region_code, n.node_family, n.profile_intent, n.admin_state,
+       n.admin_state_reason, n.gpu_count,
+       count(s.id) AS slots,
+       count(s.id) FILTER (WHERE s.status = 'available') AS available,
+       count(s.id) FILTER (WHERE s.status IN ('reserved','provisioning','active','releasing'))
+           AS in_use,
+       count(s.id) FILTER (WHERE s.status = 'cleanup') AS cleanup,
+       count(s.id) FILTER (WHERE s.status = 'cleanup_blocked') AS cleanup_blocked,
+       count(s.id) FILTER (WHERE s.status = 'disabled') AS disabled,
+       EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.node_id = n.id
+               AND c.state = 'active' AND c.claim_kind = 'node_exclusive') AS exclusive,
+       (SELECT count(*) FROM allocation_resource_claims c WHERE c.node_id = n.id
+               AND c.state = 'active' AND c.claim_kind = 'slot') AS slot_claims
+FROM nodes n LEFT JOIN node_resource_slots s ON s.node_id = n.id
+GROUP BY n.id
+ORDER BY n.hostname
+"""
+)
+
+
+def node_occupancy_rows(session: Session) -> list[dict]:
+    return [dict(row._mapping) for row in session.execute(NODE_OCCUPANCY_SQL)]

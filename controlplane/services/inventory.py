@@ -1,0 +1,130 @@
+"""Node registration and admin state."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass, field
+
+import netaddr
+from sqlalchemy.orm import Session
+
+from controlplane.enums import MAAS_PROFILE_TAGS, AdminState, ProfileIntent
+from controlplane.errors import Conflict, InvalidInput
+from controlplane.models import Node
+from controlplane.repositories import nodes as node_repo
+from controlplane.repositories import slots as slot_repo
+
+HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
+)
+INTERFACE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    hostname: str
+    region_code: str
+    node_family: str = "h200-sxm"
+    maas_system_id: str | None = None
+    maas_tags: tuple[str, ...] = field(default_factory=tuple)
+    gpu_count: int = 8
+    slice_subnet: str | None = None
+    slice_bridge: str = "ovsbr0"
+    management_address: str | None = None
+
+
+def profile_intent_from_tags(tags: tuple[str, ...]) -> ProfileIntent:
+    intents = {MAAS_PROFILE_TAGS[t] for t in tags if t in MAAS_PROFILE_TAGS}
+    if len(intents) > 1:
+        raise InvalidInput(
+            "conflicting_profile_tags",
+            "a node cannot carry both gpuaas-profile-slice-vm and gpuaas-profile-baremetal",
+            {"tags": list(tags)},
+        )
+    return intents.pop() if intents else ProfileIntent.UNKNOWN
+
+
+def validate_spec(spec: NodeSpec) -> str | None:
+    """Check a registration and return the normalised slice subnet."""
+    if not HOSTNAME.match(spec.hostname):
+        raise InvalidInput(
+            "hostname_invalid",
+            f"{spec.hostname!r} is not a valid host name",
+            {"hostname": spec.hostname},
+        )
+    if not spec.region_code.strip():
+        raise InvalidInput("region_missing", "a region code is required", {})
+    if spec.gpu_count < 0:
+        raise InvalidInput("gpu_count_invalid", "gpu_count must be zero or more", {})
+    if not INTERFACE_NAME.match(spec.slice_bridge):
+        raise InvalidInput(
+            "bridge_invalid",
+            f"{spec.slice_bridge!r} is not a valid interface name (max 15 characters)",
+            {"bridge": spec.slice_bridge},
+        )
+    if spec.slice_subnet is None:
+        return None
+    try:
+        subnet = netaddr.IPNetwork(spec.slice_subnet)
+    except (netaddr.AddrFormatError, ValueError) as exc:
+        raise InvalidInput(
+            "subnet_invalid",
+            f"{spec.slice_subnet!r} is not a CIDR subnet",
+            {"subnet": spec.slice_subnet},
+        ) from exc
+    if subnet.version != 4 or subnet.prefixlen > 29 or subnet.ip != subnet.network:
+        raise InvalidInput(
+            "subnet_invalid",
+            f"{spec.slice_subnet!r} must be an IPv4 network address with a prefix of /29 or larger",
+            {"subnet": spec.slice_subnet},
+        )
+    return str(subnet.cidr)
+
+
+def register(session: Session, spec: NodeSpec) -> tuple[Node, bool]:
+    """Create the node, or update it in place; returns (node, created)."""
+    subnet = validate_spec(spec)
+    intent = profile_intent_from_tags(spec.maas_tags)
+    node = node_repo.find_by_hostname(session, spec.hostname)
+    created = node is None
+    if node is None:
+        node = Node(hostname=spec.hostname)
+        session.add(node)
+    elif (
+        node.slice_subnet is not None
+        and str(node.slice_subnet) != subnet
+        and slot_repo.for_node(session, node.id)
+    ):
+        raise Conflict(
+            "subnet_change_with_slots",
+            f"{spec.hostname} already has slots in {node.slice_subnet}; disable and remove "
+            "them before changing the slice subnet",
+            {"current": str(node.slice_subnet), "requested": subnet},
+        )
+    node.region_code = spec.region_code
+    node.node_family = spec.node_family
+    node.maas_system_id = spec.maas_system_id
+    node.maas_tags = list(spec.maas_tags)
+    node.profile_intent = intent
+    node.gpu_count = spec.gpu_count
+    node.slice_subnet = subnet
+    node.slice_bridge = spec.slice_bridge
+    node.management_address = spec.management_address
+    node.updated_at = dt.datetime.now(dt.UTC)
+    session.flush()
+    return node, created
+
+
+def set_admin_state(
+    session: Session, hostname: str, state: AdminState, reason: str | None
+) -> tuple[Node, bool]:
+    node = node_repo.get_by_hostname(session, hostname, for_update=True)
+    if state != AdminState.SCHEDULABLE and not (reason and reason.strip()):
+        raise InvalidInput("reason_required", f"moving a node to {state.value} needs a reason", {})
+    changed = node.admin_state != state or node.admin_state_reason != reason
+    node.admin_state = state
+    node.admin_state_reason = reason if state != AdminState.SCHEDULABLE else None
+    node.updated_at = dt.datetime.now(dt.UTC)
+    session.flush()
+    return node, changed

@@ -1,0 +1,138 @@
+"""Node posture and aggregate availability (seed 001: occupancy is derived, never stored)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from controlplane.enums import AdminState, CapacityShape
+from controlplane.repositories import capacity
+from controlplane.repositories import nodes as node_repo
+
+
+class Posture(StrEnum):
+    FULLY_AVAILABLE = "fully_available"
+    PARTIALLY_ALLOCATED = "partially_allocated"
+    FULLY_ALLOCATED_BY_SLICES = "fully_allocated_by_slices"
+    EXCLUSIVE_BAREMETAL = "exclusively_allocated_by_baremetal"
+    DRAINING = "draining"
+    CLEANUP_BLOCKED = "cleanup_blocked"
+    UNAVAILABLE = "unavailable"
+
+
+def derive_posture(row: dict[str, Any]) -> Posture:
+    """Pure: one posture from a node's admin state, claims and slot counts."""
+    if row["admin_state"] == AdminState.UNAVAILABLE.value:
+        return Posture.UNAVAILABLE
+    if row["admin_state"] == AdminState.DRAINING.value:
+        return Posture.DRAINING
+    if row["exclusive"]:
+        return Posture.EXCLUSIVE_BAREMETAL
+    if row["slot_claims"] or row["in_use"]:
+        return (
+            Posture.PARTIALLY_ALLOCATED if row["available"] else Posture.FULLY_ALLOCATED_BY_SLICES
+        )
+    if row["cleanup_blocked"] or row["cleanup"]:
+        return Posture.CLEANUP_BLOCKED
+    return Posture.FULLY_AVAILABLE
+
+
+@dataclass
+class NodeOccupancy:
+    hostname: str
+    region_code: str
+    node_family: str
+    profile_intent: str
+    admin_state: str
+    posture: str
+    slots: dict[str, int]
+    reason: str | None = None
+
+
+@dataclass
+class SkuAvailability:
+    sku: str
+    capacity_shape: str
+    allowed_gpu_counts: list[int]
+    free_gpus: int
+    largest_same_node: int
+    nodes_with_capacity: int
+    placeable_gpu_counts: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Occupancy:
+    nodes: list[NodeOccupancy]
+    skus: list[SkuAvailability]
+    postures: dict[str, int]
+
+
+def occupancy(session: Session, region: str | None = None) -> Occupancy:
+    nodes: list[NodeOccupancy] = []
+    for row in capacity.node_occupancy_rows(session):
+        if region and row["region_code"] != region:
+            continue
+        nodes.append(
+            NodeOccupancy(
+                hostname=row["hostname"],
+                region_code=row["region_code"],
+                node_family=row["node_family"],
+                profile_intent=row["profile_intent"],
+                admin_state=row["admin_state"],
+                posture=derive_posture(row).value,
+                slots={
+                    key: row[key]
+                    for key in (
+                        "slots",
+                        "available",
+                        "in_use",
+                        "cleanup",
+                        "cleanup_blocked",
+                        "disabled",
+                    )
+                },
+                reason=row["admin_state_reason"],
+            )
+        )
+    skus: list[SkuAvailability] = []
+    for sku in node_repo.list_skus(session):
+        if not sku.enabled:
+            continue
+        allowed = sorted(sku.allowed_gpu_counts)
+        if sku.capacity_shape == CapacityShape.GPU_SLICE:
+            free = Counter()
+            for slot in capacity.eligible_slots(session, sku.node_family, region):
+                free[slot.hostname] += slot.gpu_count
+            largest = max(free.values(), default=0)
+            skus.append(
+                SkuAvailability(
+                    sku=sku.slug,
+                    capacity_shape=sku.capacity_shape.value,
+                    allowed_gpu_counts=allowed,
+                    free_gpus=sum(free.values()),
+                    largest_same_node=largest,
+                    nodes_with_capacity=len(free),
+                    placeable_gpu_counts=[n for n in allowed if n <= largest],
+                )
+            )
+        else:
+            candidates = capacity.baremetal_candidates(
+                session, sku.node_family, min(allowed), region
+            )
+            gpus = [c.gpu_count for c in candidates]
+            skus.append(
+                SkuAvailability(
+                    sku=sku.slug,
+                    capacity_shape=sku.capacity_shape.value,
+                    allowed_gpu_counts=allowed,
+                    free_gpus=sum(gpus),
+                    largest_same_node=max(gpus, default=0),
+                    nodes_with_capacity=len(candidates),
+                    placeable_gpu_counts=[n for n in allowed if n <= max(gpus, default=0)],
+                )
+            )
+    return Occupancy(nodes=nodes, skus=skus, postures=dict(Counter(n.posture for n in nodes)))

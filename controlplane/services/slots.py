@@ -1,0 +1,439 @@
+"""Topology import, slot approval and operator actions on slots."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from controlplane import approval, topology
+from controlplane.enums import (
+    EvidenceKind,
+    FabricClaimMode,
+    HealthState,
+    NodeTaskKind,
+    NodeTaskState,
+    SlotStatus,
+)
+from controlplane.errors import Conflict, GpuaasError, InvalidInput
+from controlplane.models import Node, NodeResourceSlot
+from controlplane.repositories import evidence as evidence_repo
+from controlplane.repositories import nodes as node_repo
+from controlplane.repositories import slots as slot_repo
+
+# Slot fields that come from discovery; a change to any of them needs re-approval.
+DISCOVERED_FIELDS = (
+    "gpu_pci_address",
+    "numa_node",
+    "nvme_device",
+    "nvme_kernel_name",
+    "mac_address",
+    "private_ip",
+    "fabric_claim_mode",
+    "fabric_vf_pci_address",
+    "fabric_device",
+)
+# Unique per node (or fleet): cleared first when rows are rewritten, so values can move.
+UNIQUE_FIELDS = (
+    "gpu_pci_address",
+    "nvme_device",
+    "mac_address",
+    "private_ip",
+    "fabric_vf_pci_address",
+)
+REWRITABLE = frozenset({SlotStatus.DISABLED, SlotStatus.AVAILABLE})
+
+
+class ApprovalRejected(GpuaasError):
+    def __init__(self, code: str, message: str, rejections: list[approval.Rejection]) -> None:
+        super().__init__(code, message, {"rejections": [r.as_dict() for r in rejections]})
+        self.rejections = rejections
+
+
+@dataclass
+class ImportResult:
+    hostname: str
+    node_task_id: str
+    collected_at: str
+    created: list[int] = field(default_factory=list)
+    updated: list[int] = field(default_factory=list)
+    unchanged: list[int] = field(default_factory=list)
+    withdrawn: list[int] = field(default_factory=list)
+    drift: list[dict[str, Any]] = field(default_factory=list)
+    approvable: list[int] = field(default_factory=list)
+    not_approvable: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    blockers: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class ApprovalResult:
+    hostname: str
+    approved: list[int] = field(default_factory=list)
+    unchanged: list[int] = field(default_factory=list)
+
+
+def _candidate_values(
+    candidate: topology.CandidateSlot, disk: topology.NvmeDevice | None
+) -> dict[str, Any]:
+    mode = candidate.fabric_claim_mode or FabricClaimMode.NONE.value
+    return {
+        "gpu_pci_address": candidate.gpu_pci_address,
+        "numa_node": candidate.numa_node,
+        "nvme_device": candidate.nvme_device,
+        "nvme_kernel_name": disk.kernel_name if disk else None,
+        "mac_address": approval.normalize_mac(candidate.mac_address)
+        if candidate.mac_address
+        else None,
+        "private_ip": candidate.private_ip,
+        "fabric_claim_mode": FabricClaimMode(mode),
+        "fabric_vf_pci_address": candidate.fabric_vf_pci_address,
+        "fabric_device": candidate.fabric_device,
+    }
+
+
+def _current_values(slot: NodeResourceSlot) -> dict[str, Any]:
+    values = {name: getattr(slot, name) for name in DISCOVERED_FIELDS}
+    if values["private_ip"] is not None:
+        values["private_ip"] = str(values["private_ip"]).split("/")[0]
+    if values["mac_address"] is not None:
+        values["mac_address"] = str(values["mac_address"])
+    return values
+
+
+def _fleet_facts(session: Session, node: Node, rows: list[NodeResourceSlot]) -> approval.FleetFacts:
+    return approval.FleetFacts(
+        foreign_macs=slot_repo.foreign_macs(session, node.id),
+        disk_proofs=evidence_repo.disk_proofs(session, node.id),
+        slot_statuses={r.slot_index: r.status.value for r in rows},
+    )
+
+
+def _node_facts(node: Node) -> approval.NodeFacts:
+    return approval.NodeFacts(
+        hostname=node.hostname,
+        profile_intent=node.profile_intent.value,
+        slice_subnet=str(node.slice_subnet) if node.slice_subnet is not None else None,
+        network_mode=node.slice_network_mode.value,
+    )
+
+
+def _touch(slot: NodeResourceSlot, now: dt.datetime) -> None:
+    slot.generation += 1
+    slot.updated_at = now
+
+
+def import_topology(
+    session: Session, hostname: str, document: Any, recorded_by: str
+) -> ImportResult:
+    """Record a candidate map as evidence and mirror its candidates as ``disabled`` slots.
+
+    Approved slots whose discovered bindings changed drop back to ``disabled`` (they need
+    re-approval); slots owned by an allocation are never rewritten, their drift is
+    recorded instead. A map that the store could not hold is refused whole.
+    """
+    node = node_repo.get_by_hostname(session, hostname, for_update=True)
+    topo = topology.parse(document)
+    if topo.node != node.hostname:
+        raise InvalidInput(
+            "topology_node_mismatch",
+            f"the topology map is for {topo.node!r}, not {node.hostname!r}",
+            {"map_node": topo.node, "node": node.hostname},
+        )
+    rows = list(slot_repo.for_node(session, node.id, for_update=True))
+    fleet = _fleet_facts(session, node, rows)
+    refused = approval.storable_rejections(topo, fleet)
+    if refused:
+        raise ApprovalRejected(
+            "topology_rejected",
+            f"the topology map of {hostname} cannot be stored: "
+            + "; ".join(r.message for r in refused),
+            refused,
+        )
+
+    now = dt.datetime.now(dt.UTC)
+    task = evidence_repo.add_task(
+        session,
+        node_id=node.id,
+        kind=NodeTaskKind.TOPOLOGY_DISCOVER,
+        state=NodeTaskState.SUCCEEDED,
+        output=topo.document,
+        summary={
+            "candidate_slots": len(topo.candidate_slots),
+            "blockers": [b.code for b in topo.blockers],
+        },
+        requested_by=recorded_by,
+    )
+    result = ImportResult(
+        hostname=hostname,
+        node_task_id=str(task.id),
+        collected_at=topo.collected_at.isoformat(),
+        blockers=[{"code": b.code, "detail": b.detail} for b in topo.blockers],
+    )
+    by_index = {r.slot_index: r for r in rows}
+    candidates = {c.slot_index: c for c in topo.candidate_slots}
+    verdicts: dict[int, list[approval.Rejection]] = {i: [] for i in candidates}
+    for rejection in approval.approval_rejections(topo, _node_facts(node), fleet):
+        if rejection.slot_index is None:
+            for found in verdicts.values():
+                found.append(rejection)
+        elif rejection.slot_index in verdicts and rejection.code != "slot_in_use":
+            verdicts[rejection.slot_index].append(rejection)
+
+    rewrites: list[tuple[NodeResourceSlot, dict[str, Any]]] = []
+    new_rows: set[int] = set()
+    for index, candidate in candidates.items():
+        desired = _candidate_values(candidate, topo.disk(candidate.nvme_device))
+        row = by_index.get(index)
+        if row is None:
+            row = NodeResourceSlot(node_id=node.id, slot_index=index, status=SlotStatus.DISABLED)
+            session.add(row)
+            rewrites.append((row, desired))
+            new_rows.add(index)
+            result.created.append(index)
+        elif _current_values(row) == desired:
+            result.unchanged.append(index)
+        elif row.status in REWRITABLE:
+            rewrites.append((row, desired))
+            result.updated.append(index)
+        else:
+            result.drift.append(
+                {"slot_index": index, "status": row.status.value, "observed": desired}
+            )
+    for index, row in by_index.items():
+        if index in candidates:
+            continue
+        if row.status in REWRITABLE:
+            if row.status != SlotStatus.DISABLED:
+                row.status = SlotStatus.DISABLED
+                _touch(row, now)
+            row.health_detail = (
+                f"absent from the topology collected at {topo.collected_at.isoformat()}"
+            )
+            result.withdrawn.append(index)
+        else:
+            result.drift.append({"slot_index": index, "status": row.status.value, "observed": None})
+
+    # Clear unique bindings first so values may move between slots of this node.
+    for row, _ in rewrites:
+        if row.slot_index not in new_rows:
+            for name in UNIQUE_FIELDS:
+                setattr(row, name, None)
+    try:
+        session.flush()
+        for row, desired in rewrites:
+            for name, value in desired.items():
+                setattr(row, name, value)
+            if row.status == SlotStatus.AVAILABLE:
+                row.status = SlotStatus.DISABLED
+            row.health_state = HealthState.UNKNOWN
+            if row.slot_index not in new_rows:
+                _touch(row, now)
+        session.flush()
+    except IntegrityError as exc:
+        raise Conflict(
+            "topology_conflicts_with_store",
+            f"the topology map of {hostname} conflicts with slots the store must keep: {exc.orig}",
+            {"hostname": hostname},
+        ) from exc
+
+    for index, row in ((r.slot_index, r) for r in slot_repo.for_node(session, node.id)):
+        if index not in candidates or row.status not in REWRITABLE:
+            continue
+        found = verdicts[index]
+        if row.status == SlotStatus.DISABLED:
+            row.health_detail = (
+                "not approvable: " + ", ".join(sorted({r.code for r in found}))
+                if found
+                else "candidate: awaiting approval"
+            )
+        if found:
+            result.not_approvable[index] = [r.as_dict() for r in found]
+        else:
+            result.approvable.append(index)
+    evidence_repo.add(
+        session,
+        kind=EvidenceKind.TOPOLOGY,
+        passed=not topo.blockers,
+        summary=(
+            f"topology of {hostname}: {len(candidates)} candidate slots, "
+            f"{len(result.approvable)} approvable, blockers: "
+            + (", ".join(b.code for b in topo.blockers) or "none")
+        ),
+        recorded_by=recorded_by,
+        payload={
+            "collected_at": topo.collected_at.isoformat(),
+            "blockers": result.blockers,
+            "drift": result.drift,
+        },
+        node_id=node.id,
+        node_task_id=task.id,
+    )
+    if result.drift:
+        evidence_repo.add(
+            session,
+            kind=EvidenceKind.DRIFT,
+            passed=False,
+            summary=f"{len(result.drift)} in-use slots differ from the latest topology of {hostname}",
+            recorded_by=recorded_by,
+            payload={"drift": result.drift},
+            node_id=node.id,
+            node_task_id=task.id,
+        )
+    return result
+
+
+def approve(
+    session: Session, hostname: str, slot_indexes: list[int] | None, approved_by: str
+) -> ApprovalResult:
+    """Make slots ``available``: all or nothing, every rule re-validated against the store."""
+    node = node_repo.get_by_hostname(session, hostname, for_update=True)
+    task = evidence_repo.latest_task(
+        session, node.id, NodeTaskKind.TOPOLOGY_DISCOVER, NodeTaskState.SUCCEEDED
+    )
+    if task is None or task.output is None:
+        raise InvalidInput(
+            "no_topology",
+            f"{hostname} has no recorded topology; run discovery or `gpuaas slots import` first",
+            {"hostname": hostname},
+        )
+    topo = topology.parse(task.output)
+    rows = {r.slot_index: r for r in slot_repo.for_node(session, node.id, for_update=True)}
+    fleet = _fleet_facts(session, node, list(rows.values()))
+    rejections = approval.approval_rejections(topo, _node_facts(node), fleet, slot_indexes)
+    wanted = sorted(rows) if slot_indexes is None else sorted(set(slot_indexes))
+    for index in wanted:
+        row = rows.get(index)
+        if row is not None and row.wipe_required:
+            rejections.append(
+                approval.Rejection(
+                    "wipe_required",
+                    f"slot {index}: its disk held tenant data; record a verified wipe proof first",
+                    index,
+                )
+            )
+        candidate = next((c for c in topo.candidate_slots if c.slot_index == index), None)
+        if row is not None and candidate is not None:
+            desired = _candidate_values(candidate, topo.disk(candidate.nvme_device))
+            if _current_values(row) != desired and row.status in REWRITABLE:
+                rejections.append(
+                    approval.Rejection(
+                        "slot_out_of_sync",
+                        f"slot {index}: stored bindings differ from the latest topology; "
+                        "re-import it",
+                        index,
+                    )
+                )
+    if rejections:
+        raise ApprovalRejected(
+            "approval_rejected",
+            f"{len(rejections)} rule(s) refuse approval on {hostname}; nothing was approved",
+            rejections,
+        )
+    now = dt.datetime.now(dt.UTC)
+    result = ApprovalResult(hostname=hostname)
+    for index in wanted:
+        row = rows[index]
+        if row.status == SlotStatus.AVAILABLE:
+            result.unchanged.append(index)
+            continue
+        row.status = SlotStatus.AVAILABLE
+        row.health_state = HealthState.HEALTHY
+        row.health_detail = None
+        row.approved_at = now
+        row.approved_by = approved_by
+        row.capacity_metadata = {
+            **row.capacity_metadata,
+            "storage_identity_kind": "by_id",
+            "approved_from_task": str(task.id),
+            "topology_collected_at": topo.collected_at.isoformat(),
+        }
+        _touch(row, now)
+        result.approved.append(index)
+    session.flush()
+    for index in result.approved:
+        evidence_repo.add(
+            session,
+            kind=EvidenceKind.APPROVAL,
+            passed=True,
+            summary=f"slot {index} of {hostname} approved as available",
+            recorded_by=approved_by,
+            payload={"slot_index": index, "topology_task_id": str(task.id)},
+            node_id=node.id,
+            slot_id=rows[index].id,
+        )
+    return result
+
+
+def disable(session: Session, hostname: str, slot_index: int, reason: str, actor: str) -> bool:
+    if not reason.strip():
+        raise InvalidInput("reason_required", "disabling a slot needs a reason", {})
+    node = node_repo.get_by_hostname(session, hostname)
+    row = slot_repo.get(session, node.id, slot_index, for_update=True)
+    if row.status in (
+        SlotStatus.RESERVED,
+        SlotStatus.PROVISIONING,
+        SlotStatus.ACTIVE,
+        SlotStatus.RELEASING,
+    ):
+        raise Conflict(
+            "slot_in_use",
+            f"slot {slot_index} of {hostname} is {row.status.value}; release its allocation first",
+            {"status": row.status.value},
+        )
+    if row.status == SlotStatus.DISABLED:
+        return False
+    row.status = SlotStatus.DISABLED
+    row.health_detail = f"disabled: {reason}"
+    _touch(row, dt.datetime.now(dt.UTC))
+    session.flush()
+    evidence_repo.add(
+        session,
+        kind=EvidenceKind.OPERATOR_ACTION,
+        passed=True,
+        summary=f"slot {slot_index} of {hostname} disabled: {reason}",
+        recorded_by=actor,
+        payload={"action": "disable", "reason": reason},
+        node_id=node.id,
+        slot_id=row.id,
+    )
+    return True
+
+
+def repair(session: Session, hostname: str, slot_index: int, reason: str, actor: str) -> str:
+    """Return a blocked or failed slot to a state from which it can be reused safely.
+
+    A slot whose disk may hold tenant data goes to ``cleanup`` (a wipe proof brings it
+    back); otherwise to ``disabled`` (it needs approval again).
+    """
+    if not reason.strip():
+        raise InvalidInput("reason_required", "repairing a slot needs a reason", {})
+    node = node_repo.get_by_hostname(session, hostname)
+    row = slot_repo.get(session, node.id, slot_index, for_update=True)
+    repairable = row.status in (SlotStatus.CLEANUP_BLOCKED, SlotStatus.DISABLED, SlotStatus.CLEANUP)
+    if not repairable:
+        raise Conflict(
+            "slot_not_repairable",
+            f"slot {slot_index} of {hostname} is {row.status.value}; only cleanup_blocked, "
+            "cleanup or disabled slots can be repaired",
+            {"status": row.status.value},
+        )
+    target = SlotStatus.CLEANUP if row.wipe_required else SlotStatus.DISABLED
+    row.status = target
+    row.health_state = HealthState.UNKNOWN
+    row.health_detail = f"repaired: {reason}"
+    _touch(row, dt.datetime.now(dt.UTC))
+    session.flush()
+    evidence_repo.add(
+        session,
+        kind=EvidenceKind.OPERATOR_ACTION,
+        passed=True,
+        summary=f"slot {slot_index} of {hostname} repaired to {target.value}: {reason}",
+        recorded_by=actor,
+        payload={"action": "repair", "reason": reason, "status": target.value},
+        node_id=node.id,
+        slot_id=row.id,
+    )
+    return target.value
