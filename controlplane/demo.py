@@ -120,9 +120,8 @@ def main() -> None:
                 codes.setdefault(rejection["code"], []).append(rejection["slot_index"])
             for code, slots in sorted(codes.items()):
                 example = next(r for r in refused.details["rejections"] if r["code"] == code)
-                console.print(
-                    f"   {code} (slots {sorted(set(s for s in slots if s is not None))}): {example['message']}"
-                )
+                indexes = sorted({s for s in slots if s is not None})
+                console.print(f"   {code} (slots {indexes}): {example['message']}")
 
     console.print(Rule("4. slots"))
     cli.render_slots(cp.list_slots())

@@ -276,7 +276,7 @@ def import_topology(
             session,
             kind=EvidenceKind.DRIFT,
             passed=False,
-            summary=f"{len(result.drift)} in-use slots differ from the latest topology of {hostname}",
+            summary=f"{len(result.drift)} in-use slots differ from the topology of {hostname}",
             recorded_by=recorded_by,
             payload={"drift": result.drift},
             node_id=node.id,
