@@ -22,6 +22,11 @@ command -v shellcheck >/dev/null || { echo "sanity: shellcheck is missing; run s
 export PATH="$venv/bin:$PATH"
 started=$SECONDS
 
+# Several engineers share this checkout: one run at a time owns build/sanity and the venvs.
+mkdir -p "$root/build"
+exec 9>"$root/build/sanity.lock"
+flock 9
+
 # The get-pip stand-in and its wheel, for the pip version this ansible-test bootstraps.
 pip_version=$(python - <<'EOF'
 from ansible_test._internal.python_requirements import get_venv_packages
