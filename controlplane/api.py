@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from controlplane import db, migrate
+from controlplane import db
 from controlplane.enums import AdminState
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
@@ -64,6 +64,8 @@ class ControlPlane:
         return cls(db.engine_for(db.database_url()))
 
     def upgrade_schema(self) -> str | None:
+        from controlplane import migrate  # Alembic is slow to import; only this call needs it
+
         migrate.upgrade(self.engine)
         return migrate.current_revision(self.engine)
 

@@ -129,7 +129,9 @@ class Sku(Base):
 class Node(Base):
     __tablename__ = "nodes"
 
-    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    id: Mapped[uuid.UUID] = mapped_column(
+        primary_key=True, default=uuid.uuid4, server_default=text("gen_random_uuid()")
+    )
     hostname: Mapped[str] = mapped_column(String(253), unique=True)
     region_code: Mapped[str] = mapped_column(String(100))
     maas_system_id: Mapped[str | None] = mapped_column(String(64), unique=True)
@@ -165,7 +167,9 @@ class NodeResourceSlot(Base):
 
     __tablename__ = "node_resource_slots"
 
-    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    id: Mapped[uuid.UUID] = mapped_column(
+        primary_key=True, default=uuid.uuid4, server_default=text("gen_random_uuid()")
+    )
     node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
     slot_index: Mapped[int] = mapped_column(Integer)
     status: Mapped[SlotStatus] = mapped_column(
@@ -256,7 +260,9 @@ class NodeResourceSlot(Base):
 class Allocation(Base):
     __tablename__ = "allocations"
 
-    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    id: Mapped[uuid.UUID] = mapped_column(
+        primary_key=True, default=uuid.uuid4, server_default=text("gen_random_uuid()")
+    )
     capacity_shape: Mapped[CapacityShape] = mapped_column(
         checked_enum(CapacityShape, "capacity_shape"),
         server_default=CapacityShape.BAREMETAL.value,
@@ -297,7 +303,9 @@ class AllocationResourceClaim(Base):
 
     __tablename__ = "allocation_resource_claims"
 
-    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    id: Mapped[uuid.UUID] = mapped_column(
+        primary_key=True, default=uuid.uuid4, server_default=text("gen_random_uuid()")
+    )
     allocation_id: Mapped[uuid.UUID] = mapped_column()
     node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
     slot_id: Mapped[uuid.UUID | None] = mapped_column()
@@ -367,7 +375,9 @@ class AllocationResourceClaim(Base):
 class NodeTask(Base):
     __tablename__ = "node_tasks"
 
-    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    id: Mapped[uuid.UUID] = mapped_column(
+        primary_key=True, default=uuid.uuid4, server_default=text("gen_random_uuid()")
+    )
     node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
     allocation_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("allocations.id", ondelete="RESTRICT")

@@ -218,6 +218,8 @@ def import_topology(
 
     # Clear unique bindings first so values may move between slots of this node.
     for row, _ in rewrites:
+        row.status = SlotStatus.DISABLED
+        row.health_state = HealthState.UNKNOWN
         if row.slot_index not in new_rows:
             for name in UNIQUE_FIELDS:
                 setattr(row, name, None)
@@ -226,9 +228,6 @@ def import_topology(
         for row, desired in rewrites:
             for name, value in desired.items():
                 setattr(row, name, value)
-            if row.status == SlotStatus.AVAILABLE:
-                row.status = SlotStatus.DISABLED
-            row.health_state = HealthState.UNKNOWN
             if row.slot_index not in new_rows:
                 _touch(row, now)
         session.flush()

@@ -38,7 +38,7 @@ def upgrade() -> None:
     op.execute("CREATE EXTENSION IF NOT EXISTS btree_gist")
     op.create_table(
         "nodes",
-        sa.Column("id", sa.UUID(), nullable=False),
+        sa.Column("id", sa.UUID(), server_default=sa.text("gen_random_uuid()"), nullable=False),
         sa.Column("hostname", sa.String(length=253), nullable=False),
         sa.Column("region_code", sa.String(length=100), nullable=False),
         sa.Column("maas_system_id", sa.String(length=64), nullable=True),
@@ -250,7 +250,7 @@ def upgrade() -> None:
     )
     op.create_table(
         "allocations",
-        sa.Column("id", sa.UUID(), nullable=False),
+        sa.Column("id", sa.UUID(), server_default=sa.text("gen_random_uuid()"), nullable=False),
         sa.Column(
             "capacity_shape",
             sa.Enum(
@@ -371,7 +371,7 @@ def upgrade() -> None:
     )
     op.create_table(
         "node_resource_slots",
-        sa.Column("id", sa.UUID(), nullable=False),
+        sa.Column("id", sa.UUID(), server_default=sa.text("gen_random_uuid()"), nullable=False),
         sa.Column("node_id", sa.UUID(), nullable=False),
         sa.Column("slot_index", sa.Integer(), nullable=False),
         sa.Column(
@@ -554,7 +554,7 @@ def upgrade() -> None:
     )
     op.create_table(
         "allocation_resource_claims",
-        sa.Column("id", sa.UUID(), nullable=False),
+        sa.Column("id", sa.UUID(), server_default=sa.text("gen_random_uuid()"), nullable=False),
         sa.Column("allocation_id", sa.UUID(), nullable=False),
         sa.Column("node_id", sa.UUID(), nullable=False),
         sa.Column("slot_id", sa.UUID(), nullable=True),
@@ -654,7 +654,7 @@ def upgrade() -> None:
     )
     op.create_table(
         "node_tasks",
-        sa.Column("id", sa.UUID(), nullable=False),
+        sa.Column("id", sa.UUID(), server_default=sa.text("gen_random_uuid()"), nullable=False),
         sa.Column("node_id", sa.UUID(), nullable=False),
         sa.Column("allocation_id", sa.UUID(), nullable=True),
         sa.Column(

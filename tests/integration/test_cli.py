@@ -1,0 +1,183 @@
+"""The gpuaas CLI as an operator runs it: real process, real database."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+DEMO_DATA = resources.files("controlplane.demo_data")
+
+
+def gpuaas(env, *args, stdin=None):
+    return subprocess.run(
+        [sys.executable, "-m", "controlplane", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=60,
+    )
+
+
+def ok_json(env, *args, stdin=None):
+    proc = gpuaas(env, *args, "--json", stdin=stdin)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+def error_json(env, *args):
+    proc = gpuaas(env, *args, "--json")
+    assert proc.returncode != 0
+    return json.loads(proc.stdout)["error"]
+
+
+def counts(engine):
+    with engine.connect() as conn:
+        return [
+            conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()
+            for t in ("nodes", "node_resource_slots", "node_tasks", "evidence")
+        ]
+
+
+@pytest.fixture
+def registered(cli_env):
+    for host in ("j22u05", "j22u15"):
+        ok_json(
+            cli_env,
+            "node",
+            "register",
+            host,
+            "--region",
+            "r1",
+            "--tag",
+            "gpuaas-profile-slice-vm",
+            "--subnet",
+            "10.100.0.0/24",
+        )
+    return cli_env
+
+
+def test_register_import_approve_list_occupancy(registered, tmp_path):
+    env = registered
+    nodes = ok_json(env, "node", "list")
+    assert [n["hostname"] for n in nodes] == ["j22u05", "j22u15"]
+    source = str(DEMO_DATA.joinpath("j22u15.json"))
+    imported = ok_json(env, "slots", "import", "--node", "j22u15", "--from", source)
+    assert imported["approvable"] == list(range(8))
+    approved = ok_json(env, "slots", "approve", "--node", "j22u15", "--slot", "0", "--slot", "1")
+    assert approved["approved"] == [0, 1]
+    slots = ok_json(env, "slots", "list", "--node", "j22u15")
+    assert [s["status"] for s in slots[:3]] == ["available", "available", "disabled"]
+    occupancy = ok_json(env, "occupancy")
+    slice_sku = next(s for s in occupancy["skus"] if s["sku"] == "h200-sxm-slice")
+    assert slice_sku["free_gpus"] == 2
+    human = gpuaas(env, "slots", "list")
+    assert human.returncode == 0 and "available" in human.stdout
+
+
+def test_import_accepts_the_modules_result_unchanged_and_stdin(registered):
+    env = registered
+    doc = json.loads(DEMO_DATA.joinpath("j22u15.json").read_text())
+    module_result = json.dumps({"changed": False, "topology": doc})
+    imported = ok_json(
+        env, "slots", "import", "--node", "j22u15", "--from", "-", stdin=module_result
+    )
+    assert imported["created"] == list(range(8))
+
+
+def test_bad_input_gives_a_clear_error_and_writes_nothing(registered, engine, tmp_path):
+    env = registered
+    before = counts(engine)
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    cases = [
+        (("slots", "import", "--node", "j22u15", "--from", str(broken)), "json_invalid"),
+        (
+            ("slots", "import", "--node", "j22u15", "--from", str(tmp_path / "nope.json")),
+            "file_unreadable",
+        ),
+        (
+            (
+                "slots",
+                "import",
+                "--node",
+                "nosuch",
+                "--from",
+                str(DEMO_DATA.joinpath("j22u15.json")),
+            ),
+            "node_not_found",
+        ),
+        (
+            (
+                "slots",
+                "import",
+                "--node",
+                "j22u05",
+                "--from",
+                str(DEMO_DATA.joinpath("j22u15.json")),
+            ),
+            "topology_node_mismatch",
+        ),
+        (("slots", "approve", "--node", "j22u15"), "no_topology"),
+        (("node", "register", "Not_A_Host", "--region", "r1"), "hostname_invalid"),
+        (("node", "register", "n9", "--region", "r1", "--subnet", "10.0.0.0/33"), "subnet_invalid"),
+        (("node", "drain", "j22u15", "--reason", " "), "reason_required"),
+        (
+            ("slots", "disable", "--node", "j22u15", "--slot", "3", "--reason", "x"),
+            "slot_not_found",
+        ),
+    ]
+    for args, code in cases:
+        error = error_json(env, *args)
+        assert error["code"] == code, (args, error)
+        assert error["message"]
+        assert "details" in error
+    assert counts(engine) == before
+
+
+def test_rejected_approval_exits_nonzero_with_reasons(registered, engine):
+    env = registered
+    ok_json(
+        env, "slots", "import", "--node", "j22u05", "--from", str(DEMO_DATA.joinpath("j22u05.json"))
+    )
+    before = counts(engine)
+    error = error_json(env, "slots", "approve", "--node", "j22u05")
+    assert error["code"] == "approval_rejected"
+    assert {"mounted_child_partition", "fabric_device_shared"} <= {
+        r["code"] for r in error["details"]["rejections"]
+    }
+    human = gpuaas(env, "slots", "approve", "--node", "j22u05")
+    assert human.returncode == 1 and "mounted_child_partition" in human.stderr
+    assert counts(engine) == before
+
+
+def test_unreachable_database_is_a_clear_error(tmp_path):
+    env = {
+        "GPUAAS_DATABASE_URL": f"postgresql://nobody@/gpuaas?host={tmp_path}",
+        "PATH": "/usr/bin:/bin",
+    }
+    error = error_json(env, "node", "list")
+    assert error["code"] == "database_unavailable"
+
+
+def test_demo_runs_against_a_given_database(cli_env):
+    proc = gpuaas(cli_env, "demo")
+    assert proc.returncode == 0, proc.stderr
+    assert "j22u15: approved slots [0, 1, 2, 3, 4, 5, 6, 7]" in proc.stdout
+    assert "mounted_child_partition" in proc.stdout
+    assert "availability per SKU" in proc.stdout
+
+
+def test_readme_keeps_exactly_two_setup_commands():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("## Two commands", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    commands = [line.split("#")[0].strip() for line in block.strip().splitlines()]
+    assert commands == ["make demo", "make test"]
+    ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
+    assert ci.strip().splitlines()[-1] == "make test"
