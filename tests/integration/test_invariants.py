@@ -15,8 +15,8 @@ def node(conn, hostname: str, subnet: str = "10.100.0.0/24") -> uuid.UUID:
     node_id = uuid.uuid4()
     conn.execute(
         text(
-            "INSERT INTO nodes (id, hostname, region_code, node_family, profile_intent, slice_subnet)"
-            " VALUES (:id, :h, 'r1', 'h200-sxm', 'slice_vm', :s)"
+            "INSERT INTO nodes (id, hostname, region_code, node_family, profile_intent,"
+            " slice_subnet) VALUES (:id, :h, 'r1', 'h200-sxm', 'slice_vm', :s)"
         ),
         {"id": node_id, "h": hostname, "s": subnet},
     )
@@ -58,7 +58,8 @@ def allocation(conn, node_id, shape: str = "gpu_slice") -> uuid.UUID:
     conn.execute(
         text(
             "INSERT INTO allocations (id, capacity_shape, sku_id, gpu_count, state, node_id)"
-            " VALUES (:id, CAST(:shape AS varchar), (SELECT id FROM skus WHERE capacity_shape = CAST(:shape AS varchar) LIMIT 1),"
+            " VALUES (:id, CAST(:shape AS varchar),"
+            " (SELECT id FROM skus WHERE capacity_shape = CAST(:shape AS varchar) LIMIT 1),"
             " 1, 'provisioning', :node)"
         ),
         {"id": alloc_id, "shape": shape, "node": node_id},
