@@ -1,0 +1,217 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpuaas fleet engineering
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""Live slice-network evidence: interfaces, routes, NAT rules and IPv4 forwarding.
+
+Always read from the running system in the caller's network namespace (`ip -j`,
+`iptables-save -t nat`, /proc/sys/net/ipv4/ip_forward), never from a recorded tree:
+the seeds' j22u11/j22u15 hosts looked healthy from bootstrap artifacts while the NAT
+rule was gone. Commands run through a `runner(argv) -> (rc, stdout, stderr)` callable
+(AnsibleModule.run_command in modules, `run_command` below elsewhere).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import ipaddress
+import json
+import shlex
+import subprocess
+
+IP_FORWARD = "/proc/sys/net/ipv4/ip_forward"
+FABRIC_INTERFACE_PREFIX = "ibp"
+NAT_TARGETS = ("MASQUERADE", "SNAT")
+
+
+def run_command(argv):
+    """Default runner: (rc, stdout, stderr); rc 127 when the program is missing."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except FileNotFoundError as exc:
+        return 127, "", str(exc)
+    except subprocess.TimeoutExpired:
+        return 124, "", "timed out: " + " ".join(argv)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def gateway_interface(subnet):
+    """The bridge address a slice subnet expects: first host, subnet prefix (10.100.0.1/24)."""
+    network = ipaddress.ip_network(subnet, strict=True)
+    return ipaddress.ip_interface(f"{next(network.hosts())}/{network.prefixlen}")
+
+
+def _json_command(runner, argv, errors):
+    rc, out, err = runner(argv)
+    if rc != 0:
+        errors.append(f"{' '.join(argv)} exited {rc}: {(err or '').strip()}")
+        return []
+    try:
+        return json.loads(out or "[]")
+    except ValueError as exc:
+        errors.append(f"{' '.join(argv)} printed invalid JSON: {exc}")
+        return []
+
+
+def parse_interfaces(addr_json):
+    """`ip -d -j addr show` -> {name: {kind, up, ipv4: [cidr...]}}."""
+    interfaces = {}
+    for link in addr_json:
+        name = link.get("ifname")
+        if not name:
+            continue
+        interfaces[name] = {
+            "kind": (link.get("linkinfo") or {}).get("info_kind"),
+            "up": "UP" in (link.get("flags") or []),
+            "ipv4": [
+                f"{a['local']}/{a['prefixlen']}"
+                for a in link.get("addr_info") or []
+                if a.get("family") == "inet" and "local" in a
+            ],
+        }
+    return interfaces
+
+
+def _rule_tokens(line):
+    try:
+        tokens = shlex.split(line)
+    except ValueError:
+        tokens = line.split()
+    options = {}
+    negated = set()
+    i = 2
+    while i < len(tokens):
+        token = tokens[i]
+        if token == "!" and i + 1 < len(tokens):
+            negated.add(tokens[i + 1])
+            i += 1
+            continue
+        if token.startswith("-") and i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):
+            options.setdefault(token, tokens[i + 1])
+            i += 2
+            continue
+        i += 1
+    return tokens[1], options, negated
+
+
+def nat_rules(save_text):
+    """(chain, options, negated, line) for each rule of the nat table in iptables-save output."""
+    rules = []
+    table = None
+    for raw in save_text.splitlines():
+        line = raw.strip()
+        if line.startswith("*"):
+            table = line[1:]
+        elif table == "nat" and line.startswith("-A "):
+            chain, options, negated = _rule_tokens(line)
+            rules.append((chain, options, negated, line))
+    return rules
+
+
+def find_masquerade(save_text, subnet):
+    """The NAT rule that source-translates `subnet` on its way out, or None.
+
+    A rule counts when it is reached from POSTROUTING (directly or through one jump, as
+    libvirt's LIBVIRT_PRT chain is), targets MASQUERADE/SNAT and its source match (or
+    none) covers the whole subnet without negation.
+    """
+    network = ipaddress.ip_network(subnet, strict=True)
+    rules = nat_rules(save_text)
+    chains = {"POSTROUTING"}
+    chains.update(
+        opts["-j"]
+        for chain, opts, _neg, _line in rules
+        if chain == "POSTROUTING" and opts.get("-j") not in (None, *NAT_TARGETS)
+    )
+    for chain, opts, negated, line in rules:
+        if chain not in chains or opts.get("-j") not in NAT_TARGETS:
+            continue
+        if "-s" in negated:
+            continue
+        source = opts.get("-s", "0.0.0.0/0")
+        try:
+            covers = network.subnet_of(ipaddress.ip_network(source, strict=False))
+        except (ValueError, TypeError):
+            continue
+        destination = opts.get("-d")
+        if destination and "-d" not in negated:
+            continue
+        if covers:
+            return line
+    return None
+
+
+def read_ip_forward():
+    try:
+        with open(IP_FORWARD, encoding="ascii") as handle:
+            return handle.read().strip() == "1"
+    except OSError:
+        return None
+
+
+def collect(runner=run_command, bridge="ovsbr0", subnet="10.100.0.0/24", tmfifo="tmfifo_net0"):
+    """Everything the slice network needs, as seen from this network namespace."""
+    errors = []
+    gateway = gateway_interface(subnet)
+    network = gateway.network
+    interfaces = parse_interfaces(_json_command(runner, ["ip", "-d", "-j", "addr", "show"], errors))
+    routes = _json_command(runner, ["ip", "-j", "route", "show"], errors)
+    rc, save_text, err = runner(["iptables-save", "-t", "nat"])
+    if rc != 0:
+        errors.append(f"iptables-save -t nat exited {rc}: {(err or '').strip()}")
+        save_text = ""
+    masquerade = find_masquerade(save_text, subnet)
+    bridge_info = interfaces.get(bridge)
+    bridge_addresses = (bridge_info or {}).get("ipv4", [])
+    in_subnet = [a for a in bridge_addresses if ipaddress.ip_interface(a).ip in network]
+    default_routes = [r for r in routes if r.get("dst") == "default"]
+    tmfifo_info = interfaces.get(tmfifo) or {}
+    return {
+        "bridge": bridge,
+        "bridge_present": bridge_info is not None,
+        "bridge_kind": (bridge_info or {}).get("kind"),
+        "bridge_ipv4": in_subnet[0] if in_subnet else (bridge_addresses or [None])[0],
+        "bridge_owns_gateway": str(gateway) in bridge_addresses,
+        "gateway": str(gateway),
+        "subnet": str(network),
+        "ip_forward": read_ip_forward(),
+        "nat_masquerade": masquerade is not None,
+        "nat_rule": masquerade,
+        "default_route_uplink": default_routes[0].get("dev") if default_routes else None,
+        "tmfifo_interface": tmfifo,
+        "tmfifo_present": tmfifo in interfaces,
+        "tmfifo_ipv4": (tmfifo_info.get("ipv4") or [None])[0],
+        "interfaces": interfaces,
+        "routes": routes,
+        "errors": errors,
+    }
+
+
+def fabric_interfaces(evidence):
+    """IPoIB interfaces (ibp*) and their IPv4 addresses."""
+    return {
+        name: info
+        for name, info in evidence["interfaces"].items()
+        if name.startswith(FABRIC_INTERFACE_PREFIX)
+    }
+
+
+def fabric_routes(evidence, fabric_subnet=None):
+    """Routes over an ibp* interface; with `fabric_subnet`, only those that cover it."""
+    wanted = ipaddress.ip_network(fabric_subnet, strict=False) if fabric_subnet else None
+    found = []
+    for route in evidence["routes"]:
+        dev = route.get("dev") or ""
+        if not dev.startswith(FABRIC_INTERFACE_PREFIX):
+            continue
+        dst = route.get("dst")
+        if wanted is not None:
+            if dst in (None, "default"):
+                continue
+            try:
+                if not wanted.subnet_of(ipaddress.ip_network(dst, strict=False)):
+                    continue
+            except (ValueError, TypeError):
+                continue
+        found.append(route)
+    return found

@@ -1,0 +1,645 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpuaas fleet engineering
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""Slice host parity: one PASS/FAIL/WARN result per condition of the runbook's parity target.
+
+The checks look at behaviour, not package presence: a loaded module, a bridge that owns
+the gateway address, a dnsmasq process in this network namespace with a DHCP range in
+the GPU subnet and a socket on port 67, a libvirt socket that accepts a connection, the
+NAT rule as iptables reports it. File-based checks (modules, /dev/kvm, IOMMU groups,
+netplan, systemd units) read under `root`; network checks read the live namespace.
+
+The line format is the seed's, shared with the MAAS commissioning script:
+
+    GPUAAS_SLICE_PARITY status=FAIL check=ipoib_netplan detail=command\\ exited\\ with\\ 1 \
+remediation=render\\ /etc/netplan/60-ipoib.yaml\\ from\\ site/profile\\ bootstrap
+    GPUAAS_SLICE_PARITY_SUMMARY status=FAIL checks=14 passed=12 failures=1 warnings=1
+
+Values escape backslash, space, tab, CR and newline with a backslash; `parse_lines`
+reverses `format_lines` exactly.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import datetime
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass, field
+
+from ansible_collections.gpuaas.fleet.plugins.module_utils import netstate, sysfs, topology
+
+LINE_PREFIX = "GPUAAS_SLICE_PARITY"
+SUMMARY_PREFIX = "GPUAAS_SLICE_PARITY_SUMMARY"
+PASS, FAIL, WARN = "PASS", "FAIL", "WARN"
+STATUSES = (PASS, FAIL, WARN)
+CHECKS = (
+    "vfio",
+    "kvm",
+    "iommu",
+    "ipoib_netplan",
+    "fabric_address",
+    "fabric_route",
+    "bridge",
+    "dnsmasq",
+    "libvirt",
+    "nat",
+    "ip_forward",
+    "tmfifo",
+    "historical_network_service",
+    "api_topology",
+)
+NETWORK_CHECKS = frozenset(("fabric_address", "fabric_route", "bridge", "nat", "tmfifo", "dnsmasq"))
+IPOIB_NETPLAN = "/etc/netplan/60-ipoib.yaml"
+NETWORK_SERVICE = "gpuaas-slice-network-baseline"
+HISTORICAL_NETWORK_SERVICE = "gpuaas-slice-host-net-baseline"
+UNIT_DIRS = ("/etc/systemd/system", "/lib/systemd/system", "/usr/lib/systemd/system")
+LIBVIRT_SOCKETS = ("/run/libvirt/virtqemud-sock", "/run/libvirt/libvirt-sock")
+DNSMASQ_DEFAULT_CONF = "/etc/dnsmasq.conf"
+DHCP_SERVER_PORT = 67
+ADVISORY_BLOCKER_CODES = frozenset(
+    ("tmfifo_missing", "default_route_missing", "reboot_required", "network_evidence_error")
+)
+
+ESCAPES = (("\\", "\\\\"), (" ", "\\ "), ("\t", "\\t"), ("\r", "\\r"), ("\n", "\\n"))
+UNESCAPES = {"\\": "\\", " ": " ", "t": "\t", "r": "\r", "n": "\n"}
+
+
+class ParityError(ValueError):
+    """Bad parity input (unknown check name, malformed line)."""
+
+
+def result(check, status, detail, remediation=""):
+    """One structured result; PASS results carry no remediation."""
+    return {
+        "check": check,
+        "status": status,
+        "detail": detail,
+        "remediation": "" if status == PASS else remediation,
+    }
+
+
+# ------------------------------------------------------------------------- line format
+
+
+def escape(value):
+    text = str(value)
+    for raw, escaped in ESCAPES:
+        text = text.replace(raw, escaped)
+    return text
+
+
+def _split_escaped(line):
+    """Split on unescaped spaces, undoing the escapes inside each token."""
+    tokens, current, i = [], [], 0
+    while i < len(line):
+        char = line[i]
+        if char == "\\" and i + 1 < len(line):
+            nxt = line[i + 1]
+            current.append(UNESCAPES.get(nxt, nxt))
+            i += 2
+            continue
+        if char == " ":
+            if current:
+                tokens.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+        i += 1
+    if current:
+        tokens.append("".join(current))
+    return tokens
+
+
+def format_line(item):
+    parts = [
+        LINE_PREFIX,
+        "status=" + escape(item["status"]),
+        "check=" + escape(item["check"]),
+        "detail=" + escape(item["detail"]),
+    ]
+    if item.get("remediation"):
+        parts.append("remediation=" + escape(item["remediation"]))
+    return " ".join(parts)
+
+
+def summarize(results):
+    failures = sum(1 for r in results if r["status"] == FAIL)
+    warnings = sum(1 for r in results if r["status"] == WARN)
+    return {
+        "status": FAIL if failures else (WARN if warnings else PASS),
+        "checks": len(results),
+        "passed": sum(1 for r in results if r["status"] == PASS),
+        "failures": failures,
+        "warnings": warnings,
+    }
+
+
+def format_summary(summary):
+    keys = ("status", "checks", "passed", "failures", "warnings")
+    return " ".join([SUMMARY_PREFIX, *(f"{key}={summary[key]}" for key in keys)])
+
+
+def format_lines(results):
+    """One line per result plus the summary line (with failures=N and warnings=N)."""
+    return [format_line(r) for r in results] + [format_summary(summarize(results))]
+
+
+def parse_line(line):
+    """('result'|'summary', fields) for one line; ParityError when it is not ours."""
+    tokens = _split_escaped(line.strip())
+    if not tokens or tokens[0] not in (LINE_PREFIX, SUMMARY_PREFIX):
+        raise ParityError(f"not a {LINE_PREFIX} line: {line!r}")
+    fields = {}
+    for token in tokens[1:]:
+        key, sep, value = token.partition("=")
+        if not sep:
+            raise ParityError(f"field without '=' in {line!r}: {token!r}")
+        fields[key] = value
+    if tokens[0] == SUMMARY_PREFIX:
+        summary = {"status": fields.get("status", "")}
+        for key in ("checks", "passed", "failures", "warnings"):
+            summary[key] = int(fields.get(key, "0"))
+        return "summary", summary
+    if fields.get("status") not in STATUSES or "check" not in fields:
+        raise ParityError(f"line needs status=PASS|FAIL|WARN and check=: {line!r}")
+    return "result", result(
+        fields["check"], fields["status"], fields.get("detail", ""), fields.get("remediation", "")
+    )
+
+
+def parse_lines(lines):
+    """(results, summary) from printed output; lines that are not ours are skipped."""
+    results, summary = [], None
+    for line in lines:
+        if not line.strip().startswith(LINE_PREFIX):
+            continue
+        kind, fields = parse_line(line)
+        if kind == "summary":
+            summary = fields
+        else:
+            results.append(fields)
+    return results, summary
+
+
+# --------------------------------------------------------------------------- context
+
+
+@dataclass
+class ParityContext:
+    host: sysfs.HostRoot
+    bridge: str = "ovsbr0"
+    slice_subnet: str = "10.100.0.0/24"
+    tmfifo_interface: str = "tmfifo_net0"
+    fabric_subnet: str | None = None
+    libvirt_sockets: tuple[str, ...] = LIBVIRT_SOCKETS
+    topology_evidence: dict | None = None
+    max_age_seconds: int = 3600
+    runner: object = netstate.run_command
+    proc: str = "/proc"
+    now: datetime.datetime | None = None
+    evidence: dict | None = field(default=None, repr=False)
+
+    def network(self):
+        if self.evidence is None:
+            self.evidence = netstate.collect(
+                self.runner, self.bridge, self.slice_subnet, self.tmfifo_interface
+            )
+        return self.evidence
+
+
+# ---------------------------------------------------------------------------- checks
+
+
+def check_vfio(ctx):
+    modules = sysfs.loaded_modules(ctx.host)
+    missing = [m for m in sysfs.VFIO_MODULES if m not in modules]
+    if missing:
+        return result(
+            "vfio",
+            FAIL,
+            "not loaded: " + ", ".join(missing),
+            "load vfio, vfio_pci and vfio_iommu_type1 at boot (modules-load.d) via host bootstrap",
+        )
+    return result("vfio", PASS, "loaded: " + ", ".join(sysfs.VFIO_MODULES))
+
+
+def check_kvm(ctx):
+    if ctx.host.exists("/dev/kvm"):
+        return result("kvm", PASS, "/dev/kvm present")
+    return result(
+        "kvm",
+        FAIL,
+        "/dev/kvm missing",
+        "enable VT-x/VMX (BIOS ProcVirtualization) in firmware and load kvm_intel/kvm_amd",
+    )
+
+
+def check_iommu(ctx):
+    groups = sysfs.iommu_group_count(ctx.host)
+    cmdline = sysfs.cmdline_has_iommu(ctx.host.read("/proc/cmdline"))
+    detail = f"iommu_groups={groups} cmdline_iommu={'yes' if cmdline else 'no'}"
+    if groups > 0:
+        return result("iommu", PASS, detail)
+    return result(
+        "iommu",
+        FAIL,
+        detail,
+        "enable VT-d/AMD-Vi in firmware, add intel_iommu=on iommu=pt (amd_iommu=on) and reboot",
+    )
+
+
+def check_ipoib_netplan(ctx):
+    content = ctx.host.read(IPOIB_NETPLAN)
+    if content:
+        return result("ipoib_netplan", PASS, f"{IPOIB_NETPLAN} present")
+    state = "is empty" if content == "" else "is missing"
+    return result(
+        "ipoib_netplan",
+        FAIL,
+        f"{IPOIB_NETPLAN} {state}",
+        f"render {IPOIB_NETPLAN} from site/profile bootstrap",
+    )
+
+
+def check_fabric_address(ctx):
+    interfaces = netstate.fabric_interfaces(ctx.network())
+    owned = {name: info["ipv4"] for name, info in sorted(interfaces.items()) if info["ipv4"]}
+    if owned:
+        detail = ", ".join(f"{name}={' '.join(addrs)}" for name, addrs in owned.items())
+        return result("fabric_address", PASS, detail)
+    detail = (
+        f"ibp* interfaces without IPv4: {', '.join(sorted(interfaces))}"
+        if interfaces
+        else "no ibp* interface"
+    )
+    return result(
+        "fabric_address",
+        FAIL,
+        detail,
+        "apply the IPoIB netplan so an ibp* interface owns the site fabric address",
+    )
+
+
+def check_fabric_route(ctx):
+    routes = netstate.fabric_routes(ctx.network(), ctx.fabric_subnet)
+    wanted = f" for {ctx.fabric_subnet}" if ctx.fabric_subnet else ""
+    if routes:
+        shown = ", ".join(f"{r.get('dst')} dev {r.get('dev')}" for r in routes)
+        return result("fabric_route", PASS, shown)
+    return result(
+        "fabric_route",
+        FAIL,
+        f"no route over an ibp* interface{wanted}",
+        f"add the fabric route{wanted} to {IPOIB_NETPLAN} and apply it",
+    )
+
+
+def check_bridge(ctx):
+    net = ctx.network()
+    remediation = f"run the slice network baseline so {ctx.bridge} exists and owns {net['gateway']}"
+    if not net["bridge_present"]:
+        return result("bridge", FAIL, f"{ctx.bridge} does not exist", remediation)
+    if not net["bridge_owns_gateway"]:
+        addrs = net["interfaces"][ctx.bridge]["ipv4"]
+        return result(
+            "bridge",
+            FAIL,
+            f"{ctx.bridge} does not own {net['gateway']} (has: {', '.join(addrs) or 'none'})",
+            remediation,
+        )
+    return result("bridge", PASS, f"{ctx.bridge} owns {net['gateway']}")
+
+
+def _read_live(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _dnsmasq_options(argv):
+    """(key, value) pairs from a dnsmasq command line, long and short forms."""
+    short = {"-F": "dhcp-range", "-C": "conf-file", "-7": "conf-dir", "-i": "interface"}
+    pairs, i = [], 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--"):
+            key, sep, value = arg[2:].partition("=")
+            if not sep and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                value, i = argv[i + 1], i + 1
+            pairs.append((key, value))
+        elif arg[:2] in short:
+            value = arg[2:]
+            if not value and i + 1 < len(argv):
+                value, i = argv[i + 1], i + 1
+            pairs.append((short[arg[:2]], value))
+        i += 1
+    return pairs
+
+
+def _conf_dir_files(base, spec):
+    directory, *filters = spec.split(",")
+    include = [f[1:] for f in filters if f.startswith("*")]
+    exclude = [f for f in filters if not f.startswith("*")]
+    try:
+        names = sorted(os.listdir(base + directory))
+    except OSError:
+        return []
+    chosen = []
+    for name in names:
+        if (
+            name.startswith(".")
+            or name.endswith("~")
+            or (name.startswith("#") and name.endswith("#"))
+        ):
+            continue
+        if include and not any(name.endswith(ext) for ext in include):
+            continue
+        if any(name.endswith(ext) for ext in exclude):
+            continue
+        chosen.append(os.path.join(directory, name))
+    return chosen
+
+
+def dnsmasq_ranges(argv, fs_base):
+    """dhcp-range values of one dnsmasq (command line + config files read via fs_base)."""
+    options = _dnsmasq_options(argv)
+    ranges = [value for key, value in options if key == "dhcp-range"]
+    files = [value for key, value in options if key == "conf-file" and value]
+    dirs = [value for key, value in options if key == "conf-dir" and value]
+    if not any(key == "conf-file" for key, _value in options):
+        files.append(DNSMASQ_DEFAULT_CONF)
+    seen = set()
+    while files or dirs:
+        for spec in dirs:
+            files.extend(_conf_dir_files(fs_base, spec))
+        dirs = []
+        path = files.pop(0) if files else None
+        if path is None or path in seen:
+            continue
+        seen.add(path)
+        for raw in (_read_live(fs_base + path) or "").splitlines():
+            line = raw.split("#", 1)[0].strip()
+            key, sep, value = line.partition("=")
+            key = key.strip()
+            if key == "dhcp-range" and sep:
+                ranges.append(value.strip())
+            elif key == "conf-file" and sep:
+                files.append(value.strip())
+            elif key == "conf-dir" and sep:
+                dirs.append(value.strip())
+    return ranges
+
+
+def range_in_subnet(dhcp_range, subnet):
+    network = ipaddress.ip_network(subnet)
+    for token in dhcp_range.split(","):
+        try:
+            return ipaddress.ip_address(token.strip()) in network
+        except ValueError:
+            continue
+    return False
+
+
+def _netns_inode(proc, pid):
+    try:
+        return os.stat(f"{proc}/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+
+
+def dnsmasq_processes(proc="/proc"):
+    """(pid, argv) of dnsmasq processes in the caller's network namespace."""
+    own = _netns_inode(proc, "self")
+    found = []
+    for pid in sorted((p for p in os.listdir(proc) if p.isdigit()), key=int):
+        if (_read_live(f"{proc}/{pid}/comm") or "").strip() != "dnsmasq":
+            continue
+        if own is None or _netns_inode(proc, pid) != own:
+            continue
+        argv = [a for a in (_read_live(f"{proc}/{pid}/cmdline") or "").split("\0") if a]
+        if argv:
+            found.append((int(pid), argv))
+    return found
+
+
+def udp_port_bound(port, proc="/proc"):
+    """True when a UDP socket in this network namespace listens on `port`."""
+    for table in ("net/udp", "net/udp6"):
+        for line in (_read_live(f"{proc}/{table}") or "").splitlines()[1:]:
+            fields = line.split()
+            if len(fields) > 1 and fields[1].rsplit(":", 1)[-1].upper() == f"{port:04X}":
+                return True
+    return False
+
+
+def check_dnsmasq(ctx):
+    subnet = str(ipaddress.ip_network(ctx.slice_subnet))
+    remediation = f"start dnsmasq with a dhcp-range in {subnet} on {ctx.bridge} (network baseline)"
+    processes = dnsmasq_processes(ctx.proc)
+    if not processes:
+        return result("dnsmasq", FAIL, "no dnsmasq process in this network namespace", remediation)
+    serving = []
+    for pid, argv in processes:
+        ranges = [
+            r for r in dnsmasq_ranges(argv, f"{ctx.proc}/{pid}/root") if range_in_subnet(r, subnet)
+        ]
+        if ranges:
+            serving.append((pid, ranges))
+    if not serving:
+        pids = ", ".join(str(pid) for pid, _argv in processes)
+        return result(
+            "dnsmasq", FAIL, f"dnsmasq pid {pids} has no dhcp-range in {subnet}", remediation
+        )
+    if not udp_port_bound(DHCP_SERVER_PORT, ctx.proc):
+        return result(
+            "dnsmasq", FAIL, f"dnsmasq pid {serving[0][0]} is not bound to UDP port 67", remediation
+        )
+    pid, ranges = serving[0]
+    return result("dnsmasq", PASS, f"pid {pid} serves {subnet} (dhcp-range {ranges[0]})")
+
+
+def check_libvirt(ctx):
+    errors = []
+    for path in ctx.libvirt_sockets:
+        if not os.path.exists(path):
+            errors.append(f"{path} missing")
+            continue
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(2.0)
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            errors.append(f"{path}: {exc.strerror or exc}")
+            continue
+        finally:
+            sock.close()
+        return result("libvirt", PASS, f"{path} accepts connections")
+    return result(
+        "libvirt",
+        FAIL,
+        "no libvirt daemon answers (" + "; ".join(errors) + ")",
+        "start libvirtd (or virtqemud) before launching slice VMs",
+    )
+
+
+def check_nat(ctx):
+    net = ctx.network()
+    if net["nat_masquerade"]:
+        return result("nat", PASS, net["nat_rule"])
+    errors = f" ({'; '.join(net['errors'])})" if net["errors"] else ""
+    return result(
+        "nat",
+        FAIL,
+        f"no MASQUERADE rule for {net['subnet']}{errors}",
+        f"iptables -t nat -A POSTROUTING -s {net['subnet']} -j MASQUERADE via the network "
+        "baseline service",
+    )
+
+
+def check_ip_forward(ctx):
+    forwarding = netstate.read_ip_forward()
+    if forwarding:
+        return result("ip_forward", PASS, "net.ipv4.ip_forward=1")
+    return result(
+        "ip_forward",
+        FAIL,
+        "net.ipv4.ip_forward=0" if forwarding is False else "net.ipv4.ip_forward unreadable",
+        "sysctl -w net.ipv4.ip_forward=1 and persist it in /etc/sysctl.d",
+    )
+
+
+def check_tmfifo(ctx):
+    net = ctx.network()
+    if net["tmfifo_ipv4"]:
+        return result("tmfifo", PASS, f"{ctx.tmfifo_interface} has {net['tmfifo_ipv4']}")
+    state = "has no IPv4 address" if net["tmfifo_present"] else "is absent"
+    return result(
+        "tmfifo",
+        WARN,
+        f"{ctx.tmfifo_interface} {state} (optional BF3 RShim management evidence)",
+        f"assign 192.168.100.1/30 to {ctx.tmfifo_interface} when the host has a BF3 RShim",
+    )
+
+
+def _unit_exists(host, name):
+    return any(host.exists(f"{d}/{name}.service") for d in UNIT_DIRS)
+
+
+def check_historical_network_service(ctx):
+    current = _unit_exists(ctx.host, NETWORK_SERVICE)
+    historical = _unit_exists(ctx.host, HISTORICAL_NETWORK_SERVICE)
+    if current and historical:
+        return result(
+            "historical_network_service",
+            WARN,
+            f"both {NETWORK_SERVICE} and historical {HISTORICAL_NETWORK_SERVICE} are installed",
+            f"remove {HISTORICAL_NETWORK_SERVICE}.service; keep {NETWORK_SERVICE}.service",
+        )
+    if current:
+        return result("historical_network_service", PASS, f"{NETWORK_SERVICE}.service installed")
+    if historical:
+        return result(
+            "historical_network_service",
+            WARN,
+            f"only the historical {HISTORICAL_NETWORK_SERVICE}.service is installed",
+            f"converge on {NETWORK_SERVICE}.service through the network baseline role",
+        )
+    return result(
+        "historical_network_service",
+        FAIL,
+        f"neither {NETWORK_SERVICE} nor {HISTORICAL_NETWORK_SERVICE} is installed",
+        f"install {NETWORK_SERVICE}.service through the network baseline role",
+    )
+
+
+def _parse_time(value):
+    stamp = datetime.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=datetime.timezone.utc)
+    return stamp
+
+
+def _is_hard(item):
+    if not isinstance(item, dict):
+        return True
+    severity = item.get("severity")
+    if severity:
+        return severity == topology.HARD
+    return item.get("code") not in ADVISORY_BLOCKER_CODES
+
+
+def check_api_topology(ctx):
+    evidence = ctx.topology_evidence
+    remediation = "run playbooks/topology_discover.yml and import its map into the control plane"
+    if not evidence:
+        return result(
+            "api_topology",
+            WARN,
+            "no control-plane topology evidence given; local checks only",
+            remediation,
+        )
+    try:
+        collected = _parse_time(evidence.get("collected_at"))
+    except (TypeError, ValueError):
+        return result(
+            "api_topology",
+            FAIL,
+            f"topology evidence has no valid collected_at: {evidence.get('collected_at')!r}",
+            remediation,
+        )
+    now = ctx.now or datetime.datetime.now(datetime.timezone.utc)
+    age = int((now - collected).total_seconds())
+    if age > ctx.max_age_seconds:
+        return result(
+            "api_topology",
+            FAIL,
+            f"topology evidence is {age}s old (max {ctx.max_age_seconds}s)",
+            remediation,
+        )
+    hard = [b for b in evidence.get("blockers") or [] if _is_hard(b)]
+    if hard:
+        codes = sorted({b.get("code", "?") if isinstance(b, dict) else str(b) for b in hard})
+        return result(
+            "api_topology",
+            FAIL,
+            f"{len(hard)} hard blockers: {', '.join(codes)}",
+            "resolve the topology blockers, then rediscover",
+        )
+    return result("api_topology", PASS, f"completed with no hard blockers ({age}s old)")
+
+
+CHECK_FUNCTIONS = {
+    "vfio": check_vfio,
+    "kvm": check_kvm,
+    "iommu": check_iommu,
+    "ipoib_netplan": check_ipoib_netplan,
+    "fabric_address": check_fabric_address,
+    "fabric_route": check_fabric_route,
+    "bridge": check_bridge,
+    "dnsmasq": check_dnsmasq,
+    "libvirt": check_libvirt,
+    "nat": check_nat,
+    "ip_forward": check_ip_forward,
+    "tmfifo": check_tmfifo,
+    "historical_network_service": check_historical_network_service,
+    "api_topology": check_api_topology,
+}
+
+
+def validate_checks(checks):
+    unknown = sorted(set(checks or ()) - set(CHECKS))
+    if unknown:
+        raise ParityError(f"unknown checks: {', '.join(unknown)}; known: {', '.join(CHECKS)}")
+
+
+def run_checks(ctx, checks=None):
+    """Results for `checks` (all by default) in the parity target's order."""
+    validate_checks(checks)
+    wanted = set(checks) if checks else set(CHECKS)
+    netstate.gateway_interface(ctx.slice_subnet)
+    return [CHECK_FUNCTIONS[name](ctx) for name in CHECKS if name in wanted]

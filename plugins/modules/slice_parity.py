@@ -1,0 +1,249 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpuaas fleet engineering
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: slice_parity
+short_description: Check a GPU slice host against the provisioning parity target
+version_added: "0.1.0"
+description:
+  - Runs one check per condition of the runbook's automated provisioning parity target and
+    returns PASS, FAIL or WARN with a detail and a remediation for each.
+  - Checks behaviour, not package presence. V(vfio) loaded VFIO modules, V(kvm)
+    C(/dev/kvm), V(iommu) IOMMU groups, V(ipoib_netplan) C(/etc/netplan/60-ipoib.yaml),
+    V(fabric_address) an C(ibp*) interface with an IPv4 address, V(fabric_route) a route
+    over C(ibp*), V(bridge) the bridge exists and owns the subnet gateway address,
+    V(dnsmasq) a live dnsmasq in this network namespace with a DHCP range in the GPU subnet
+    bound to UDP port 67, V(libvirt) a libvirt socket that accepts connections, V(nat) a
+    MASQUERADE rule for the subnet, V(ip_forward) IPv4 forwarding, V(tmfifo) the BF3
+    management address (WARN when absent), V(historical_network_service) WARN when only
+    the historical C(gpuaas-slice-host-net-baseline) unit exists, V(api_topology) fresh
+    control-plane topology evidence without hard blockers (WARN when not given).
+  - Also returns the seed's machine-readable lines
+    C(GPUAAS_SLICE_PARITY status=... check=... detail=... remediation=...) with spaces
+    escaped, and a final C(GPUAAS_SLICE_PARITY_SUMMARY) line with C(failures=N).
+  - Fails the host when any check fails unless O(fail_on_failures=false).
+author:
+  - gpuaas fleet engineering
+options:
+  root:
+    description:
+      - Filesystem root for the file-based checks (modules, C(/dev/kvm), IOMMU groups,
+        netplan, systemd units). Network checks always read the live namespace.
+    type: path
+    default: /
+  bridge:
+    description: Bridge that must own the first address of O(slice_subnet).
+    type: str
+    default: ovsbr0
+  slice_subnet:
+    description: The node's GPU slice subnet.
+    type: str
+    default: 10.100.0.0/24
+  tmfifo_interface:
+    description: BF3 RShim management interface.
+    type: str
+    default: tmfifo_net0
+  fabric_subnet:
+    description:
+      - Site IPoIB subnet that V(fabric_route) must find a route for.
+      - When unset, any route over an C(ibp*) interface passes.
+    type: str
+  libvirt_sockets:
+    description: libvirt daemon sockets to try, in order.
+    type: list
+    elements: path
+    default: [/run/libvirt/virtqemud-sock, /run/libvirt/libvirt-sock]
+  topology_evidence:
+    description:
+      - Latest control-plane topology evidence for this node, at least C(collected_at) and
+        C(blockers) (for example the map returned by M(gpuaas.fleet.slice_topology)).
+      - When unset, V(api_topology) reports WARN.
+    type: dict
+  max_age_seconds:
+    description: Topology evidence older than this fails V(api_topology).
+    type: int
+    default: 3600
+  checks:
+    description: Run only these checks (default all, in the parity target's order).
+    type: list
+    elements: str
+    choices:
+      - vfio
+      - kvm
+      - iommu
+      - ipoib_netplan
+      - fabric_address
+      - fabric_route
+      - bridge
+      - dnsmasq
+      - libvirt
+      - nat
+      - ip_forward
+      - tmfifo
+      - historical_network_service
+      - api_topology
+  fail_on_failures:
+    description: Fail the host when at least one check reports FAIL.
+    type: bool
+    default: true
+attributes:
+  check_mode:
+    description: Read-only; runs the same checks in check mode.
+    support: full
+  diff_mode:
+    description: Read-only; there is nothing to diff.
+    support: none
+  platform:
+    description: Linux hosts (sysfs, procfs, iproute2, iptables).
+    support: full
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+- name: Check slice parity, report but do not fail
+  gpuaas.fleet.slice_parity:
+    fail_on_failures: false
+  register: parity
+
+- name: Print the machine-readable lines
+  ansible.builtin.debug:
+    msg: "{{ parity.lines }}"
+
+- name: Gate on parity with fresh topology evidence
+  gpuaas.fleet.slice_parity:
+    topology_evidence: "{{ discovery.topology }}"
+    max_age_seconds: 900
+"""
+
+RETURN = r"""
+results:
+  description: One result per check, in the parity target's order.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    check:
+      description: Check name.
+      type: str
+      returned: always
+    status:
+      description: PASS, FAIL or WARN.
+      type: str
+      returned: always
+    detail:
+      description: What was observed.
+      type: str
+      returned: always
+    remediation:
+      description: What to do about a FAIL or WARN (empty for PASS).
+      type: str
+      returned: always
+lines:
+  description: The results as GPUAAS_SLICE_PARITY lines plus the summary line.
+  returned: always
+  type: list
+  elements: str
+  sample:
+    - GPUAAS_SLICE_PARITY status=PASS check=kvm detail=/dev/kvm\ present
+    - GPUAAS_SLICE_PARITY status=FAIL check=ip_forward detail=net.ipv4.ip_forward=0
+      remediation=sysctl\ -w\ net.ipv4.ip_forward=1\ and\ persist\ it\ in\ /etc/sysctl.d
+    - GPUAAS_SLICE_PARITY_SUMMARY status=FAIL checks=2 passed=1 failures=1 warnings=0
+failures:
+  description: Number of FAIL results.
+  returned: always
+  type: int
+warning_count:
+  description:
+    - Number of WARN results (C(warnings) itself is reserved by Ansible for warning
+      messages; the count is also in RV(summary.warnings)).
+  returned: always
+  type: int
+summary:
+  description: Overall status and the counts of checks, passed, failures and warnings.
+  returned: always
+  type: dict
+  contains:
+    status:
+      description: FAIL if any check failed, else WARN if any warned, else PASS.
+      type: str
+      returned: always
+    checks:
+      description: Number of checks run.
+      type: int
+      returned: always
+    passed:
+      description: Number of PASS results.
+      type: int
+      returned: always
+    failures:
+      description: Number of FAIL results.
+      type: int
+      returned: always
+    warnings:
+      description: Number of WARN results.
+      type: int
+      returned: always
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuaas.fleet.plugins.module_utils import parity, sysfs
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            root=dict(type="path", default="/"),
+            bridge=dict(type="str", default="ovsbr0"),
+            slice_subnet=dict(type="str", default="10.100.0.0/24"),
+            tmfifo_interface=dict(type="str", default="tmfifo_net0"),
+            fabric_subnet=dict(type="str"),
+            libvirt_sockets=dict(
+                type="list", elements="path", default=list(parity.LIBVIRT_SOCKETS)
+            ),
+            topology_evidence=dict(type="dict"),
+            max_age_seconds=dict(type="int", default=3600),
+            checks=dict(type="list", elements="str", choices=list(parity.CHECKS)),
+            fail_on_failures=dict(type="bool", default=True),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    context = parity.ParityContext(
+        host=sysfs.HostRoot(params["root"]),
+        bridge=params["bridge"],
+        slice_subnet=params["slice_subnet"],
+        tmfifo_interface=params["tmfifo_interface"],
+        fabric_subnet=params["fabric_subnet"],
+        libvirt_sockets=tuple(params["libvirt_sockets"]),
+        topology_evidence=params["topology_evidence"],
+        max_age_seconds=params["max_age_seconds"],
+        runner=lambda argv: module.run_command(argv),
+    )
+    try:
+        results = parity.run_checks(context, params["checks"])
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
+    summary = parity.summarize(results)
+    output = dict(
+        changed=False,
+        results=results,
+        lines=parity.format_lines(results),
+        failures=summary["failures"],
+        warning_count=summary["warnings"],
+        summary=summary,
+    )
+    if summary["failures"] and params["fail_on_failures"]:
+        failed = [r["check"] for r in results if r["status"] == parity.FAIL]
+        module.fail_json(msg=f"slice parity failed: {', '.join(failed)}", **output)
+    module.exit_json(**output)
+
+
+if __name__ == "__main__":
+    main()
