@@ -190,10 +190,8 @@ def _disk_blockers(disk, slot_index):
             )
         )
     if disk["has_mounted_children"]:
-        children = [
-            f"{p['name']} on {p['mountpoint']}" for p in disk["partitions"] if p["mountpoint"]
-        ]
-        children += [f"holder {h}" for h in disk["holders"]] if not children else []
+        # Mountpoints, not kernel partition names: the detail must survive a reboot.
+        children = list(disk["mountpoints"]) or [f"via {h}" for h in disk["holders"]]
         found.append(
             blocker(
                 "mounted_child_partition",
@@ -236,7 +234,7 @@ def pair_slots(gpus, disks, fabric, node, slice_subnet, fabric_link_layer="Infin
     free_disks = sorted(
         (d for d in disks if not d["os_disk"]), key=lambda d: _sort_key(d, "pci_address")
     )
-    os_disks = [d for d in disks if d["os_disk"]]
+    os_disks = sorted((d for d in disks if d["os_disk"]), key=lambda d: _sort_key(d, "pci_address"))
     fabric_ports = [f for f in fabric if f["link_layer"] == fabric_link_layer]
     free_vfs = sorted(
         (f for f in fabric_ports if f["kind"] == "vf"), key=lambda f: _sort_key(f, "pci_address")
@@ -251,12 +249,13 @@ def pair_slots(gpus, disks, fabric, node, slice_subnet, fabric_link_layer="Infin
         slot_blockers = []
         disk = _take_local_first(free_disks, numa)
         if disk is None:
-            if os_disks:
+            os_disk = _take_local_first(os_disks, numa)
+            if os_disk is not None:
                 slot_blockers.append(
                     blocker(
                         "os_disk",
                         "the only NVMe disk left for this GPU holds the OS "
-                        f"({os_disks[0]['stable_path'] or os_disks[0]['kernel_name']}); "
+                        f"({os_disk['stable_path'] or os_disk['kernel_name']}); "
                         "the OS disk is never a slot disk",
                         slot_index=index,
                     )
