@@ -89,14 +89,24 @@ EOF
 git -C "$collection" -c init.defaultBranch=main init -q
 git -C "$collection" add -A
 
-# ansible-test writes its own ansible.cfg; the repo's settings must not leak in.
+# ansible-test points Ansible at its own config; keep the repo's out of its environment.
+# Both checks always run so one report shows every problem.
+sanity_rc=0
 (
   cd "$collection"
   unset ANSIBLE_CONFIG ANSIBLE_COLLECTIONS_PATH ANSIBLE_COLLECTIONS_PATHS
   # pslint needs PowerShell and PSScriptAnalyzer, which neither PyPI nor Debian provide; it
   # applies only to .ps1/.psm1 files and this collection manages Linux hosts, so it has none.
   ansible-test sanity --python 3.11 --color no --skip-test pslint "$@"
-)
+) || sanity_rc=$?
 
-antsibull-changelog lint
-echo "sanity: passed in $((SECONDS - started))s"
+changelog_rc=0
+antsibull-changelog lint || changelog_rc=$?
+
+elapsed=$((SECONDS - started))
+if [ "$sanity_rc" -ne 0 ] || [ "$changelog_rc" -ne 0 ]; then
+  echo "sanity: FAILED in ${elapsed}s (ansible-test sanity rc=$sanity_rc," \
+    "antsibull-changelog lint rc=$changelog_rc)" >&2
+  exit 1
+fi
+echo "sanity: passed in ${elapsed}s"
