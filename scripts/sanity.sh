@@ -12,7 +12,8 @@
 # git, so the files galaxy.yml would ship (tracked and new unignored files minus build_ignore)
 # are copied into build/sanity/ansible_collections/gpuaas/fleet, a tree with its own git repo.
 #
-# Usage: scripts/sanity.sh [ansible-test sanity options, e.g. --test validate-modules]
+# Usage: scripts/sanity.sh [ansible-test sanity options and paths], e.g.
+#   scripts/sanity.sh --test validate-modules --test pylint plugins/modules/disk_wipe.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
