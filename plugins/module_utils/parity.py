@@ -149,7 +149,8 @@ def format_lines(results):
 
 def parse_line(line):
     """('result'|'summary', fields) for one line; ParityError when it is not ours."""
-    tokens = _split_escaped(line.strip())
+    # Only line endings are stripped: a trailing escaped space belongs to the last value.
+    tokens = _split_escaped(line.lstrip().rstrip("\r\n"))
     if not tokens or tokens[0] not in (LINE_PREFIX, SUMMARY_PREFIX):
         raise ParityError(f"not a {LINE_PREFIX} line: {line!r}")
     fields = {}

@@ -1,0 +1,191 @@
+"""Parity checks that read files under a root, dnsmasq configuration, libvirt sockets, evidence."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from ansible_collections.gpuaas.fleet.plugins.module_utils import parity, sysfs
+
+from controlplane import hosttrees
+
+NOW = datetime.datetime(2026, 4, 24, 10, 30, tzinfo=datetime.UTC)
+
+
+def run(root, checks, **options):
+    ctx = parity.ParityContext(host=sysfs.HostRoot(str(root)), now=NOW, **options)
+    return {r["check"]: r for r in parity.run_checks(ctx, checks)}
+
+
+def test_host_checks_pass_on_a_prepared_host(host_tree):
+    results = run(host_tree("clean", "j22u15"), ["vfio", "kvm", "iommu", "ipoib_netplan"])
+    assert {name: r["status"] for name, r in results.items()} == dict.fromkeys(results, "PASS")
+    assert results["iommu"]["detail"] == "iommu_groups=96 cmdline_iommu=yes"
+
+
+def test_host_checks_fail_on_the_seeds_j22u05_before_firmware(spec_tree):
+    spec = dataclasses.replace(
+        hosttrees.clean_host("j22u05"),
+        kvm=False,
+        iommu_enabled=False,
+        vfio_modules=("vfio",),
+        ipoib_netplan=False,
+    )
+    results = run(spec_tree(spec), ["vfio", "kvm", "iommu", "ipoib_netplan"])
+    assert all(r["status"] == "FAIL" and r["remediation"] for r in results.values())
+    assert results["vfio"]["detail"] == "not loaded: vfio_pci, vfio_iommu_type1"
+    assert results["kvm"]["detail"] == "/dev/kvm missing"
+    assert results["iommu"]["detail"] == "iommu_groups=0 cmdline_iommu=yes"
+    assert results["ipoib_netplan"]["remediation"] == (
+        "render /etc/netplan/60-ipoib.yaml from site/profile bootstrap"
+    )
+
+
+@pytest.mark.parametrize(
+    ("services", "status"),
+    [
+        ((hosttrees.NETWORK_SERVICE,), "PASS"),
+        ((hosttrees.HISTORICAL_NETWORK_SERVICE,), "WARN"),
+        ((hosttrees.NETWORK_SERVICE, hosttrees.HISTORICAL_NETWORK_SERVICE), "WARN"),
+        ((), "FAIL"),
+    ],
+)
+def test_historical_network_service(spec_tree, services, status):
+    spec = dataclasses.replace(hosttrees.clean_host("j22u11"), network_services=services)
+    result = run(spec_tree(spec), ["historical_network_service"])["historical_network_service"]
+    assert result["status"] == status
+
+
+def evidence(minutes_old, blockers=()):
+    stamp = NOW - datetime.timedelta(minutes=minutes_old)
+    return {"collected_at": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"), "blockers": list(blockers)}
+
+
+@pytest.mark.parametrize(
+    ("topology_evidence", "status", "detail"),
+    [
+        (None, "WARN", "no control-plane topology evidence given; local checks only"),
+        (evidence(5), "PASS", "completed with no hard blockers (300s old)"),
+        (
+            evidence(5, [{"code": "tmfifo_missing", "severity": "advisory"}]),
+            "PASS",
+            "completed with no hard blockers (300s old)",
+        ),
+        # Older evidence without severities: codes known to be advisory do not fail.
+        (evidence(5, [{"code": "tmfifo_missing"}]), "PASS", None),
+        (evidence(120), "FAIL", "topology evidence is 7200s old (max 3600s)"),
+        (
+            evidence(5, [{"code": "nat_missing", "severity": "hard"}]),
+            "FAIL",
+            "1 hard blockers: nat_missing",
+        ),
+        ({"collected_at": "yesterday", "blockers": []}, "FAIL", None),
+    ],
+)
+def test_api_topology(host_tree, topology_evidence, status, detail):
+    result = run(
+        host_tree("clean", "j22u15"), ["api_topology"], topology_evidence=topology_evidence
+    )["api_topology"]
+    assert result["status"] == status
+    if detail:
+        assert result["detail"] == detail
+
+
+def test_api_topology_accepts_a_discovery_map(host_tree, discover_offline):
+    topology_map = discover_offline(host_tree("h200"))
+    result = run(host_tree("h200"), ["api_topology"], topology_evidence=topology_map)
+    assert result["api_topology"]["status"] == "FAIL"
+    assert "mounted_child_partition" in result["api_topology"]["detail"]
+
+
+def test_unknown_checks_are_refused(host_tree):
+    with pytest.raises(parity.ParityError, match="unknown checks: bogus"):
+        run(host_tree("clean", "j22u15"), ["kvm", "bogus"])
+
+
+def test_checks_run_in_the_parity_target_order(host_tree):
+    results = run(host_tree("clean", "j22u15"), ["api_topology", "kvm", "vfio"])
+    assert list(results) == ["vfio", "kvm", "api_topology"]
+
+
+# dnsmasq configuration --------------------------------------------------------------
+
+
+def test_dnsmasq_ranges_from_command_line_and_config_files(tmp_path):
+    (tmp_path / "etc/dnsmasq.d").mkdir(parents=True)
+    (tmp_path / "etc/dnsmasq.conf").write_text("# default\nconf-dir=/etc/dnsmasq.d/,*.conf\n")
+    (tmp_path / "etc/dnsmasq.d/gpuaas.conf").write_text(
+        "interface=ovsbr0\ndhcp-range=set:gpu,10.100.0.10,10.100.0.17,255.255.255.0,12h\n"
+    )
+    (tmp_path / "etc/dnsmasq.d/other.conf.bak").write_text("dhcp-range=192.0.2.10,192.0.2.20\n")
+    argv = ["dnsmasq", "--dhcp-range=172.16.0.10,172.16.0.20", "-F", "198.51.100.5,static"]
+    ranges = parity.dnsmasq_ranges(argv, str(tmp_path))
+    assert ranges == [
+        "172.16.0.10,172.16.0.20",
+        "198.51.100.5,static",
+        "set:gpu,10.100.0.10,10.100.0.17,255.255.255.0,12h",
+    ]
+    assert [parity.range_in_subnet(r, "10.100.0.0/24") for r in ranges] == [False, False, True]
+
+
+def test_dnsmasq_explicit_conf_file_replaces_the_default(tmp_path):
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/dnsmasq.conf").write_text("dhcp-range=10.100.0.10,10.100.0.17\n")
+    (tmp_path / "slice.conf").write_text("dhcp-range=10.200.0.10,10.200.0.17\n")
+    ranges = parity.dnsmasq_ranges(["dnsmasq", "-C", "/slice.conf"], str(tmp_path))
+    assert ranges == ["10.200.0.10,10.200.0.17"]
+    assert parity.dnsmasq_ranges(["dnsmasq", "--conf-file=/dev/null"], str(tmp_path)) == []
+
+
+def test_dnsmasq_processes_only_in_this_network_namespace():
+    # This test process is no dnsmasq; whatever dnsmasq runs elsewhere must be in our netns.
+    own = os.stat("/proc/self/ns/net").st_ino
+    for pid, argv in parity.dnsmasq_processes():
+        assert os.stat(f"/proc/{pid}/ns/net").st_ino == own
+        assert argv[0].endswith("dnsmasq")
+
+
+# libvirt: the check's boundary is "a daemon accepts on its socket" --------------------
+
+
+def test_libvirt_socket_that_accepts_passes_and_a_dead_one_fails(tmp_path, host_tree):
+    path = tmp_path / "libvirt-sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    root = host_tree("clean", "j22u15")
+    try:
+        result = run(root, ["libvirt"], libvirt_sockets=(str(tmp_path / "nope"), str(path)))
+        assert result["libvirt"]["status"] == "PASS"
+        assert result["libvirt"]["detail"] == f"{path} accepts connections"
+    finally:
+        listener.close()
+    result = run(root, ["libvirt"], libvirt_sockets=(str(path),))
+    assert result["libvirt"]["status"] == "FAIL"
+    assert "Connection refused" in result["libvirt"]["detail"]
+
+
+def test_udp_port_bound_sees_a_real_socket():
+    probe = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import socket,sys; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM);"
+            "s.bind(('127.0.0.1', 0)); print(s.getsockname()[1]); sys.stdout.flush();"
+            "sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        port = int(probe.stdout.readline())
+        assert parity.udp_port_bound(port)
+    finally:
+        probe.stdin.close()
+        probe.wait(timeout=10)
