@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import asdict
 from typing import Any
 
@@ -11,7 +12,8 @@ from controlplane import db
 from controlplane.enums import AdminState
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
-from controlplane.services import inventory, occupancy
+from controlplane.scheduler.placement import PlacementRequest, Scheduler
+from controlplane.services import allocations, inventory, occupancy
 from controlplane.services import slots as slot_service
 
 
@@ -58,6 +60,7 @@ class ControlPlane:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.scheduler = Scheduler(engine)
 
     @classmethod
     def from_environment(cls) -> ControlPlane:
@@ -112,3 +115,27 @@ class ControlPlane:
     def occupancy(self, region: str | None = None) -> dict[str, Any]:
         with db.transaction(self.engine) as session:
             return asdict(occupancy.occupancy(session, region))
+
+    def place(self, request: PlacementRequest) -> dict[str, Any]:
+        """Place a request: a placement, or an explicit unavailable result (``placed``)."""
+        return self.scheduler.place(request).as_dict()
+
+    def release(self, allocation_id: uuid.UUID, actor: str) -> dict[str, Any]:
+        with db.transaction(self.engine) as session:
+            return asdict(allocations.release(session, allocation_id, actor))
+
+    def record_wipe_proof(
+        self, hostname: str, slot_index: int, proof: Any, actor: str
+    ) -> dict[str, Any]:
+        with db.transaction(self.engine) as session:
+            return asdict(
+                allocations.record_wipe_proof(session, hostname, slot_index, proof, actor)
+            )
+
+    def show_allocation(self, allocation_id: uuid.UUID) -> dict[str, Any]:
+        with db.transaction(self.engine) as session:
+            return allocations.allocation_view(session, allocation_id)
+
+    def list_allocations(self, state: str | None = None) -> list[dict[str, Any]]:
+        with db.transaction(self.engine) as session:
+            return allocations.list_allocations(session, state)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import getpass
 import json
 import sys
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ from sqlalchemy.exc import OperationalError
 from controlplane.api import ControlPlane
 from controlplane.enums import AdminState
 from controlplane.errors import GpuaasError, InvalidInput
+from controlplane.scheduler.placement import PlacementRequest
 from controlplane.services.inventory import NodeSpec
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -30,7 +32,9 @@ node_app = typer.Typer(no_args_is_help=True, help="Register and administer nodes
 slots_app = typer.Typer(no_args_is_help=True, help="Import topology, approve and manage slots.")
 app.add_typer(db_app, name="db")
 app.add_typer(node_app, name="node")
+alloc_app = typer.Typer(no_args_is_help=True, help="Place, inspect and release allocations.")
 app.add_typer(slots_app, name="slots")
+app.add_typer(alloc_app, name="alloc")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
 NodeOpt = Annotated[str, typer.Option("--node", help="Node host name.")]
@@ -205,8 +209,7 @@ def node_undrain(hostname: Annotated[str, typer.Argument()], as_json: JsonFlag =
 # -- slots ------------------------------------------------------------------------------
 
 
-def read_topology(source: str) -> Any:
-    """A topology map file, or the slice_topology module's result holding one."""
+def read_json(source: str) -> Any:
     try:
         text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
     except OSError as exc:
@@ -219,6 +222,12 @@ def read_topology(source: str) -> Any:
         raise InvalidInput(
             "json_invalid", f"{source} is not JSON: {exc}", {"file": source}
         ) from exc
+    return document
+
+
+def read_topology(source: str) -> Any:
+    """A topology map file, or the slice_topology module's result holding one."""
+    document = read_json(source)
     if isinstance(document, dict) and isinstance(document.get("topology"), dict):
         return document["topology"]
     return document
@@ -334,6 +343,137 @@ def slots_repair(
         as_json,
         lambda: {"status": control_plane().repair_slot(node, slot, reason, actor())},
         lambda r: out.print(f"slot {slot} of {node} is now {r['status']}"),
+    )
+
+
+@slots_app.command("wipe-proof")
+def slots_wipe_proof(
+    node: NodeOpt,
+    slot: Annotated[int, typer.Option("--slot")],
+    source: Annotated[str, typer.Option("--from", help="Proof JSON (disk_wipe result), or -.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Record a disk wipe proof; a verified one returns a cleanup slot to available."""
+
+    def record() -> dict[str, Any]:
+        document = read_json(source)
+        if isinstance(document, dict) and isinstance(document.get("proof"), dict):
+            document = document["proof"]
+        return control_plane().record_wipe_proof(node, slot, document, actor())
+
+    run(
+        as_json,
+        record,
+        lambda r: out.print(
+            f"slot {slot} of {node}: wipe {'verified' if r['verified'] else 'NOT verified'}, "
+            f"now {r['status']} (evidence {r['evidence_id']})"
+        ),
+    )
+
+
+# -- alloc ------------------------------------------------------------------------------
+
+
+def parse_allocation_id(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError as exc:
+        raise InvalidInput("allocation_id_invalid", f"{value!r} is not an allocation id") from exc
+
+
+def render_allocation(a: dict[str, Any]) -> None:
+    out.print(
+        f"allocation {a['id']}: {a['capacity_shape']} {a['sku']} x{a['gpu_count']} on "
+        f"{a['node']} — {a['state']}"
+        + (f" ({a['failure_reason']})" if a.get("failure_reason") else "")
+    )
+    for claim in a.get("claims", []):
+        target = f"slot {claim['slot_index']}" if claim["slot_index"] is not None else "whole node"
+        out.print(f"  claim {claim['kind']} on {target}: {claim['state']}")
+
+
+@alloc_app.command("create")
+def alloc_create(
+    sku: Annotated[str, typer.Option("--sku", help="SKU slug.")],
+    gpus: Annotated[int, typer.Option("--gpus", help="GPU count.")],
+    region: Annotated[str | None, typer.Option("--region")] = None,
+    project: Annotated[str | None, typer.Option("--project")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Place an allocation (claims only; provisioning is the flows' job)."""
+
+    def create() -> dict[str, Any]:
+        result = control_plane().place(
+            PlacementRequest(
+                sku=sku, gpu_count=gpus, region=region, project_id=project, requested_by=actor()
+            )
+        )
+        if not result["placed"]:
+            details = {"reason": result["reason"], **result["details"]}
+            raise GpuaasError(result["code"], result["message"], details)
+        return result
+
+    run(
+        as_json,
+        create,
+        lambda r: out.print(
+            f"placed {r['allocation_id']}: {r['capacity_shape']} x{r['gpu_count']} on {r['node']}"
+            + (f" slots {[s['slot_index'] for s in r['slots']]}" if r["slots"] else " (whole node)")
+        ),
+    )
+
+
+@alloc_app.command("release")
+def alloc_release(
+    allocation: Annotated[str, typer.Argument(help="Allocation id.")], as_json: JsonFlag = False
+) -> None:
+    """Release claims; slots go to cleanup until a wipe proof is recorded."""
+    run(
+        as_json,
+        lambda: control_plane().release(parse_allocation_id(allocation), actor()),
+        lambda r: out.print(
+            f"allocation {r['allocation_id']} {r['state']} (changed: {r['changed']}); "
+            f"{len(r['slots_to_wipe'])} slots await a wipe proof"
+        ),
+    )
+
+
+@alloc_app.command("show")
+def alloc_show(
+    allocation: Annotated[str, typer.Argument(help="Allocation id.")], as_json: JsonFlag = False
+) -> None:
+    """Show an allocation with its claims."""
+    run(
+        as_json,
+        lambda: control_plane().show_allocation(parse_allocation_id(allocation)),
+        render_allocation,
+    )
+
+
+@alloc_app.command("list")
+def alloc_list(
+    state: Annotated[str | None, typer.Option("--state")] = None, as_json: JsonFlag = False
+) -> None:
+    """List allocations, newest first."""
+    run(
+        as_json,
+        lambda: control_plane().list_allocations(state),
+        lambda rows: table(
+            "allocations",
+            ["id", "shape", "sku", "gpus", "state", "node", "created"],
+            [
+                [
+                    a["id"],
+                    a["capacity_shape"],
+                    a["sku"],
+                    a["gpu_count"],
+                    a["state"],
+                    a["node"],
+                    a["created_at"],
+                ]
+                for a in rows
+            ],
+        ),
     )
 
 

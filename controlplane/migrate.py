@@ -35,3 +35,11 @@ def current_revision(engine: Engine) -> str | None:
 
     with engine.connect() as connection:
         return MigrationContext.configure(connection).get_current_revision()
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", "controlplane:migrations")
+    return ScriptDirectory.from_config(config).get_current_head()

@@ -162,6 +162,29 @@ class Node(Base):
     __table_args__ = (CheckConstraint("gpu_count >= 0", name="gpu_count_nonnegative"),)
 
 
+class NodeCapacity(Base):
+    """Per-node counters kept by database triggers (migration 0003); read-only for code."""
+
+    __tablename__ = "node_capacity"
+
+    node_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    free_slots: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    free_gpus: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    busy_slots: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    slot_claims: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    exclusive_claims: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+
+    __table_args__ = (
+        CheckConstraint(
+            "free_slots >= 0 AND free_gpus >= 0 AND busy_slots >= 0 AND slot_claims >= 0"
+            " AND exclusive_claims >= 0",
+            name="counters_nonnegative",
+        ),
+    )
+
+
 class NodeResourceSlot(Base):
     """An approved (or candidate, while ``disabled``) host-local resource bundle."""
 

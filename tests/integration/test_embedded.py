@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.embedded import EmbeddedPostgres
+from controlplane.migrate import head_revision
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ def gpuaas(env, *args):
 def test_cli_starts_reuses_and_stops_the_embedded_cluster(pgdata):
     env = {k: v for k, v in os.environ.items() if k != "GPUAAS_DATABASE_URL"}
     env["GPUAAS_PGDATA"] = str(pgdata)
-    assert gpuaas(env, "db", "upgrade") == {"revision": "0002"}
+    assert gpuaas(env, "db", "upgrade") == {"revision": head_revision()}
     cluster = EmbeddedPostgres(data_dir=pgdata)
     assert cluster.running()
     marker = (pgdata / "PG_VERSION").stat().st_ino

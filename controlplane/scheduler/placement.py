@@ -1,0 +1,531 @@
+"""Placement: a snapshot from SQL, a pure ranking, then one short locking transaction.
+
+1. Snapshot: trigger-maintained ``node_capacity`` counters preselect the K best nodes in
+   the ranking's own order; the full eligibility predicates (``repositories.capacity``)
+   then load those nodes' free slots.
+2. Rank: ``ranking.rank_*`` — pure and deterministic for a snapshot and a salt.
+3. Lock: one statement locks the chosen node's slots ``FOR UPDATE SKIP LOCKED`` (in the
+   ranking's preference order, re-checking every predicate), reserves them, and inserts
+   the allocation, one claim per slot (or one ``node_exclusive`` claim) and an outbox
+   event; then commit. Losing a race moves on to the next choice, a bounded number of
+   times. Database constraints refuse a double booking even if this code were wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from controlplane.enums import CapacityShape
+from controlplane.repositories.capacity import ELIGIBLE_SLOT_PREDICATE
+from controlplane.scheduler import ranking
+from controlplane.scheduler.ranking import BaremetalNode, Policy, SliceNode, SlotView
+
+SKU_CACHE_SECONDS = 10.0
+
+_SLICE_ORDER = {
+    Policy.BEST_FIT: "(c.busy_slots = 0), c.free_gpus, hashtext(c.node_id::text || :salt)",
+    Policy.FIRST_FIT: "n.hostname",
+    Policy.RANDOM: "hashtext(c.node_id::text || :salt)",
+}
+
+SLICE_NODE_FILTER = """
+    n.node_family = :family AND n.admin_state = 'schedulable' AND n.profile_intent = 'slice_vm'
+    AND (CAST(:region AS text) IS NULL OR n.region_code = CAST(:region AS text))
+    AND c.exclusive_claims = 0
+"""
+
+SLICE_SNAPSHOT = {
+    policy: text(
+        f"""
+WITH top AS (
+    SELECT c.node_id, c.busy_slots = 0 AS clean
+    FROM node_capacity c JOIN nodes n ON n.id = c.node_id
+    WHERE {SLICE_NODE_FILTER} AND c.free_gpus >= :gpus
+    ORDER BY {order}
+    LIMIT :k OFFSET :offset)
+SELECT s.node_id, n.hostname, top.clean, s.id, s.slot_index, s.numa_node, s.gpu_count
+FROM top JOIN node_resource_slots s ON s.node_id = top.node_id JOIN nodes n ON n.id = s.node_id
+WHERE {ELIGIBLE_SLOT_PREDICATE}
+"""
+    )
+    for policy, order in _SLICE_ORDER.items()
+}
+
+SLICE_DIAGNOSIS = text(
+    f"""
+SELECT count(*), coalesce(sum(c.free_gpus), 0), coalesce(max(c.free_gpus), 0)
+FROM node_capacity c JOIN nodes n ON n.id = c.node_id
+WHERE {SLICE_NODE_FILTER}
+"""
+)
+
+SLICE_LOCK = text(
+    f"""
+WITH locked AS (
+    SELECT s.id, s.slot_index
+    FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id
+    WHERE s.node_id = :node AND {ELIGIBLE_SLOT_PREDICATE}
+    ORDER BY array_position(CAST(:preferred AS uuid[]), s.id) NULLS LAST, s.slot_index
+    LIMIT :gpus
+    FOR UPDATE OF s SKIP LOCKED
+), enough AS (
+    SELECT id FROM locked WHERE (SELECT count(*) FROM locked) = :gpus
+), reserved AS (
+    UPDATE node_resource_slots t
+    SET status = 'reserved', generation = t.generation + 1, updated_at = now()
+    FROM enough WHERE t.id = enough.id
+    RETURNING t.id, t.slot_index
+), alloc AS (
+    INSERT INTO allocations (id, capacity_shape, sku_id, gpu_count, state, node_id,
+                             region_code, project_id, requested_by)
+    SELECT :allocation, 'gpu_slice', :sku_id, :gpus, 'pending', :node,
+           :region_code, :project, :actor
+    WHERE EXISTS (SELECT 1 FROM reserved)
+    RETURNING id
+), claims AS (
+    INSERT INTO allocation_resource_claims (allocation_id, node_id, slot_id, claim_kind)
+    SELECT alloc.id, :node, reserved.id, 'slot' FROM alloc CROSS JOIN reserved
+    RETURNING id, slot_id
+), event AS (
+    INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+    SELECT 'allocation', alloc.id, 'allocation.placed', CAST(:event AS jsonb) FROM alloc
+    RETURNING id
+)
+SELECT r.id, r.slot_index, c.id FROM reserved r JOIN claims c ON c.slot_id = r.id
+ORDER BY r.slot_index
+"""
+)
+
+_BAREMETAL_ORDER = {
+    Policy.BEST_FIT: (
+        "(n.profile_intent <> 'baremetal'), c.free_slots, hashtext(c.node_id::text || :salt)"
+    ),
+    Policy.FIRST_FIT: "n.hostname",
+    Policy.RANDOM: "hashtext(c.node_id::text || :salt)",
+}
+
+BAREMETAL_NODE_FILTER = """
+    n.node_family = :family AND n.admin_state = 'schedulable'
+    AND n.profile_intent IN ('baremetal', 'slice_vm') AND n.gpu_count >= :gpus
+    AND (CAST(:region AS text) IS NULL OR n.region_code = CAST(:region AS text))
+"""
+
+BAREMETAL_SNAPSHOT = {
+    policy: text(
+        f"""
+SELECT n.id, n.hostname, n.profile_intent = 'baremetal', c.free_slots
+FROM node_capacity c JOIN nodes n ON n.id = c.node_id
+WHERE {BAREMETAL_NODE_FILTER}
+  AND c.slot_claims = 0 AND c.exclusive_claims = 0 AND c.busy_slots = 0
+ORDER BY {order}
+LIMIT :k
+"""
+    )
+    for policy, order in _BAREMETAL_ORDER.items()
+}
+
+BAREMETAL_DIAGNOSIS = text(
+    f"""
+SELECT count(*) FROM node_capacity c JOIN nodes n ON n.id = c.node_id
+WHERE {BAREMETAL_NODE_FILTER}
+"""
+)
+
+BAREMETAL_LOCK = text(
+    """
+WITH node AS (
+    SELECT n.id FROM nodes n
+    WHERE n.id = :node AND n.admin_state = 'schedulable'
+      AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims c
+                      WHERE c.node_id = n.id AND c.state = 'active')
+      AND NOT EXISTS (SELECT 1 FROM node_resource_slots s WHERE s.node_id = n.id
+                      AND (s.wipe_required OR s.status NOT IN ('available', 'disabled')))
+    FOR UPDATE OF n SKIP LOCKED
+), alloc AS (
+    INSERT INTO allocations (id, capacity_shape, sku_id, gpu_count, state, node_id,
+                             region_code, project_id, requested_by)
+    SELECT :allocation, 'baremetal', :sku_id, :gpus, 'pending', node.id,
+           :region_code, :project, :actor
+    FROM node
+    RETURNING id, node_id
+), claim AS (
+    INSERT INTO allocation_resource_claims (allocation_id, node_id, claim_kind)
+    SELECT alloc.id, alloc.node_id, 'node_exclusive' FROM alloc
+    RETURNING id
+), event AS (
+    INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+    SELECT 'allocation', alloc.id, 'allocation.placed', CAST(:event AS jsonb) FROM alloc
+    RETURNING id
+)
+SELECT claim.id FROM claim
+"""
+)
+
+SKU_QUERY = text(
+    "SELECT id, slug, capacity_shape, node_family, allowed_gpu_counts FROM skus WHERE enabled"
+)
+
+# Constraints whose violation means another transaction won the same capacity.
+RACE_CONSTRAINTS = frozenset(
+    {
+        "ex_allocation_resource_claims_kind_mix",
+        "uq_allocation_resource_claims_active_exclusive_node",
+        "uq_allocation_resource_claims_active_slot",
+    }
+)
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    sku: str
+    gpu_count: int
+    capacity_shape: CapacityShape | None = None
+    region: str | None = None
+    project_id: str | None = None
+    requested_by: str = "api"
+    allocation_id: uuid.UUID = field(default_factory=uuid.uuid4)
+
+
+@dataclass(frozen=True)
+class Placement:
+    allocation_id: uuid.UUID
+    capacity_shape: str
+    sku: str
+    gpu_count: int
+    node_id: uuid.UUID
+    hostname: str
+    slots: tuple[dict[str, Any], ...]
+    claims: tuple[uuid.UUID, ...]
+    attempts: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "placed": True,
+            "allocation_id": str(self.allocation_id),
+            "capacity_shape": self.capacity_shape,
+            "sku": self.sku,
+            "gpu_count": self.gpu_count,
+            "node_id": str(self.node_id),
+            "node": self.hostname,
+            "slots": [
+                {k: str(v) if k == "slot_id" else v for k, v in s.items()} for s in self.slots
+            ],
+            "claims": [str(c) for c in self.claims],
+            "attempts": self.attempts,
+        }
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """An explicit refusal: ``code`` and, for sku_unavailable, a ``reason``."""
+
+    code: str
+    reason: str | None
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "placed": False,
+            "code": self.code,
+            "reason": self.reason,
+            "message": self.message,
+            "details": self.details,
+        }
+
+
+@dataclass(frozen=True)
+class SkuInfo:
+    id: int
+    slug: str
+    capacity_shape: CapacityShape
+    node_family: str
+    allowed_gpu_counts: tuple[int, ...]
+
+
+def placed_event(shape: CapacityShape, sku: SkuInfo, hostname: str, gpus: int) -> str:
+    return json.dumps(
+        {"capacity_shape": shape.value, "sku": sku.slug, "node": hostname, "gpu_count": gpus}
+    )
+
+
+class Scheduler:
+    """Places requests. Safe to share between threads (the SKU cache is swapped whole)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        policy: Policy = Policy.BEST_FIT,
+        candidate_nodes: int = 16,
+        max_attempts: int = 8,
+    ) -> None:
+        self.engine = engine
+        self.policy = Policy(policy)
+        self.candidate_nodes = candidate_nodes
+        self.max_attempts = max_attempts
+        self._skus: tuple[float, dict[str, SkuInfo]] = (0.0, {})
+
+    def _sku(self, conn: Connection, slug: str) -> SkuInfo | None:
+        loaded_at, skus = self._skus
+        if slug not in skus or time.monotonic() - loaded_at > SKU_CACHE_SECONDS:
+            skus = {
+                row.slug: SkuInfo(
+                    row.id,
+                    row.slug,
+                    CapacityShape(row.capacity_shape),
+                    row.node_family,
+                    tuple(row.allowed_gpu_counts),
+                )
+                for row in conn.execute(SKU_QUERY)
+            }
+            self._skus = (time.monotonic(), skus)
+        return skus.get(slug)
+
+    def place(self, request: PlacementRequest) -> Placement | Unavailable:
+        with self.engine.connect() as conn:
+            sku = self._sku(conn, request.sku)
+            refusal = self._check_request(request, sku)
+            if refusal is not None:
+                return refusal
+            assert sku is not None
+            if sku.capacity_shape is CapacityShape.BAREMETAL:
+                return self._place_baremetal(conn, request, sku)
+            return self._place_slice(conn, request, sku)
+
+    @staticmethod
+    def _check_request(request: PlacementRequest, sku: SkuInfo | None) -> Unavailable | None:
+        if sku is None:
+            return Unavailable("sku_not_found", None, f"no enabled SKU {request.sku!r}")
+        if request.capacity_shape is not None and request.capacity_shape != sku.capacity_shape:
+            return Unavailable(
+                "capacity_shape_mismatch",
+                None,
+                f"SKU {sku.slug} is {sku.capacity_shape.value}, not {request.capacity_shape}",
+                {"sku_shape": sku.capacity_shape.value},
+            )
+        if request.gpu_count not in sku.allowed_gpu_counts:
+            return Unavailable(
+                "gpu_count_not_allowed",
+                None,
+                f"SKU {sku.slug} allows {list(sku.allowed_gpu_counts)} GPUs, "
+                f"not {request.gpu_count}",
+                {"allowed_gpu_counts": list(sku.allowed_gpu_counts)},
+            )
+        return None
+
+    def _common(self, request: PlacementRequest, sku: SkuInfo) -> dict[str, Any]:
+        return {
+            "family": sku.node_family,
+            "region": request.region,
+            "gpus": request.gpu_count,
+            "salt": str(request.allocation_id),
+            "allocation": request.allocation_id,
+            "sku_id": sku.id,
+            "region_code": request.region,
+            "project": request.project_id,
+            "actor": request.requested_by,
+        }
+
+    def _slice_snapshot(
+        self, conn: Connection, params: dict[str, Any], offset: int
+    ) -> list[SliceNode]:
+        rows = conn.execute(
+            SLICE_SNAPSHOT[self.policy], {**params, "k": self.candidate_nodes, "offset": offset}
+        ).all()
+        grouped: dict[uuid.UUID, list] = defaultdict(list)
+        for row in rows:
+            grouped[row[0]].append(row)
+        return [
+            SliceNode(
+                node_id=node_id,
+                hostname=slot_rows[0][1],
+                clean=slot_rows[0][2],
+                slots=tuple(SlotView(r[3], r[4], r[5], r[6]) for r in slot_rows),
+            )
+            for node_id, slot_rows in grouped.items()
+        ]
+
+    def _place_slice(
+        self, conn: Connection, request: PlacementRequest, sku: SkuInfo
+    ) -> Placement | Unavailable:
+        params = self._common(request, sku)
+        attempts = 0
+        offset = 0
+        while attempts < self.max_attempts:
+            snapshot = self._slice_snapshot(conn, params, offset)
+            if not snapshot:
+                break
+            choices = ranking.rank_slice_nodes(
+                snapshot, request.gpu_count, params["salt"], self.policy
+            )
+            if not choices:
+                offset += self.candidate_nodes
+                continue
+            for choice in choices:
+                if attempts >= self.max_attempts:
+                    break
+                attempts += 1
+                placed = self._lock_slice(conn, params, choice, request, sku, attempts)
+                if placed is not None:
+                    return placed
+            offset = 0
+        return self._diagnose_slice(conn, params, request, attempts)
+
+    def _lock_slice(
+        self,
+        conn: Connection,
+        params: dict[str, Any],
+        choice: ranking.SliceChoice,
+        request: PlacementRequest,
+        sku: SkuInfo,
+        attempts: int,
+    ) -> Placement | None:
+        event = placed_event(CapacityShape.GPU_SLICE, sku, choice.hostname, request.gpu_count)
+        try:
+            rows = conn.execute(
+                SLICE_LOCK,
+                {
+                    **params,
+                    "node": choice.node_id,
+                    "preferred": list(choice.slot_ids),
+                    "event": event,
+                },
+            ).all()
+        except IntegrityError as exc:
+            conn.rollback()
+            if getattr(exc.orig.diag, "constraint_name", None) in RACE_CONSTRAINTS:
+                return None
+            raise
+        if len(rows) != request.gpu_count:
+            conn.rollback()
+            return None
+        conn.commit()
+        return Placement(
+            allocation_id=request.allocation_id,
+            capacity_shape=CapacityShape.GPU_SLICE.value,
+            sku=sku.slug,
+            gpu_count=request.gpu_count,
+            node_id=choice.node_id,
+            hostname=choice.hostname,
+            slots=tuple({"slot_id": r[0], "slot_index": r[1]} for r in rows),
+            claims=tuple(r[2] for r in rows),
+            attempts=attempts,
+        )
+
+    def _diagnose_slice(
+        self, conn: Connection, params: dict[str, Any], request: PlacementRequest, attempts: int
+    ) -> Unavailable:
+        nodes, free, largest = conn.execute(SLICE_DIAGNOSIS, params).one()
+        conn.rollback()
+        details = {
+            "requested_gpus": request.gpu_count,
+            "free_gpus": free,
+            "largest_same_node": largest,
+            "eligible_nodes": nodes,
+            "attempts": attempts,
+        }
+        if nodes == 0:
+            return Unavailable(
+                "sku_unavailable",
+                "no_eligible_node",
+                f"no schedulable slice node of family {params['family']}"
+                + (f" in {request.region}" if request.region else ""),
+                details,
+            )
+        if largest >= request.gpu_count:
+            return Unavailable(
+                "sku_unavailable",
+                "contended",
+                f"{request.gpu_count} GPUs were free on one node but {attempts} attempts lost "
+                "their races; retry",
+                details,
+            )
+        if free >= request.gpu_count:
+            return Unavailable(
+                "sku_unavailable",
+                "fragmented",
+                f"{free} GPUs are free in aggregate but at most {largest} on any one node; "
+                f"a slice of {request.gpu_count} must fit on one node",
+                details,
+            )
+        return Unavailable(
+            "sku_unavailable",
+            "no_capacity",
+            f"only {free} GPUs are free for {request.gpu_count} requested",
+            details,
+        )
+
+    def _place_baremetal(
+        self, conn: Connection, request: PlacementRequest, sku: SkuInfo
+    ) -> Placement | Unavailable:
+        params = self._common(request, sku)
+        rows = conn.execute(
+            BAREMETAL_SNAPSHOT[self.policy], {**params, "k": self.candidate_nodes}
+        ).all()
+        snapshot = [BaremetalNode(r[0], r[1], r[2], r[3]) for r in rows]
+        attempts = 0
+        for node in ranking.rank_baremetal_nodes(snapshot, params["salt"], self.policy):
+            if attempts >= self.max_attempts:
+                break
+            attempts += 1
+            event = placed_event(CapacityShape.BAREMETAL, sku, node.hostname, request.gpu_count)
+            try:
+                claim = conn.execute(
+                    BAREMETAL_LOCK, {**params, "node": node.node_id, "event": event}
+                ).scalar_one_or_none()
+            except IntegrityError as exc:
+                conn.rollback()
+                if getattr(exc.orig.diag, "constraint_name", None) not in RACE_CONSTRAINTS:
+                    raise
+                claim = None
+            if claim is None:
+                conn.rollback()
+                continue
+            conn.commit()
+            return Placement(
+                allocation_id=request.allocation_id,
+                capacity_shape=CapacityShape.BAREMETAL.value,
+                sku=sku.slug,
+                gpu_count=request.gpu_count,
+                node_id=node.node_id,
+                hostname=node.hostname,
+                slots=(),
+                claims=(claim,),
+                attempts=attempts,
+            )
+        eligible = conn.execute(BAREMETAL_DIAGNOSIS, params).scalar_one()
+        conn.rollback()
+        details = {
+            "requested_gpus": request.gpu_count,
+            "eligible_nodes": eligible,
+            "attempts": attempts,
+        }
+        if eligible == 0:
+            return Unavailable(
+                "sku_unavailable",
+                "no_eligible_node",
+                f"no schedulable node of family {params['family']} can be sold whole",
+                details,
+            )
+        if snapshot:
+            return Unavailable(
+                "sku_unavailable",
+                "contended",
+                "every free node was taken concurrently; retry",
+                details,
+            )
+        return Unavailable(
+            "sku_unavailable",
+            "no_capacity",
+            "every eligible node holds a claim or slots awaiting cleanup",
+            details,
+        )

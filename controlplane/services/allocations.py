@@ -1,0 +1,302 @@
+"""Allocation lifecycle after placement: release, wipe proofs, reads.
+
+Release never returns a slot to ``available``: claimed slots go to ``cleanup`` with
+``wipe_required`` (and a baremetal release marks every slot of the node, because the
+tenant had every disk). Only a verified wipe proof for the slot's own disk, finished
+after the release, brings a slot back.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from controlplane.enums import (
+    AllocationState,
+    EvidenceKind,
+    HealthState,
+    SlotStatus,
+)
+from controlplane.errors import Conflict, InvalidInput, NotFound
+from controlplane.models import Allocation, AllocationResourceClaim, Node, NodeResourceSlot, Sku
+from controlplane.repositories import evidence as evidence_repo
+from controlplane.repositories import nodes as node_repo
+from controlplane.repositories import slots as slot_repo
+
+WIPE_PROOF_SCHEMA = "gpuaas.wipe_proof/v1"
+SECRET_KEYS = frozenset({"password", "token", "secret", "private_key", "api_key"})
+
+RELEASE_CLAIMS = text(
+    """
+UPDATE allocation_resource_claims SET state = 'released', released_at = now()
+WHERE allocation_id = :allocation AND state = 'active'
+RETURNING slot_id, claim_kind, node_id
+"""
+)
+RELEASE_SLOTS = text(
+    """
+UPDATE node_resource_slots
+SET status = CASE WHEN status = 'cleanup_blocked' THEN 'cleanup_blocked' ELSE 'cleanup' END,
+    wipe_required = true, health_detail = :detail,
+    generation = generation + 1, updated_at = now()
+WHERE id = ANY(CAST(:slots AS uuid[]))
+"""
+)
+# A baremetal tenant had every disk of the node: every slot needs a wipe before reuse.
+RELEASE_NODE_SLOTS = text(
+    """
+UPDATE node_resource_slots
+SET status = CASE WHEN status = 'available' THEN 'cleanup' ELSE status END,
+    wipe_required = true, health_detail = :detail,
+    generation = generation + 1, updated_at = now()
+WHERE node_id = :node AND status IN ('available', 'disabled')
+"""
+)
+FINISH_ALLOCATION = text(
+    """
+UPDATE allocations SET state = 'released', released_at = now(), updated_at = now()
+WHERE id = :allocation
+"""
+)
+RELEASED_EVENT = text(
+    """
+INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+VALUES ('allocation', :allocation, 'allocation.released', CAST(:payload AS jsonb))
+"""
+)
+
+
+@dataclass
+class ReleaseResult:
+    allocation_id: str
+    changed: bool
+    state: str
+    slots_to_wipe: list[str] = field(default_factory=list)
+
+
+def release(session: Session, allocation_id: uuid.UUID, actor: str) -> ReleaseResult:
+    """Release claims; slots go to cleanup (never available). Idempotent."""
+    row = session.execute(
+        text("SELECT state FROM allocations WHERE id = :id FOR UPDATE"), {"id": allocation_id}
+    ).one_or_none()
+    if row is None:
+        raise NotFound("allocation", allocation_id)
+    if row.state == AllocationState.RELEASED.value:
+        return ReleaseResult(str(allocation_id), False, row.state)
+    claims = session.execute(RELEASE_CLAIMS, {"allocation": allocation_id}).all()
+    detail = f"released from allocation {allocation_id}; wipe proof required"
+    slot_ids = [c.slot_id for c in claims if c.slot_id is not None]
+    if slot_ids:
+        session.execute(RELEASE_SLOTS, {"slots": slot_ids, "detail": detail})
+    for claim in claims:
+        if claim.claim_kind == "node_exclusive":
+            wiped = session.execute(
+                text(
+                    "SELECT id FROM node_resource_slots WHERE node_id = :node"
+                    " AND status IN ('available', 'disabled')"
+                ),
+                {"node": claim.node_id},
+            ).scalars()
+            slot_ids.extend(wiped)
+            session.execute(RELEASE_NODE_SLOTS, {"node": claim.node_id, "detail": detail})
+    session.execute(FINISH_ALLOCATION, {"allocation": allocation_id})
+    session.execute(
+        RELEASED_EVENT,
+        {"allocation": allocation_id, "payload": json.dumps({"released_by": actor})},
+    )
+    return ReleaseResult(
+        str(allocation_id), True, AllocationState.RELEASED.value, [str(s) for s in slot_ids]
+    )
+
+
+def scrub(value: Any) -> Any:
+    """Evidence never stores secrets: drop known secret keys at any depth."""
+    if isinstance(value, dict):
+        return {
+            k: ("<scrubbed>" if k.lower() in SECRET_KEYS else scrub(v)) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    return value
+
+
+def _proof_time(proof: dict[str, Any]) -> dt.datetime:
+    finished = proof.get("finished_at")
+    try:
+        stamp = dt.datetime.fromisoformat(str(finished).replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise InvalidInput(
+            "proof_malformed", f"finished_at {finished!r} is not an ISO 8601 time", {}
+        ) from exc
+    if stamp.tzinfo is None:
+        raise InvalidInput("proof_malformed", "finished_at must carry a time zone", {})
+    return stamp
+
+
+@dataclass
+class ProofResult:
+    hostname: str
+    slot_index: int
+    status: str
+    evidence_id: int
+    verified: bool
+
+
+def record_wipe_proof(
+    session: Session, hostname: str, slot_index: int, proof: Any, actor: str
+) -> ProofResult:
+    """Record a disk wipe proof for a slot; a verified one returns it to ``available``."""
+    if not isinstance(proof, dict) or proof.get("schema") != WIPE_PROOF_SCHEMA:
+        raise InvalidInput(
+            "proof_schema",
+            f"a wipe proof must be a {WIPE_PROOF_SCHEMA} object",
+            {"schema": proof.get("schema") if isinstance(proof, dict) else None},
+        )
+    node = node_repo.get_by_hostname(session, hostname)
+    slot = slot_repo.get(session, node.id, slot_index, for_update=True)
+    if proof.get("device") != slot.nvme_device:
+        raise InvalidInput(
+            "proof_device_mismatch",
+            f"the proof is for {proof.get('device')!r}; slot {slot_index} of {hostname} owns "
+            f"{slot.nvme_device!r}",
+            {"proof_device": proof.get("device"), "slot_device": slot.nvme_device},
+        )
+    active = session.scalar(
+        select(AllocationResourceClaim.id).where(
+            AllocationResourceClaim.slot_id == slot.id, AllocationResourceClaim.state == "active"
+        )
+    )
+    if active is not None:
+        raise Conflict(
+            "slot_claimed", f"slot {slot_index} of {hostname} is still claimed; release first", {}
+        )
+    if slot.status == SlotStatus.CLEANUP_BLOCKED:
+        raise Conflict(
+            "slot_cleanup_blocked",
+            f"slot {slot_index} of {hostname} is cleanup_blocked; inspect and repair it first",
+            {},
+        )
+    if slot.status not in (SlotStatus.CLEANUP, SlotStatus.RELEASING, SlotStatus.DISABLED):
+        raise Conflict(
+            "slot_not_in_cleanup",
+            f"slot {slot_index} of {hostname} is {slot.status.value}; nothing to wipe",
+            {"status": slot.status.value},
+        )
+    finished = _proof_time(proof)
+    last_release = session.scalar(
+        select(AllocationResourceClaim.released_at)
+        .where(AllocationResourceClaim.node_id == node.id)
+        .where(
+            (AllocationResourceClaim.slot_id == slot.id)
+            | (AllocationResourceClaim.claim_kind == "node_exclusive")
+        )
+        .order_by(AllocationResourceClaim.released_at.desc().nulls_last())
+        .limit(1)
+    )
+    if last_release is not None and finished <= last_release:
+        raise InvalidInput(
+            "proof_predates_release",
+            f"the proof finished at {finished.isoformat()}, before the slot was released at "
+            f"{last_release.isoformat()}",
+            {},
+        )
+    verified = proof.get("verified") is True
+    row = evidence_repo.add(
+        session,
+        kind=EvidenceKind.WIPE_PROOF,
+        passed=verified,
+        summary=(
+            f"{'verified' if verified else 'FAILED'} wipe of {slot.nvme_device} "
+            f"({proof.get('method', 'unknown method')}) for slot {slot_index} of {hostname}"
+        ),
+        recorded_by=actor,
+        payload=scrub(proof),
+        node_id=node.id,
+        slot_id=slot.id,
+    )
+    now = dt.datetime.now(dt.UTC)
+    if verified:
+        slot.wipe_required = False
+        slot.last_wipe_proof_id = row.id
+        if slot.status != SlotStatus.DISABLED:
+            slot.status = SlotStatus.AVAILABLE
+            slot.health_state = HealthState.HEALTHY
+            slot.health_detail = f"wiped: evidence {row.id}"
+    else:
+        slot.status = SlotStatus.CLEANUP_BLOCKED
+        slot.health_state = HealthState.FAILED
+        slot.health_detail = f"wipe not verified: evidence {row.id}"
+    slot.generation += 1
+    slot.updated_at = now
+    session.flush()
+    return ProofResult(hostname, slot_index, slot.status.value, row.id, verified)
+
+
+def allocation_view(session: Session, allocation_id: uuid.UUID) -> dict[str, Any]:
+    row = session.execute(
+        select(Allocation, Sku.slug, Node.hostname)
+        .join(Sku, Sku.id == Allocation.sku_id)
+        .outerjoin(Node, Node.id == Allocation.node_id)
+        .where(Allocation.id == allocation_id)
+    ).one_or_none()
+    if row is None:
+        raise NotFound("allocation", allocation_id)
+    allocation, sku, hostname = row
+    claims = session.execute(
+        select(AllocationResourceClaim, NodeResourceSlot.slot_index)
+        .outerjoin(NodeResourceSlot, NodeResourceSlot.id == AllocationResourceClaim.slot_id)
+        .where(AllocationResourceClaim.allocation_id == allocation_id)
+        .order_by(NodeResourceSlot.slot_index)
+    ).all()
+    return {
+        **_summary(allocation, sku, hostname),
+        "failure_reason": allocation.failure_reason,
+        "project_id": allocation.project_id,
+        "requested_by": allocation.requested_by,
+        "runtime_metadata": allocation.runtime_metadata,
+        "claims": [
+            {
+                "id": str(c.id),
+                "kind": c.claim_kind.value,
+                "state": c.state.value,
+                "slot_index": index,
+                "released_at": c.released_at.isoformat() if c.released_at else None,
+            }
+            for c, index in claims
+        ],
+    }
+
+
+def _summary(allocation: Allocation, sku: str, hostname: str | None) -> dict[str, Any]:
+    return {
+        "id": str(allocation.id),
+        "capacity_shape": allocation.capacity_shape.value,
+        "sku": sku,
+        "gpu_count": allocation.gpu_count,
+        "state": allocation.state.value,
+        "node": hostname,
+        "region_code": allocation.region_code,
+        "created_at": allocation.created_at.isoformat(),
+        "released_at": allocation.released_at.isoformat() if allocation.released_at else None,
+    }
+
+
+def list_allocations(
+    session: Session, state: str | None = None, limit: int = 200
+) -> list[dict[str, Any]]:
+    stmt = (
+        select(Allocation, Sku.slug, Node.hostname)
+        .join(Sku, Sku.id == Allocation.sku_id)
+        .outerjoin(Node, Node.id == Allocation.node_id)
+        .order_by(Allocation.created_at.desc())
+        .limit(limit)
+    )
+    if state:
+        stmt = stmt.where(Allocation.state == AllocationState(state))
+    return [_summary(a, sku, host) for a, sku, host in session.execute(stmt).all()]

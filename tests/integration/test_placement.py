@@ -1,0 +1,294 @@
+"""Placement, release and wipe proofs on real PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+import pytest
+from sqlalchemy import text
+
+from controlplane.api import ControlPlane
+from controlplane.audit import audit
+from controlplane.enums import AdminState
+from controlplane.errors import GpuaasError
+from controlplane.scheduler.placement import PlacementRequest
+from controlplane.synthetic import FleetSpec, create_fleet
+
+SLICE = "h200-sxm-slice"
+BAREMETAL = "h200-sxm-baremetal"
+
+
+@pytest.fixture
+def cp(engine) -> ControlPlane:
+    create_fleet(engine, FleetSpec(nodes=4, baremetal_nodes=1, prefix="n"))
+    return ControlPlane(engine)
+
+
+def place(cp: ControlPlane, gpus: int, sku: str = SLICE, **kw) -> dict:
+    return cp.place(PlacementRequest(sku=sku, gpu_count=gpus, requested_by="test", **kw))
+
+
+def sql(engine, statement: str, **params):
+    with engine.begin() as conn:
+        result = conn.execute(text(statement), params)
+        return result.all() if result.returns_rows else None
+
+
+def assert_invariants(engine):
+    with engine.connect() as conn:
+        assert audit(conn) == []
+
+
+def proof_for(cp: ControlPlane, hostname: str, slot_index: int, **overrides) -> dict:
+    slot = next(s for s in cp.list_slots(hostname) if s["slot_index"] == slot_index)
+    return {
+        "schema": "gpuaas.wipe_proof/v1",
+        "device": slot["nvme_device"],
+        "method": "blkdiscard",
+        "verified": True,
+        "finished_at": (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)).isoformat(),
+        **overrides,
+    }
+
+
+def test_slice_placement_reserves_slots_on_one_node_with_claims_and_outbox(cp, engine):
+    result = place(cp, 4)
+    assert result["placed"] and result["capacity_shape"] == "gpu_slice"
+    assert len(result["slots"]) == 4 and len(result["claims"]) == 4
+    shown = cp.show_allocation(uuid.UUID(result["allocation_id"]))
+    assert shown["state"] == "pending" and shown["node"] == result["node"]
+    assert {c["kind"] for c in shown["claims"]} == {"slot"}
+    statuses = sql(
+        engine,
+        "SELECT DISTINCT s.status FROM node_resource_slots s JOIN allocation_resource_claims c"
+        " ON c.slot_id = s.id WHERE c.allocation_id = :a",
+        a=result["allocation_id"],
+    )
+    assert statuses == [("reserved",)]
+    events = sql(
+        engine, "SELECT event_type FROM outbox WHERE aggregate_id = :a", a=result["allocation_id"]
+    )
+    assert events == [("allocation.placed",)]
+    numa = sql(
+        engine,
+        "SELECT count(DISTINCT s.numa_node) FROM node_resource_slots s"
+        " JOIN allocation_resource_claims c ON c.slot_id = s.id WHERE c.allocation_id = :a",
+        a=result["allocation_id"],
+    )
+    assert numa == [(1,)]
+    assert_invariants(engine)
+
+
+def test_second_slice_packs_onto_the_already_sliced_node(cp):
+    first = place(cp, 1)
+    second = place(cp, 2)
+    assert second["node"] == first["node"]
+
+
+def test_baremetal_gets_one_exclusive_claim_and_blocks_slices(cp, engine):
+    bm = place(cp, 8, BAREMETAL)
+    assert bm["placed"] and bm["node"] == "n00001" and bm["slots"] == []
+    shown = cp.show_allocation(uuid.UUID(bm["allocation_id"]))
+    assert [c["kind"] for c in shown["claims"]] == ["node_exclusive"]
+    assert shown["node"] == "n00001"
+    # The next baremetal takes a clean slice node, and slices avoid both.
+    bm2 = place(cp, 8, BAREMETAL)
+    slices = [place(cp, 8) for _ in range(2)]
+    assert bm2["placed"] and all(s["placed"] for s in slices)
+    assert {s["node"] for s in slices}.isdisjoint({bm["node"], bm2["node"]})
+    assert_invariants(engine)
+
+
+def test_baremetal_never_takes_a_node_with_claims_or_cleanup(cp, engine):
+    for _ in range(3):
+        assert place(cp, 1)["placed"]  # packs onto one slice node
+    used = sql(engine, "SELECT DISTINCT node_id FROM allocation_resource_claims")
+    assert len(used) == 1
+    results = [place(cp, 8, BAREMETAL) for _ in range(4)]
+    placed = [r for r in results if r["placed"]]
+    assert len(placed) == 3  # the baremetal node and the two untouched slice nodes
+    assert results[-1]["reason"] == "no_capacity"
+    assert_invariants(engine)
+
+
+def test_unavailable_reasons(cp, engine):
+    assert place(cp, 3)["code"] == "gpu_count_not_allowed"
+    assert place(cp, 1, sku="nope")["code"] == "sku_not_found"
+    # Leave 2 free GPUs on each slice node: 6 free in aggregate, at most 2 together.
+    sql(engine, "UPDATE node_resource_slots SET status = 'disabled' WHERE slot_index NOT IN (3, 4)")
+    fragmented = place(cp, 4)
+    assert (fragmented["code"], fragmented["reason"]) == ("sku_unavailable", "fragmented")
+    assert fragmented["details"]["free_gpus"] == 6
+    assert fragmented["details"]["largest_same_node"] == 2
+    assert place(cp, 8)["reason"] == "no_capacity"
+    sql(engine, "UPDATE nodes SET admin_state = 'draining', admin_state_reason = 'x'")
+    assert place(cp, 1)["reason"] == "no_eligible_node"
+    assert place(cp, 8, BAREMETAL)["reason"] == "no_eligible_node"
+    assert place(cp, 1, region="elsewhere")["reason"] == "no_eligible_node"
+
+
+def test_capacity_shape_must_match_the_sku(cp):
+    from controlplane.enums import CapacityShape
+
+    refused = place(cp, 8, BAREMETAL, capacity_shape=CapacityShape.GPU_SLICE)
+    assert refused["code"] == "capacity_shape_mismatch"
+
+
+def test_scheduler_ignores_unhealthy_and_draining(cp, engine):
+    sql(engine, "UPDATE node_resource_slots SET health_state = 'degraded'")
+    sql(engine, "UPDATE node_resource_slots SET health_state = 'healthy' WHERE slot_index = 5")
+    placed = place(cp, 1)
+    assert placed["slots"][0]["slot_index"] == 5
+    cp.set_admin_state(placed["node"], AdminState.DRAINING, "maintenance")
+    again = place(cp, 1)
+    assert again["placed"] and again["node"] != placed["node"]
+
+
+def test_scheduler_ignores_incomplete_available_rows_that_bypassed_approval(cp, engine):
+    """If the table's own guard were gone (a restored legacy dump), the predicates still hold."""
+    sql(
+        engine,
+        "ALTER TABLE node_resource_slots DROP CONSTRAINT ck_node_resource_slots_available_is_complete",
+    )
+    sql(
+        engine,
+        "UPDATE node_resource_slots SET fabric_vf_pci_address = NULL"
+        " WHERE slot_index <> 7 AND node_id IN (SELECT id FROM nodes WHERE hostname = 'n00002')",
+    )
+    sql(
+        engine,
+        "UPDATE node_resource_slots SET nvme_device = '/dev/nvme0n1' WHERE slot_index = 7"
+        " AND node_id IN (SELECT id FROM nodes WHERE hostname = 'n00002')",
+    )
+    results = [place(cp, 8) for _ in range(3)]
+    assert [r["placed"] for r in results] == [True, True, False]
+    assert "n00002" not in {r.get("node") for r in results}
+
+
+def test_a_fabric_vf_in_two_slots_is_never_claimed_twice(cp, engine):
+    """Legacy metadata that slipped past the per-node VF uniqueness: the predicate holds."""
+    sql(
+        engine,
+        "ALTER TABLE node_resource_slots"
+        " DROP CONSTRAINT uq_node_resource_slots_node_id_fabric_vf_pci_address",
+    )
+    sql(
+        engine,
+        "UPDATE nodes SET admin_state = 'unavailable', admin_state_reason = 'x'"
+        " WHERE hostname <> 'n00002'",
+    )
+    sql(
+        engine,
+        "UPDATE node_resource_slots SET fabric_vf_pci_address = '0000:1a:00.1'"
+        " WHERE slot_index IN (0, 1)"
+        " AND node_id = (SELECT id FROM nodes WHERE hostname = 'n00002')",
+    )
+    results = [place(cp, 1) for _ in range(8)]
+    assert [r["placed"] for r in results] == [True] * 7 + [False]
+    claimed = {r["slots"][0]["slot_index"] for r in results if r["placed"]}
+    assert len(claimed & {0, 1}) == 1
+
+
+def test_distinct_vfs_under_one_pf_place_concurrently(cp, engine):
+    sql(engine, "UPDATE node_resource_slots SET fabric_device = '0000:1a:00.0'")
+    results = [place(cp, 1) for _ in range(8)]
+    assert all(r["placed"] for r in results)
+    assert len({r["node"] for r in results}) == 1
+
+
+def test_release_moves_slots_to_cleanup_and_only_a_proof_makes_them_available(cp, engine):
+    placed = place(cp, 2)
+    allocation = uuid.UUID(placed["allocation_id"])
+    released = cp.release(allocation, "test")
+    assert released["changed"] and len(released["slots_to_wipe"]) == 2
+    assert cp.release(allocation, "test")["changed"] is False
+    slots = {s["slot_index"]: s for s in cp.list_slots(placed["node"])}
+    indexes = [s["slot_index"] for s in placed["slots"]]
+    assert all(slots[i]["status"] == "cleanup" and slots[i]["wipe_required"] for i in indexes)
+    assert_invariants(engine)
+    first = indexes[0]
+    with pytest.raises(GpuaasError) as excinfo:
+        cp.record_wipe_proof(placed["node"], first, proof_for(cp, placed["node"], indexes[1]), "t")
+    assert excinfo.value.code == "proof_device_mismatch"
+    old = proof_for(cp, placed["node"], first, finished_at="2020-01-01T00:00:00+00:00")
+    with pytest.raises(GpuaasError) as excinfo:
+        cp.record_wipe_proof(placed["node"], first, old, "t")
+    assert excinfo.value.code == "proof_predates_release"
+    with pytest.raises(GpuaasError) as excinfo:
+        cp.record_wipe_proof(placed["node"], first, {"schema": "other"}, "t")
+    assert excinfo.value.code == "proof_schema"
+    ok = cp.record_wipe_proof(placed["node"], first, proof_for(cp, placed["node"], first), "t")
+    assert ok["status"] == "available" and ok["verified"]
+    failed = cp.record_wipe_proof(
+        placed["node"], indexes[1], proof_for(cp, placed["node"], indexes[1], verified=False), "t"
+    )
+    assert failed["status"] == "cleanup_blocked"
+    with pytest.raises(GpuaasError) as excinfo:
+        cp.record_wipe_proof(
+            placed["node"], indexes[1], proof_for(cp, placed["node"], indexes[1]), "t"
+        )
+    assert excinfo.value.code == "slot_cleanup_blocked"
+    assert_invariants(engine)
+    kinds = sql(engine, "SELECT passed FROM evidence WHERE kind = 'wipe_proof' ORDER BY id")
+    assert kinds == [(True,), (False,)]
+
+
+def test_proof_for_a_claimed_slot_is_refused(cp):
+    placed = place(cp, 1)
+    index = placed["slots"][0]["slot_index"]
+    with pytest.raises(GpuaasError) as excinfo:
+        cp.record_wipe_proof(placed["node"], index, proof_for(cp, placed["node"], index), "t")
+    assert excinfo.value.code == "slot_claimed"
+
+
+def test_baremetal_release_requires_a_wipe_of_every_slot(cp, engine):
+    sql(
+        engine,
+        "UPDATE nodes SET admin_state = 'unavailable', admin_state_reason = 'x'"
+        " WHERE hostname IN ('n00001', 'n00003', 'n00004')",
+    )
+    bm = place(cp, 8, BAREMETAL)
+    assert bm["node"] == "n00002"
+    assert place(cp, 1)["reason"] == "no_eligible_node" or not place(cp, 1)["placed"]
+    cp.release(uuid.UUID(bm["allocation_id"]), "test")
+    slots = cp.list_slots("n00002")
+    assert {(s["status"], s["wipe_required"]) for s in slots} == {("cleanup", True)}
+    assert_invariants(engine)
+    assert place(cp, 1)["placed"] is False
+    for s in slots:
+        cp.record_wipe_proof(
+            "n00002", s["slot_index"], proof_for(cp, "n00002", s["slot_index"]), "t"
+        )
+    assert place(cp, 1)["placed"]
+    assert_invariants(engine)
+
+
+def test_occupancy_postures_follow_every_transition(cp, engine):
+    def postures():
+        return {n["hostname"]: n["posture"] for n in cp.occupancy()["nodes"]}
+
+    assert set(postures().values()) == {"fully_available"}
+    bm = place(cp, 8, BAREMETAL)
+    assert postures()[bm["node"]] == "exclusively_allocated_by_baremetal"
+    s1 = place(cp, 4)
+    assert postures()[s1["node"]] == "partially_allocated"
+    s2 = place(cp, 4)
+    assert s2["node"] == s1["node"]
+    assert postures()[s1["node"]] == "fully_allocated_by_slices"
+    node = s1["node"]
+    cp.release(uuid.UUID(s1["allocation_id"]), "t")
+    assert postures()[node] == "fully_allocated_by_slices"  # no slot is free until wiped
+    for slot in s1["slots"]:
+        cp.record_wipe_proof(node, slot["slot_index"], proof_for(cp, node, slot["slot_index"]), "t")
+    assert postures()[node] == "partially_allocated"
+    cp.release(uuid.UUID(s2["allocation_id"]), "t")
+    assert postures()[node] == "cleanup_blocked"
+    for slot in s2["slots"]:
+        cp.record_wipe_proof(node, slot["slot_index"], proof_for(cp, node, slot["slot_index"]), "t")
+    assert postures()[node] == "fully_available"
+    cp.set_admin_state(node, AdminState.DRAINING, "x")
+    assert postures()[node] == "draining"
+    skus = {s["sku"]: s for s in cp.occupancy()["skus"]}
+    assert skus[SLICE]["free_gpus"] == 16
+    assert skus[BAREMETAL]["nodes_with_capacity"] == 2
