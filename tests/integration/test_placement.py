@@ -149,7 +149,8 @@ def test_scheduler_ignores_incomplete_available_rows_that_bypassed_approval(cp, 
     """If the table's own guard were gone (a restored legacy dump), the predicates still hold."""
     sql(
         engine,
-        "ALTER TABLE node_resource_slots DROP CONSTRAINT ck_node_resource_slots_available_is_complete",
+        "ALTER TABLE node_resource_slots"
+        " DROP CONSTRAINT ck_node_resource_slots_available_is_complete",
     )
     sql(
         engine,
