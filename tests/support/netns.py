@@ -190,7 +190,18 @@ class NetNamespace:
             self.link_up(name)
 
     def add_dummy(self, name: str, address: str | None = None) -> None:
-        self.run(["ip", "link", "add", name, "type", "dummy"])
+        """A stand-alone link with carrier (uplink, IPoIB, tmfifo stand-ins).
+
+        A `dummy` link when the kernel has the module; otherwise a veth pair whose peer
+        (`<name>-p`, cut to fit) also stays inside this namespace.
+        """
+        proc = self.run(["ip", "link", "add", name, "type", "dummy"], check=False)
+        if proc.returncode != 0:
+            if "Unknown device type" not in proc.stderr:
+                raise NetnsError(f"ip link add {name} type dummy: {proc.stderr.strip()}")
+            peer = name[: IFNAME_MAX - 2] + "-p"
+            self.run(["ip", "link", "add", name, "type", "veth", "peer", "name", peer])
+            self.link_up(peer)
         if address:
             self.add_address(name, address)
         self.link_up(name)

@@ -1,0 +1,143 @@
+"""Helpers for the discovery integration tests: run playbooks, read results, start daemons."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.netns import NetNamespace
+
+REPO = Path(__file__).resolve().parents[3]
+VENV_BIN = Path(sys.executable).parent
+SLICE_SUBNET = "10.100.0.0/24"
+GATEWAY = "10.100.0.1/24"
+
+
+def merge_json_documents(text: str) -> dict | None:
+    """The json callback prints one document per playbook file; join their plays and stats."""
+    decoder = json.JSONDecoder()
+    merged: dict | None = None
+    position = 0
+    while True:
+        while position < len(text) and text[position].isspace():
+            position += 1
+        if position >= len(text):
+            return merged
+        try:
+            document, position = decoder.raw_decode(text, position)
+        except ValueError:
+            return merged
+        if merged is None:
+            merged = document
+        else:
+            merged["plays"].extend(document["plays"])
+            for host, counts in document["stats"].items():
+                totals = merged["stats"].setdefault(host, dict.fromkeys(counts, 0))
+                for key, value in counts.items():
+                    totals[key] = totals.get(key, 0) + value
+
+
+def run_playbooks(
+    env: dict[str, str],
+    playbooks: list[str],
+    extravars: dict,
+    workdir: Path,
+    netns: NetNamespace | None = None,
+    check: bool = False,
+) -> tuple[int, dict]:
+    """ansible-playbook (inside `netns` when given); returns (rc, json callback document)."""
+    varsfile = workdir / f"vars-{time.monotonic_ns()}.json"
+    varsfile.write_text(json.dumps(extravars))
+    argv = [
+        str(VENV_BIN / "ansible-playbook"),
+        "-i",
+        str(REPO / "inventories/local.yml"),
+        *(str(REPO / "playbooks" / p) for p in playbooks),
+        "-e",
+        f"@{varsfile}",
+    ]
+    if check:
+        argv.append("--check")
+    if netns is not None:
+        argv = [*netns.exec_prefix(), *argv]
+    proc = subprocess.run(
+        argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
+    document = merge_json_documents(proc.stdout)
+    if document is None:
+        pytest.fail(
+            f"ansible-playbook printed no JSON (rc {proc.returncode}):\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    return proc.returncode, document
+
+
+def task_result(document: dict, task_name: str, host: str = "localhost") -> dict:
+    """The last result of a task (matched by name suffix, roles prefix theirs) for a host."""
+    found = [
+        task["hosts"][host]
+        for play in document["plays"]
+        for task in play["tasks"]
+        if task["task"]["name"].endswith(task_name) and host in task["hosts"]
+    ]
+    assert found, f"task {task_name!r} did not run for {host}"
+    return found[-1]
+
+
+def start_dnsmasq(ns: NetNamespace, workdir: Path):
+    """A real dnsmasq serving the slice subnet on ovsbr0 inside the namespace."""
+    return ns.start_daemon(
+        [
+            "dnsmasq",
+            "--keep-in-foreground",
+            "--conf-file=/dev/null",
+            "--port=0",
+            "--bind-interfaces",
+            "--interface=ovsbr0",
+            "--except-interface=lo",
+            "--dhcp-range=10.100.0.10,10.100.0.17,12h",
+            f"--dhcp-leasefile={workdir / 'dnsmasq.leases'}",
+            f"--pid-file={workdir / 'dnsmasq.pid'}",
+            "--user=root",
+        ],
+        log_path=workdir / "dnsmasq.log",
+    )
+
+
+def start_session_libvirtd(ns: NetNamespace, workdir: Path):
+    """A real libvirtd in session mode as nobody, its sockets under `workdir` only.
+
+    Session mode keeps it away from the system daemon's /run/libvirt state that other
+    tests (VM lifecycle) may be using. Returns (daemon, socket path).
+    """
+    env = [
+        f"HOME={workdir}",
+        f"XDG_RUNTIME_DIR={workdir}/run",
+        f"XDG_CONFIG_HOME={workdir}/config",
+        f"XDG_CACHE_HOME={workdir}/cache",
+    ]
+    daemon = ns.start_daemon(
+        [
+            "setpriv",
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "--",
+            "env",
+            *env,
+            "libvirtd",
+        ],
+        log_path=None,
+    )
+    sock = workdir / "run/libvirt/libvirt-sock"
+    deadline = time.monotonic() + 20
+    while not sock.exists():
+        if time.monotonic() > deadline or not daemon.alive():
+            pytest.fail("session libvirtd did not create its socket")
+        time.sleep(0.1)
+    return daemon, sock
