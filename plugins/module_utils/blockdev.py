@@ -449,16 +449,17 @@ def loop_devices_backed_on(fs_devnums: set[int], sys_block: str = SYS_BLOCK) -> 
     return users
 
 
-def exclusive_open_busy(path: str) -> bool:
-    """True when the kernel refuses an O_EXCL open: mounted, held by dm/md, or claimed."""
+def exclusive_open_busy(path: str) -> tuple[bool, str]:
+    """(busy, error): busy when the kernel refuses an O_EXCL open (mounted, held by dm/md,
+    claimed); error when the open failed for another reason, so exclusivity is unknown."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_EXCL | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno == errno.EBUSY:
-            return True
-        raise BlockDevError(f"cannot open {path}: {exc.strerror}") from exc
+            return True, ""
+        return False, exc.strerror or str(exc)
     os.close(fd)
-    return False
+    return False, ""
 
 
 # ---------------------------------------------------------------- signatures, identities
@@ -584,7 +585,7 @@ def inspect_device(
         if num is not None:
             closure_nums[num] = name
 
-    _inspect_holders(report, path)
+    report.findings.extend(holder_findings(report.holders, path))
     _inspect_mounts(report, path, closure, closure_nums, system_mountpoints)
     _inspect_swaps(report, path, closure, closure_nums)
     _inspect_users(report, path, closure_nums)
@@ -593,8 +594,10 @@ def inspect_device(
     return report
 
 
-def _inspect_holders(report: DeviceReport, path: str) -> None:
-    for holder in report.holders:
+def holder_findings(holders, path: str) -> list[Finding]:
+    """Active dm/md devices stacked on the disk or its partitions: the host uses it."""
+    findings = []
+    for holder in holders:
         if holder.kind == "md":
             code, what = MD_MEMBER, "an active md array"
         elif holder.kind == "dm":
@@ -602,9 +605,10 @@ def _inspect_holders(report: DeviceReport, path: str) -> None:
             what = "an LVM logical volume" if holder.dm_uuid.startswith("LVM-") else "a dm device"
         else:
             code, what = DM_HOLDER, "a stacked device"
-        report.findings.append(
+        findings.append(
             Finding(code, f"/dev/{holder.held} is held by {what} ({holder.name})", USAGE, path)
         )
+    return findings
 
 
 def _inspect_mounts(report, path, closure, closure_nums, system_mountpoints) -> None:
@@ -689,7 +693,16 @@ def _inspect_users(report: DeviceReport, path: str, closure_nums: dict) -> None:
         report.findings.append(
             Finding(DEVICE_BUSY, f"{who} uses it: {use.how} {use.target}", USAGE, path)
         )
-    report.exclusive_open_busy = exclusive_open_busy(report.resolved_path)
+    report.exclusive_open_busy, open_error = exclusive_open_busy(report.resolved_path)
+    if open_error:
+        report.findings.append(
+            Finding(
+                DEVICE_BUSY,
+                f"cannot verify exclusive access to {report.resolved_path}: {open_error}",
+                USAGE,
+                path,
+            )
+        )
     explained = report.mounts or report.holders or report.swaps or report.users
     if report.exclusive_open_busy and not explained:
         report.findings.append(

@@ -18,6 +18,7 @@ attempts every step even when an earlier one fails. Nothing outside the lab is t
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import mmap
@@ -33,6 +34,7 @@ from pathlib import Path
 
 MIB = 1024 * 1024
 SECTOR = 512
+LOOP_CTL_REMOVE = 0x4C81
 TOOLS = ("losetup", "parted", "partx", "mkfs.ext4", "wipefs", "blkdiscard", "blkid", "mount")
 
 
@@ -249,8 +251,13 @@ class LoopLab:
         _kill(proc)
 
     def disable_discard(self, disk: LoopDisk) -> None:
-        """Make the kernel refuse BLKDISCARD on this loop device (a real EOPNOTSUPP)."""
+        """Make the kernel refuse BLKDISCARD on this loop device (a real EOPNOTSUPP).
+
+        The user discard limit outlives the binding, so teardown deletes the loop device
+        itself (LOOP_CTL_REMOVE) after detaching it; the next user gets a fresh one.
+        """
         Path(f"/sys/block/{disk.kernel_name}/queue/discard_max_bytes").write_text("0")
+        self._undo.insert(self._undo.index(("losetup", disk.device)), ("remove", disk.device))
 
     # ------------------------------------------------------------------ evidence
 
@@ -308,8 +315,25 @@ def _undo_one(kind: str, item) -> None:
     elif kind == "losetup":
         run(["losetup", "--detach", item], check=False)
         wait_for(lambda: not _attached(item), f"{item} detached", timeout=5)
+    elif kind == "remove":
+        remove_loop_device(item)
     elif kind == "file":
         Path(item).unlink(missing_ok=True)
+
+
+def remove_loop_device(device: str) -> None:
+    """LOOP_CTL_REMOVE an unbound loop device; EBUSY means someone bound it again: leave it."""
+    import fcntl
+
+    index = int(os.path.basename(device).removeprefix("loop"))
+    fd = os.open("/dev/loop-control", os.O_RDWR)
+    try:
+        fcntl.ioctl(fd, LOOP_CTL_REMOVE, index)
+    except OSError as exc:
+        if exc.errno != errno.EBUSY:
+            raise
+    finally:
+        os.close(fd)
 
 
 def _is_mountpoint(path: Path) -> bool:

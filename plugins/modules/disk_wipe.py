@@ -1,0 +1,292 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpuaas fleet engineering
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: disk_wipe
+short_description: Erase one tenant disk and return a verified wipe proof
+version_added: "0.1.0"
+description:
+  - Erases the whole disk named by stable identity O(device) and returns a
+    C(gpuaas.wipe_proof/v1) proof. The control plane returns a slot to C(available) only
+    with a proof for that slot's disk that has C(verified=true).
+  - Refuses, writing nothing, when the disk or any child partition is mounted, when it
+    backs the OS (C(/), C(/boot), C(/boot/efi), C(/usr), C(/var), C(/home)) or swap, is held
+    by dm/md, is open by another process (a VM still running, for example), is read-only,
+    is a partition, or is not a stable identity. LVM and md signatures are tenant content
+    and are erased.
+  - Holds an exclusive (C(O_EXCL)) claim on the disk from the first write to the end of
+    verification, so nothing can mount or claim it meanwhile.
+  - Writes a marker at the start, middle and end, then erases with C(nvme format)
+    (secure erase setting from C(nvme id-ctrl): cryptographic erase when FNA says it is
+    supported, else user data erase; never when the erase would reach other namespaces),
+    C(blkdiscard), write-zeroes (C(blkdiscard --zeroout)) or full zeroing, in that order
+    from O(method) on. A method that fails or does not verify falls back to the next and
+    the proof says why.
+  - Verified means every marker is gone, C(wipefs -n) finds no signature, no partition is
+    left, and every sampled region reads back zero (direct I/O, bypassing caches).
+  - A verified proof is stored in O(proof_dir). Rerunning with the same O(approval) on a
+    disk that was not written since (same diskseq and write counter) and still reads clean
+    returns that proof with C(changed=false) instead of erasing again.
+author:
+  - gpuaas fleet engineering
+options:
+  device:
+    description: The whole disk, by stable identity (for example C(/dev/disk/by-id/nvme-eui.*)).
+    type: str
+    required: true
+  stable_dirs:
+    description: Directories whose entries count as stable identities.
+    type: list
+    elements: path
+    default: [/dev/disk/by-id]
+  method:
+    description:
+      - V(auto) tries C(nvme_format), C(blkdiscard), C(write_zeroes), C(zero) in order.
+      - Any other value starts the chain at that method.
+    type: str
+    default: auto
+    choices: [auto, nvme_format, blkdiscard, write_zeroes, zero]
+  allow_fallback:
+    description: When false, only the chosen O(method) is tried.
+    type: bool
+    default: true
+  approval:
+    description:
+      - Reference authorizing this erase (release task, ticket). Required unless in check
+        mode; recorded in the proof.
+    type: str
+  sample_count:
+    description: Regions read back after the erase (first, last, each marker, then random).
+    type: int
+    default: 16
+  sample_size:
+    description: Bytes per sampled region.
+    type: int
+    default: 1048576
+  proof_dir:
+    description: Where the last verified proof per disk is kept on the host.
+    type: path
+    default: /var/lib/gpuaas/wipe-proofs
+attributes:
+  check_mode:
+    description: Inspects, refuses or reports the methods it would try; writes nothing.
+    support: full
+  diff_mode:
+    description: Signatures and partitions before and after.
+    support: full
+  platform:
+    description: Linux hosts with util-linux; nvme-cli for NVMe format.
+    support: full
+    platforms: posix
+notes:
+  - "Refusal codes: C(not_stable_identity), C(not_found), C(not_block_device),
+    C(partition_not_whole_disk), C(stacked_device), C(os_disk), C(system_mount), C(swap),
+    C(mounted), C(child_mounted), C(nested_mount), C(md_member) (active array),
+    C(dm_holder), C(device_busy), C(read_only), C(approval_required)."
+"""
+
+EXAMPLES = r"""
+- name: Wipe a released slot's disk and keep the proof
+  gpuaas.fleet.disk_wipe:
+    device: /dev/disk/by-id/nvme-eui.000000000000000100a075244a103331
+    approval: "release-{{ allocation_id }}-slot-0"
+  register: wipe
+
+- name: Force full zeroing only
+  gpuaas.fleet.disk_wipe:
+    device: /dev/disk/by-id/nvme-eui.000000000000000100a075244a103331
+    method: zero
+    allow_fallback: false
+    approval: INFRA-4712
+"""
+
+RETURN = r"""
+changed:
+  description: Whether the disk was written (markers and erase); false for a reused proof.
+  returned: always
+  type: bool
+proof:
+  description: The C(gpuaas.wipe_proof/v1) record; null when refused or in check mode.
+  returned: always
+  type: dict
+  contains:
+    schema:
+      description: Always C(gpuaas.wipe_proof/v1).
+      type: str
+      returned: always
+    device:
+      description: The stable path as given.
+      type: str
+      returned: always
+    resolved_path:
+      description: Kernel device it resolved to.
+      type: str
+      returned: always
+    kernel_name:
+      description: Kernel name at the time of the wipe.
+      type: str
+      returned: always
+    size_bytes:
+      description: Device size.
+      type: int
+      returned: always
+    host:
+      description: Host name.
+      type: str
+      returned: always
+    method:
+      description: Method that erased and verified; null if none did.
+      type: str
+      returned: always
+    requested_method:
+      description: The O(method) option.
+      type: str
+      returned: always
+    attempts:
+      description: One entry per method tried, with C(method), C(ok), C(error), C(command),
+        C(seconds) and, when verification ran, C(verify_seconds).
+      type: list
+      elements: dict
+      returned: always
+    commands:
+      description: Every command and ioctl issued, in order.
+      type: list
+      elements: str
+      returned: always
+    started_at:
+      description: UTC start, ISO 8601 with Z.
+      type: str
+      returned: always
+    finished_at:
+      description: UTC end, ISO 8601 with Z.
+      type: str
+      returned: always
+    duration_s:
+      description: Wall time in seconds.
+      type: float
+      returned: always
+    markers:
+      description: C(offset), C(written) and C(gone) for the start, middle and end markers.
+      type: list
+      elements: dict
+      returned: always
+    samples:
+      description: C(offset), C(length) and C(all_zero) of each region read back.
+      type: list
+      elements: dict
+      returned: always
+    signatures_before:
+      description: Signatures found before the erase.
+      type: list
+      elements: dict
+      returned: always
+    signatures_after:
+      description: Signatures found after the erase (empty when verified).
+      type: list
+      elements: dict
+      returned: always
+    partitions_after:
+      description: Partitions the kernel still knows after the erase (empty when verified).
+      type: list
+      elements: str
+      returned: always
+    verified:
+      description: True only when every check passed.
+      type: bool
+      returned: always
+    approval:
+      description: The O(approval) reference.
+      type: str
+      returned: always
+    write_state:
+      description: diskseq and sectors-written counter after verification.
+      type: dict
+      returned: always
+    error:
+      description: Why the wipe stopped, when it did.
+      type: str
+      returned: on error
+plan:
+  description: Markers, the method chain and the verification that would run.
+  returned: unless refused
+  type: list
+  elements: dict
+refused:
+  description: Reasons the wipe was refused (nothing was written).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    device:
+      description: The device as given.
+      type: str
+      returned: always
+    code:
+      description: Machine-readable reason (see notes).
+      type: str
+      returned: always
+    message:
+      description: Human-readable detail.
+      type: str
+      returned: always
+inspection:
+  description: The live inspection of the disk (partitions, mounts, holders, signatures, users).
+  returned: when the method option is valid
+  type: dict
+reused_proof:
+  description: True when a stored proof for this approval was returned without erasing.
+  returned: when a proof was reused
+  type: bool
+msg:
+  description: Summary.
+  returned: always
+  type: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpuaas.fleet.plugins.module_utils.disk_wipe import (
+    WipeRequest,
+    run_wipe,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            device=dict(type="str", required=True),
+            stable_dirs=dict(type="list", elements="path", default=["/dev/disk/by-id"]),
+            method=dict(
+                type="str",
+                default="auto",
+                choices=["auto", "nvme_format", "blkdiscard", "write_zeroes", "zero"],
+            ),
+            allow_fallback=dict(type="bool", default=True),
+            approval=dict(type="str"),
+            sample_count=dict(type="int", default=16),
+            sample_size=dict(type="int", default=1048576),
+            proof_dir=dict(type="path", default="/var/lib/gpuaas/wipe-proofs"),
+        ),
+        supports_check_mode=True,
+    )
+    if module.params["sample_count"] < 1 or module.params["sample_size"] < 4096:
+        module.fail_json(msg="sample_count must be >= 1 and sample_size >= 4096")
+    if module.params["sample_size"] % 4096:
+        module.fail_json(msg="sample_size must be a multiple of 4096 (direct I/O)")
+    result = run_wipe(WipeRequest(**dict(module.params, check_mode=module.check_mode)))
+    if not module._diff:
+        result.pop("diff", None)
+    if result.pop("failed", False):
+        module.fail_json(**result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpuaas fleet engineering
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: storage_transition
+short_description: Turn infra-approved whole disks from host-share use into raw slice disks
+version_added: "0.1.0"
+description:
+  - Converts whole disks named by stable identity (a name directly inside one of
+    O(stable_dirs), such as C(/dev/disk/by-id/nvme-eui.*)) from host-share use to
+    slice-owned raw disks.
+  - Inspects every device first and refuses, changing nothing for any device, when one is
+    refused. Refused are the OS disk and anything backing C(/), C(/boot), C(/boot/efi),
+    C(/usr), C(/var), C(/home) or swap (directly, through a partition or through a dm/md
+    holder); partitions; stacked devices; LVM physical volumes, md members and disks
+    held by dm/md; devices open by another process or whose filesystems are in use;
+    kernel names and other non-stable paths; devices not on O(approved_devices); and
+    O(apply=true) without an O(approval) reference.
+  - Mounts are matched by major:minor from C(/proc/self/mountinfo), so a mounted child
+    partition is found even when the parent disk itself is not mounted.
+  - With O(apply=true) it backs up O(fstab_path), unmounts the child mounts, comments out
+    their fstab entries with the C(gpuaas-slice-storage-disabled) marker (matched by
+    device path, C(UUID=), C(LABEL=), C(PARTUUID=), C(PARTLABEL=) and the
+    C(/dev/disk/by-*) forms), claims each disk exclusively, runs C(wipefs --all) on the
+    children then the parent, re-reads the partition table, runs C(blkdiscard) (falling
+    back to C(blkdiscard --zeroout) when discard is unsupported, and recording it),
+    verifies that no signature and no partition is left, and writes a JSON manifest.
+  - fstab is rewritten atomically (temporary file, fsync, rename); the backup is taken first.
+  - Disks that are already raw (no partitions, no signatures, no mounts, no fstab entry)
+    are left alone, so a second run changes nothing.
+author:
+  - gpuaas fleet engineering
+options:
+  devices:
+    description:
+      - Whole disks to transition, by stable identity.
+      - Kernel names such as C(/dev/nvme0n1) are refused; they change across reboots.
+    type: list
+    elements: str
+    required: true
+  stable_dirs:
+    description: Directories whose entries count as stable identities.
+    type: list
+    elements: path
+    default: [/dev/disk/by-id]
+  approved_devices:
+    description:
+      - The infra-approved storage profile. When given, every entry of O(devices) must be
+        on it (compared as normalized stable paths).
+    type: list
+    elements: str
+  approval:
+    description:
+      - Reference of the infra approval for this destructive change (ticket, change id).
+      - Required when O(apply=true); recorded in the manifest.
+    type: str
+  apply:
+    description:
+      - V(false) plans only and changes nothing. V(true) performs the transition.
+    type: bool
+    default: false
+  fstab_path:
+    description: fstab file whose entries for the disks are disabled.
+    type: path
+    default: /etc/fstab
+  manifest_dir:
+    description: Directory for the JSON manifest C(slice-storage-transition-<UTC>.json).
+    type: path
+    default: /var/log/gpuaas
+  discard:
+    description:
+      - Discard the whole disk after wiping signatures. When the device does not support
+        discard, it is zeroed with C(blkdiscard --zeroout) instead and the manifest says so.
+    type: bool
+    default: true
+attributes:
+  check_mode:
+    description: Reports exactly what O(apply=true) would do, and refuses what it would refuse.
+    support: full
+  diff_mode:
+    description: Returns the fstab before and after.
+    support: full
+  platform:
+    description: Linux hosts with util-linux (wipefs, blkdiscard, blkid, umount).
+    support: full
+    platforms: posix
+notes:
+  - "Refusal codes: C(not_stable_identity), C(not_found), C(not_block_device),
+    C(partition_not_whole_disk), C(stacked_device), C(os_disk), C(system_mount), C(swap),
+    C(nested_mount), C(lvm_member), C(md_member), C(dm_holder), C(device_busy),
+    C(read_only), C(duplicate_device), C(not_approved), C(approval_required),
+    C(inspection_failed), C(no_devices)."
+"""
+
+EXAMPLES = r"""
+- name: Plan the transition of two approved slice disks (changes nothing)
+  gpuaas.fleet.storage_transition:
+    devices:
+      - /dev/disk/by-id/nvme-eui.000000000000000100a075244a103331
+      - /dev/disk/by-id/nvme-eui.000000000000000100a075244a10dcab
+  register: storage_plan
+
+- name: Apply it under an infra approval
+  gpuaas.fleet.storage_transition:
+    devices: "{{ slice_disks }}"
+    approved_devices: "{{ infra_storage_profile.slice_disks }}"
+    approval: INFRA-4711
+    apply: true
+  register: storage_transition
+"""
+
+RETURN = r"""
+changed:
+  description: Whether anything changed (in check mode, whether it would).
+  returned: always
+  type: bool
+plan:
+  description: Per device, the actions it would take (or took) in order.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    device:
+      description: The stable path as given.
+      type: str
+      returned: always
+    resolved_path:
+      description: Kernel device it resolves to now, for example C(/dev/nvme3n1).
+      type: str
+      returned: always
+    actions:
+      description: C(umount), C(disable_fstab_entry), C(wipefs), C(blkdiscard), C(verify_raw).
+      type: list
+      elements: dict
+      returned: always
+devices:
+  description: Per device results; empty when anything was refused.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    device:
+      description: The stable path as given.
+      type: str
+      returned: always
+    resolved_path:
+      description: Kernel device path at the time of the run.
+      type: str
+      returned: always
+    kernel_name:
+      description: Kernel name at the time of the run.
+      type: str
+      returned: always
+    size_bytes:
+      description: Device size.
+      type: int
+      returned: always
+    status:
+      description: C(planned), C(would_transition), C(transitioned), C(raw) or C(failed).
+      type: str
+      returned: always
+    before:
+      description: Partitions, signatures and mounts found before.
+      type: dict
+      returned: always
+    fstab_entries:
+      description: fstab lines naming the disk or its partitions, and how they matched.
+      type: list
+      elements: dict
+      returned: always
+    actions:
+      description: Planned actions, or the actions performed with command, ok, error, seconds.
+      type: list
+      elements: dict
+      returned: always
+    discard:
+      description: C(status) is C(discarded), C(zeroed), C(skipped) or C(not_needed).
+      type: dict
+      returned: when applied
+    after:
+      description: Signatures and partitions left (both empty) and C(raw).
+      type: dict
+      returned: when applied
+refused:
+  description: Why the run was refused; any entry means nothing changed for any device.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    device:
+      description: The device as given.
+      type: str
+      returned: always
+    code:
+      description: Machine-readable reason (see notes).
+      type: str
+      returned: always
+    message:
+      description: Human-readable detail.
+      type: str
+      returned: always
+manifest_path:
+  description: Path of the JSON manifest written; null when nothing was applied.
+  returned: always
+  type: str
+manifest:
+  description:
+    - The manifest written (schema C(gpuaas.storage_transition/v1)) with approval, host,
+      times, fstab backup, marker, and every device's actions and outcome.
+  returned: always
+  type: dict
+fstab_backup:
+  description: Path of the fstab backup; null when fstab was not changed.
+  returned: always
+  type: str
+msg:
+  description: Summary.
+  returned: always
+  type: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpuaas.fleet.plugins.module_utils.storage_transition import (
+    TransitionRequest,
+    run_transition,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            devices=dict(type="list", elements="str", required=True),
+            stable_dirs=dict(type="list", elements="path", default=["/dev/disk/by-id"]),
+            approved_devices=dict(type="list", elements="str"),
+            approval=dict(type="str"),
+            apply=dict(type="bool", default=False),
+            fstab_path=dict(type="path", default="/etc/fstab"),
+            manifest_dir=dict(type="path", default="/var/log/gpuaas"),
+            discard=dict(type="bool", default=True),
+        ),
+        supports_check_mode=True,
+    )
+    params = dict(module.params, check_mode=module.check_mode)
+    result = run_transition(TransitionRequest(**params))
+    if not module._diff:
+        result.pop("diff", None)
+    if result.pop("failed", False):
+        module.fail_json(**result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""blockdev helpers over recorded inputs: stable path rules, mountinfo/swaps parsing, and
+dm/md holder walking over a small sysfs tree (this kernel has neither dm nor md, so the
+holder relation cannot be created for real here)."""
+
+from __future__ import annotations
+
+import os
+
+from ansible_collections.gpuaas.fleet.plugins.module_utils import blockdev
+from ansible_collections.gpuaas.fleet.plugins.module_utils.blockdev import (
+    DM_HOLDER,
+    MD_MEMBER,
+    holder_findings,
+    holders_of,
+    read_mountinfo,
+    read_swaps,
+    resolve_stable_path,
+)
+
+
+def test_kernel_names_and_nested_paths_are_not_stable(tmp_path):
+    by_id = tmp_path / "by-id"
+    by_id.mkdir()
+    for path in ("/dev/nvme0n1", "/dev/loop3", f"{by_id}/sub/nvme-x", "nvme-eui.1", ""):
+        resolved, findings = resolve_stable_path(path, [str(by_id)])
+        assert resolved is None
+        assert [f.code for f in findings] == ["not_stable_identity"]
+    # `..` cannot climb out of the stable directory
+    sneaky = f"{by_id}/../nvme0n1"
+    assert resolve_stable_path(sneaky, [str(by_id)])[1][0].code == "not_stable_identity"
+
+
+def test_dangling_and_non_block_targets(tmp_path):
+    by_id = tmp_path / "by-id"
+    by_id.mkdir()
+    (by_id / "nvme-gone").symlink_to(tmp_path / "missing")
+    (by_id / "nvme-null").symlink_to("/dev/null")
+    regular = tmp_path / "image.raw"
+    regular.write_bytes(b"x")
+    (by_id / "nvme-file").symlink_to(regular)
+    assert resolve_stable_path(str(by_id / "nvme-gone"), [str(by_id)])[1][0].code == "not_found"
+    assert resolve_stable_path(str(by_id / "nvme-none"), [str(by_id)])[1][0].code == "not_found"
+    for name in ("nvme-null", "nvme-file"):
+        assert resolve_stable_path(str(by_id / name), [str(by_id)])[1][0].code == (
+            "not_block_device"
+        )
+
+
+MOUNTINFO = """\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+40 22 259:3 / /share\\0401 rw,noatime shared:20 - ext4 /dev/nvme2n1p1 rw
+41 22 0:52 / /data rw,relatime shared:21 - btrfs /dev/nvme5n1p2 rw,space_cache=v2
+"""
+
+
+def test_mountinfo_decodes_escapes_and_keeps_major_minor(tmp_path):
+    path = tmp_path / "mountinfo"
+    path.write_text(MOUNTINFO)
+    entries = read_mountinfo(str(path))
+    assert entries[1]["mountpoint"] == "/share 1"
+    assert entries[1]["devnum"] == os.makedev(259, 3)
+    assert entries[2]["source"] == "/dev/nvme5n1p2" and entries[2]["fstype"] == "btrfs"
+
+
+def test_swaps_parsing(tmp_path):
+    path = tmp_path / "swaps"
+    path.write_text(
+        "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
+        "/dev/nvme4n1p3                          partition\t8388604\t\t0\t\t-2\n"
+        "/swap\\040file                           file\t\t1048572\t\t0\t\t-3\n"
+    )
+    assert read_swaps(str(path)) == ["/dev/nvme4n1p3", "/swap file"]
+
+
+def make_sysfs(root, layout):
+    """layout: {name: {"holders": [...], "partitions": [...], "dm_uuid": str}}"""
+    for name, spec in layout.items():
+        node = root / name
+        (node / "holders").mkdir(parents=True, exist_ok=True)
+        for holder in spec.get("holders", []):
+            (node / "holders" / holder).touch()
+        for part in spec.get("partitions", []):
+            (node / part).mkdir(exist_ok=True)
+            (node / part / "partition").write_text("1\n")
+            (root / part / "holders").mkdir(parents=True, exist_ok=True)
+        if "dm_uuid" in spec:
+            (node / "dm").mkdir(exist_ok=True)
+            (node / "dm" / "uuid").write_text(spec["dm_uuid"] + "\n")
+    return str(root)
+
+
+def test_holders_walk_partitions_and_stacks(tmp_path):
+    sys_block = make_sysfs(
+        tmp_path,
+        {
+            "nvme1n1": {"partitions": ["nvme1n1p1", "nvme1n1p2"]},
+            "nvme1n1p1": {"holders": ["md0"]},
+            "nvme1n1p2": {"holders": ["dm-3"]},
+            "md0": {"holders": ["dm-0"]},
+            "dm-0": {"dm_uuid": "LVM-abcdefVGUUIDlvuuid"},
+            "dm-3": {"dm_uuid": "CRYPT-LUKS2-0123-home"},
+        },
+    )
+    holders = holders_of(["nvme1n1", "nvme1n1p1", "nvme1n1p2"], sys_block)
+    assert [(h.name, h.kind, h.held) for h in holders] == [
+        ("md0", "md", "nvme1n1p1"),
+        ("dm-3", "dm", "nvme1n1p2"),
+        ("dm-0", "dm", "md0"),
+    ]
+    findings = holder_findings(holders, "/dev/disk/by-id/nvme-x")
+    assert [f.code for f in findings] == [MD_MEMBER, DM_HOLDER, DM_HOLDER]
+    assert "LVM logical volume" in findings[2].message
+    assert all(f.kind == blockdev.USAGE for f in findings)
+
+
+def test_no_holders_means_no_findings(tmp_path):
+    sys_block = make_sysfs(tmp_path, {"nvme0n1": {"partitions": ["nvme0n1p1"]}})
+    assert holders_of(["nvme0n1", "nvme0n1p1"], sys_block) == []
