@@ -158,7 +158,7 @@ class LoopLab:
             handle.truncate(size_mib * MIB)
         self._undo.append(("file", image))
         device = run(["losetup", "--find", "--show", "--partscan", str(image)]).strip()
-        self._undo.append(("losetup", device))
+        self._undo.append(("losetup", (device, str(image))))
         stable = self.by_id / (name or f"nvme-eui.{secrets.token_hex(8)}")
         stable.symlink_to(device)
         disk = LoopDisk(image, device, str(stable), size_mib * MIB)
@@ -257,7 +257,8 @@ class LoopLab:
         itself (LOOP_CTL_REMOVE) after detaching it; the next user gets a fresh one.
         """
         Path(f"/sys/block/{disk.kernel_name}/queue/discard_max_bytes").write_text("0")
-        self._undo.insert(self._undo.index(("losetup", disk.device)), ("remove", disk.device))
+        position = self._undo.index(("losetup", (disk.device, str(disk.image))))
+        self._undo.insert(position, ("remove", disk.device))
 
     # ------------------------------------------------------------------ evidence
 
@@ -313,8 +314,11 @@ def _undo_one(kind: str, item) -> None:
         if not unmounted and _is_mountpoint(item):
             run(["umount", "--lazy", str(item)])
     elif kind == "losetup":
-        run(["losetup", "--detach", item], check=False)
-        wait_for(lambda: not _attached(item), f"{item} detached", timeout=5)
+        device, image = item
+        # Only ever detach our own binding: the index may already serve someone else.
+        if _backing_file(device) == image:
+            run(["losetup", "--detach", device], check=False)
+            wait_for(lambda: _backing_file(device) != image, f"{device} detached", timeout=10)
     elif kind == "remove":
         remove_loop_device(item)
     elif kind == "file":
@@ -340,9 +344,12 @@ def _is_mountpoint(path: Path) -> bool:
     return subprocess.run(["mountpoint", "-q", str(path)], check=False).returncode == 0
 
 
-def _attached(device: str) -> bool:
+def _backing_file(device: str) -> str | None:
     backing = Path(f"/sys/block/{os.path.basename(device)}/loop/backing_file")
-    return backing.exists()
+    try:
+        return backing.read_text().strip()
+    except OSError:
+        return None
 
 
 def md_superblock_v12(device_size_bytes: int, set_name: bytes = b"gpuaas-test:0") -> bytes:

@@ -1,0 +1,24 @@
+"""Fixtures for storage integration tests: real loop disks and ansible-playbook runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.storage.storage_helpers import ansible_environment
+from tests.support.loopdev import LoopLab, require_loop
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[LoopLab]:
+    """Loop disks, mounts, swap and holder processes of one test; all torn down after it."""
+    require_loop()
+    with LoopLab(tmp_path) as loop_lab:
+        yield loop_lab
+
+
+@pytest.fixture(scope="session")
+def storage_ansible_env() -> dict[str, str]:
+    return ansible_environment()

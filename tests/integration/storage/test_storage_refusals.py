@@ -1,0 +1,315 @@
+"""Every refusal of storage_transition and disk_wipe, on real loop disks.
+
+Each scenario builds a disk with a mounted share partition holding data (where the scenario
+allows), asks for the destructive operation WITH approval, and then proves that the module
+refused with the expected machine-readable code and that nothing changed: partition table
+regions, signatures, canary bytes, the files on the mounted partition, fstab byte for byte,
+no manifest, no backup.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from ansible_collections.gpuaas.fleet.plugins.module_utils.disk_wipe import WipeRequest, run_wipe
+from ansible_collections.gpuaas.fleet.plugins.module_utils.storage_transition import (
+    TransitionRequest,
+    run_transition,
+)
+
+from tests.integration.storage.storage_helpers import run_playbook
+from tests.support.loopdev import LoopDisk, LoopLab, private_mount_namespace_argv
+
+pytestmark = pytest.mark.root
+
+
+@dataclass
+class Scenario:
+    """What a test asks for, and what must stay exactly as it was."""
+
+    devices: list[str]
+    disks: list[LoopDisk]
+    mounts: list[Path] = field(default_factory=list)
+    approved: list[str] | None = None
+    approval: str | None = "INFRA-1234"
+
+
+def share_disk(lab: LoopLab, label: str = "share") -> tuple[LoopDisk, Path]:
+    """A host-share disk: GPT, one ext4 partition mounted with tenant-like data on it."""
+    disk = lab.disk(partitions=[label])
+    lab.mkfs(disk.partitions[0], label=label)
+    return disk, lab.mount(disk.partitions[0])
+
+
+def write_fstab(tmp_path: Path, lab: LoopLab, disks: list[LoopDisk]) -> Path:
+    lines = ["# test fstab", "/dev/vda / ext4 errors=remount-ro 0 1"]
+    for disk in disks:
+        for part in disk.partitions:
+            uuid = subprocess.run(
+                ["blkid", "-p", "-s", "UUID", "-o", "value", part],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.strip()
+            if uuid:
+                lines.append(f"UUID={uuid} /share-{os.path.basename(part)} ext4 defaults 0 2")
+    path = tmp_path / "fstab"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------- scenario builders
+
+
+def kernel_name_path(lab):
+    disk, mnt = share_disk(lab)
+    return Scenario([disk.device], [disk], [mnt])
+
+
+def partition_path(lab):
+    disk, mnt = share_disk(lab)
+    return Scenario([disk.partition_stable_path(1)], [disk], [mnt])
+
+
+def dangling_path(lab):
+    disk, mnt = share_disk(lab)
+    gone = lab.by_id / "nvme-eui.0000000000000000"
+    gone.symlink_to("/dev/does-not-exist")
+    return Scenario([disk.stable_path, str(gone)], [disk], [mnt])
+
+
+def not_on_approved_list(lab):
+    disk, mnt = share_disk(lab)
+    other = lab.disk()
+    return Scenario([disk.stable_path], [disk, other], [mnt], approved=[other.stable_path])
+
+
+def missing_approval(lab):
+    disk, mnt = share_disk(lab)
+    return Scenario([disk.stable_path], [disk], [mnt], approval=None)
+
+
+def same_disk_twice(lab):
+    disk, mnt = share_disk(lab)
+    alias = lab.by_id / "wwn-0x5000000000000001"
+    alias.symlink_to(disk.device)
+    return Scenario([disk.stable_path, str(alias)], [disk], [mnt])
+
+
+def active_swap(lab):
+    disk = lab.disk(partitions=["share", "swap"])
+    lab.mkfs(disk.partitions[0])
+    mnt = lab.mount(disk.partitions[0])
+    lab.swapon(disk.partitions[1])
+    return Scenario([disk.stable_path], [disk], [mnt])
+
+
+def lvm_physical_volume(lab):
+    disk = lab.disk(partitions=["share", "pv"])
+    lab.mkfs(disk.partitions[0])
+    mnt = lab.mount(disk.partitions[0])
+    lab.pvcreate(disk.partitions[1])
+    return Scenario([disk.stable_path], [disk], [mnt])
+
+
+def md_member(lab):
+    disk = lab.disk()
+    lab.write_md_superblock(disk.device)
+    return Scenario([disk.stable_path], [disk])
+
+
+def open_by_a_vm(lab):
+    disk, mnt = share_disk(lab)
+    lab.hold_open(disk.device)
+    return Scenario([disk.stable_path], [disk], [mnt])
+
+
+def filesystem_mounted_inside(lab):
+    disk, mnt = share_disk(lab)
+    other = lab.disk(partitions=["inner"])
+    lab.mkfs(other.partitions[0])
+    inner = lab.mount(other.partitions[0], mnt / "inner")
+    return Scenario([disk.stable_path], [disk, other], [mnt, inner])
+
+
+def one_good_one_refused(lab):
+    """Validate all first: a refusal on the second disk leaves the first untouched too."""
+    good, good_mnt = share_disk(lab, "good")
+    bad, bad_mnt = share_disk(lab, "bad")
+    lab.hold_open(bad.partitions[0])
+    return Scenario([good.stable_path, bad.stable_path], [good, bad], [good_mnt, bad_mnt])
+
+
+TRANSITION_REFUSALS = [
+    ("not_stable_identity", kernel_name_path),
+    ("partition_not_whole_disk", partition_path),
+    ("not_found", dangling_path),
+    ("not_approved", not_on_approved_list),
+    ("approval_required", missing_approval),
+    ("duplicate_device", same_disk_twice),
+    ("swap", active_swap),
+    ("lvm_member", lvm_physical_volume),
+    ("md_member", md_member),
+    ("device_busy", open_by_a_vm),
+    ("nested_mount", filesystem_mounted_inside),
+    ("device_busy", one_good_one_refused),
+]
+
+
+def snapshot(lab: LoopLab, scenario: Scenario) -> list:
+    return [lab.fingerprint(d, scenario.mounts) for d in scenario.disks]
+
+
+@pytest.mark.parametrize(
+    ("code", "build"), TRANSITION_REFUSALS, ids=[b.__name__ for _, b in TRANSITION_REFUSALS]
+)
+def test_transition_refuses_and_changes_nothing(lab, tmp_path, code, build):
+    scenario = build(lab)
+    fstab = write_fstab(tmp_path, lab, scenario.disks)
+    fstab_bytes = fstab.read_bytes()
+    manifests = tmp_path / "manifests"
+    before = snapshot(lab, scenario)
+
+    result = run_transition(
+        TransitionRequest(
+            devices=scenario.devices,
+            stable_dirs=[str(lab.by_id)],
+            approval=scenario.approval,
+            approved_devices=scenario.approved,
+            apply=True,
+            fstab_path=str(fstab),
+            manifest_dir=str(manifests),
+        )
+    )
+
+    assert result["failed"] is True
+    assert code in {r["code"] for r in result["refused"]}, result["refused"]
+    assert result["changed"] is False and result["devices"] == []
+    assert result["manifest_path"] is None and result["fstab_backup"] is None
+    assert snapshot(lab, scenario) == before
+    assert fstab.read_bytes() == fstab_bytes
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("fstab")) == ["fstab"]
+    assert not manifests.exists()
+
+
+def the_seed_failure(lab):
+    """j22u05: parent not mounted, child partition mounted (wipefs erased /share2's disk)."""
+    disk, mnt = share_disk(lab, "share2")
+    return Scenario([disk.stable_path], [disk], [mnt])
+
+
+def whole_disk_filesystem_mounted(lab):
+    disk = lab.disk()
+    lab.mkfs(disk.device, label="wholedisk")
+    mnt = lab.mount(disk.device)
+    return Scenario([disk.stable_path], [disk], [mnt])
+
+
+WIPE_REFUSALS = [
+    ("child_mounted", the_seed_failure),
+    ("mounted", whole_disk_filesystem_mounted),
+    ("not_stable_identity", kernel_name_path),
+    ("partition_not_whole_disk", partition_path),
+    ("approval_required", missing_approval),
+    ("swap", active_swap),
+    ("device_busy", open_by_a_vm),
+]
+
+
+@pytest.mark.parametrize(
+    ("code", "build"), WIPE_REFUSALS, ids=[b.__name__ for _, b in WIPE_REFUSALS]
+)
+def test_wipe_refuses_and_writes_nothing(lab, tmp_path, code, build):
+    scenario = build(lab)
+    before = snapshot(lab, scenario)
+    proofs = tmp_path / "proofs"
+
+    result = run_wipe(
+        WipeRequest(
+            device=scenario.devices[0],
+            stable_dirs=[str(lab.by_id)],
+            approval=scenario.approval,
+            proof_dir=str(proofs),
+        )
+    )
+
+    assert result["failed"] is True
+    assert code in {r["code"] for r in result["refused"]}, result["refused"]
+    assert result["changed"] is False and result["proof"] is None
+    assert snapshot(lab, scenario) == before
+    assert not proofs.exists()
+
+
+def test_lvm_and_md_signatures_are_tenant_content_for_wipe(lab, tmp_path):
+    """A tenant may build LVM or md inside its VM; with no host holder the wipe erases it."""
+    lvm = lab.disk()
+    lab.pvcreate(lvm.device)
+    md = lab.disk()
+    lab.write_md_superblock(md.device)
+    for disk in (lvm, md):
+        result = run_wipe(
+            WipeRequest(
+                device=disk.stable_path,
+                stable_dirs=[str(lab.by_id)],
+                approval="release-42",
+                proof_dir=str(tmp_path / "proofs"),
+                sample_count=4,
+            )
+        )
+        assert result["proof"]["verified"] is True, result["msg"]
+        assert result["proof"]["signatures_before"] and result["proof"]["signatures_after"] == []
+
+
+def test_os_disk_refused_through_the_playbook_in_a_private_namespace(
+    lab, tmp_path, storage_ansible_env
+):
+    """/boot on a test disk (own mount namespace): both playbooks refuse it for real."""
+    disk = lab.disk(partitions=["boot", "share"])
+    lab.mkfs(disk.partitions[0], label="boot")
+    lab.mkfs(disk.partitions[1], label="share")
+    mnt = lab.mount(disk.partitions[1])
+    fstab = write_fstab(tmp_path, lab, [disk])
+    fstab_bytes = fstab.read_bytes()
+    before = lab.fingerprint(disk, [mnt])
+    wrap = private_mount_namespace_argv([(disk.partitions[0], "/boot")], [])
+
+    transition = run_playbook(
+        "storage_transition.yml",
+        {
+            "slice_storage_transition_devices": [disk.stable_path],
+            "slice_storage_transition_stable_dirs": [str(lab.by_id)],
+            "slice_storage_transition_apply": True,
+            "slice_storage_transition_approval": "INFRA-9",
+            "slice_storage_transition_fstab_path": str(fstab),
+            "slice_storage_transition_manifest_dir": str(tmp_path / "manifests"),
+        },
+        tmp_path,
+        storage_ansible_env,
+        wrap=wrap,
+    )
+    wipe = run_playbook(
+        "disk_wipe.yml",
+        {
+            "slice_disk_wipe_devices": [disk.stable_path],
+            "slice_disk_wipe_stable_dirs": [str(lab.by_id)],
+            "slice_disk_wipe_approval": "release-9",
+            "slice_disk_wipe_proof_dir": str(tmp_path / "proofs"),
+        },
+        tmp_path,
+        storage_ansible_env,
+        wrap=wrap,
+    )
+
+    assert transition.rc != 0 and wipe.rc != 0
+    refused = transition.task("Plan or apply the storage transition")
+    assert {"os_disk", "system_mount"} <= {r["code"] for r in refused["refused"]}
+    assert refused["changed"] is False
+    wiped = wipe.task("Erase the disk and collect its proof")["results"][0]
+    assert {"os_disk", "system_mount", "child_mounted"} <= {r["code"] for r in wiped["refused"]}
+    assert lab.fingerprint(disk, [mnt]) == before
+    assert fstab.read_bytes() == fstab_bytes
+    assert not (tmp_path / "manifests").exists() and not (tmp_path / "proofs").exists()
