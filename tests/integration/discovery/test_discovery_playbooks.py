@@ -94,9 +94,9 @@ def test_parity_flips_with_the_namespace_state(slice_ns, trees, ansible_env, tmp
     # A: bridge without its address, no NAT, no forwarding, no dnsmasq, no libvirt.
     rc, doc = run_playbooks(ansible_env, BOTH, extravars, tmp_path, slice_ns)
     assert rc != 0, "failed parity must fail the host"
-    gate = task_result(doc, "Fail the host when a parity check failed")
-    assert gate["failed"] and "bridge" in gate["msg"]
     before = task_result(doc, "Run the slice parity checks")
+    assert before["failed"] and before["msg"].startswith("slice parity failed: ")
+    assert "bridge" in before["msg"]
     assert {c: statuses(before)[c] for c in FLIPPING} == dict.fromkeys(FLIPPING, "FAIL")
     assert statuses(before)["api_topology"] == "FAIL"
 
@@ -114,7 +114,10 @@ def test_parity_flips_with_the_namespace_state(slice_ns, trees, ansible_env, tmp
         "GPUAAS_SLICE_PARITY_SUMMARY status=PASS checks=14 passed=14 failures=0 warnings=0"
     )
     assert after["failures"] == 0 and after["warning_count"] == 0
-    printed = task_result(doc, "Print the GPUAAS_SLICE_PARITY lines")["msg"]
+    printed = task_result(
+        doc, "Print the GPUAAS_SLICE_PARITY lines of every host still in the play"
+    )
+    printed = printed["msg"]["localhost"]
     parsed, summary = parity.parse_lines(printed)
     assert parsed == after["results"] and summary == after["summary"]
     assert doc["stats"]["localhost"]["changed"] == 0
@@ -122,7 +125,10 @@ def test_parity_flips_with_the_namespace_state(slice_ns, trees, ansible_env, tmp
     # B again in check mode: same answers, nothing changed.
     rc, checked = run_playbooks(ansible_env, BOTH, extravars, tmp_path, slice_ns, check=True)
     assert rc == 0
-    assert task_result(checked, "Run the slice parity checks")["results"] == after["results"]
+    rechecked = task_result(checked, "Run the slice parity checks")["results"]
+    # Same answers; only the evidence age in api_topology's detail moves with the clock.
+    assert rechecked[:-1] == after["results"][:-1]
+    assert statuses({"results": rechecked}) == statuses(after)
     discovered = task_result(doc, DISCOVER_TASK)
     rediscovered = task_result(checked, DISCOVER_TASK)
     assert without_time(discovered["topology"]) == without_time(rediscovered["topology"])

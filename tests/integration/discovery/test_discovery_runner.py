@@ -21,11 +21,13 @@ def runner_env(ansible_env: dict[str, str]) -> dict[str, str]:
     return {key: ansible_env[key] for key in keys}
 
 
-def ok_results(run, task_suffix: str) -> dict[str, dict]:
+def task_results(run, task_suffix: str) -> dict[str, dict]:
+    """host -> module result of a task, whether the host passed or failed it."""
     return {
         event["event_data"]["host"]: event["event_data"]["res"]
         for event in run.events
-        if event["event"] == "runner_on_ok" and event["event_data"]["task"].endswith(task_suffix)
+        if event["event"] in ("runner_on_ok", "runner_on_failed")
+        and event["event_data"]["task"].endswith(task_suffix)
     }
 
 
@@ -60,7 +62,7 @@ def test_runner_discovers_and_checks_parity(trees, ansible_env, tmp_path):
         quiet=True,
     )
     assert discovery.status == "successful", discovery.stdout.read()
-    found = {host: res["topology"] for host, res in ok_results(discovery, DISCOVER_TASK).items()}
+    found = {host: res["topology"] for host, res in task_results(discovery, DISCOVER_TASK).items()}
     assert set(found) == set(hosts)
     for host, topology_map in found.items():
         assert json.loads((maps / f"{host}.json").read_text()) == topology_map
@@ -93,12 +95,13 @@ def test_runner_discovers_and_checks_parity(trees, ansible_env, tmp_path):
     # also has its mounted shares.
     assert checks.status == "failed"
     assert checks.stats["failures"] == dict.fromkeys(hosts, 1)
-    results = ok_results(checks, "Run the slice parity checks")
+    results = task_results(checks, "Run the slice parity checks")
     assert set(results) == set(hosts)
     for res in results.values():
         by_check = {r["check"]: r for r in res["results"]}
         assert {c: by_check[c]["status"] for c in FILE_CHECKS} == dict.fromkeys(FILE_CHECKS, "PASS")
         assert by_check["api_topology"]["status"] == "FAIL"
+        assert res["msg"] == "slice parity failed: api_topology"
         assert parity.parse_lines(res["lines"]) == (res["results"], res["summary"])
     assert results["j22u15"]["results"][-1]["detail"] == "1 hard blockers: network_evidence_missing"
     assert "mounted_child_partition" in results["j22u05"]["results"][-1]["detail"]
