@@ -235,7 +235,9 @@ def _normalized(paths) -> set[str]:
 def plan_device(device: str, report: blockdev.DeviceReport) -> DevicePlan:
     plan = DevicePlan(device=device, report=report)
     # deepest mountpoint first, so nested bind mounts of the same filesystem come off first
-    plan.unmounts = sorted({m.mountpoint for m in report.mounts}, key=len, reverse=True)
+    plan.unmounts = sorted(
+        {m.mountpoint for m in report.mounts}, key=lambda m: (-m.rstrip("/").count("/"), m)
+    )
     signed = {s.device for s in report.signatures}
     plan.wipe_children = [p.path for p in report.partitions if p.path in signed]
     plan.wipe_parent = report.resolved_path in signed or bool(report.partitions)

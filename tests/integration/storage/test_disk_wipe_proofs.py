@@ -1,0 +1,210 @@
+"""Disk wipe proofs on real loop disks: every method that works here, the fallbacks, the
+verifier catching a disk that was not erased, check mode, reruns, and the playbook."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import secrets
+
+import pytest
+from ansible_collections.gpuaas.fleet.plugins.module_utils.disk_wipe import (
+    PROOF_SCHEMA,
+    WipeRequest,
+    run_wipe,
+    verify,
+    write_markers,
+)
+
+from tests.integration.storage.storage_helpers import raw_state, run_playbook
+from tests.support.loopdev import MIB, read_direct, signatures, write_direct
+
+pytestmark = pytest.mark.root
+
+PROOF_KEYS = {
+    "schema",
+    "device",
+    "resolved_path",
+    "size_bytes",
+    "method",
+    "attempts",
+    "commands",
+    "started_at",
+    "finished_at",
+    "duration_s",
+    "markers",
+    "samples",
+    "signatures_after",
+    "verified",
+    "approval",
+}
+
+
+def used_disk(lab):
+    """A released tenant disk: partition table, filesystem, data, nothing mounted."""
+    disk = lab.disk(partitions=["tenant"])
+    lab.mkfs(disk.partitions[0], label="tenant-root")
+    write_direct(disk.device, 40 * MIB, secrets.token_bytes(MIB))
+    return disk
+
+
+def wipe(lab, tmp_path, disk, **options):
+    request = WipeRequest(
+        device=disk.stable_path,
+        stable_dirs=[str(lab.by_id)],
+        approval=options.pop("approval", "release-alloc-7-slot-0"),
+        proof_dir=str(tmp_path / "proofs"),
+        sample_count=8,
+        **options,
+    )
+    return run_wipe(request)
+
+
+def assert_verified_proof(proof, disk, method):
+    assert set(proof) >= PROOF_KEYS
+    assert proof["schema"] == PROOF_SCHEMA
+    assert proof["verified"] is True
+    assert proof["method"] == method
+    assert proof["resolved_path"] == disk.device and proof["size_bytes"] == disk.size_bytes
+    assert [m["offset"] for m in proof["markers"]] == [
+        0,
+        disk.size_bytes // 2,
+        disk.size_bytes - 4096,
+    ]
+    assert all(m["written"] and m["gone"] for m in proof["markers"])
+    assert len(proof["samples"]) == 8 and all(s["all_zero"] for s in proof["samples"])
+    assert proof["signatures_before"] and proof["signatures_after"] == []
+    assert proof["attempts"][-1] == {**proof["attempts"][-1], "method": method, "ok": True}
+    finished = dt.datetime.fromisoformat(proof["finished_at"].replace("Z", "+00:00"))
+    assert finished.tzinfo is not None
+    assert raw_state(disk.device) == {"signatures": [], "partitions": [], "mounted": False}
+    assert read_direct(disk.device, 40 * MIB, MIB) == bytes(MIB)
+
+
+@pytest.mark.parametrize("method", ["blkdiscard", "write_zeroes", "zero"])
+def test_each_method_available_here_erases_and_verifies(lab, tmp_path, method):
+    disk = used_disk(lab)
+    result = wipe(lab, tmp_path, disk, method=method, allow_fallback=False)
+    assert result.get("failed") is not True, result["msg"]
+    assert result["changed"] is True
+    assert_verified_proof(result["proof"], disk, method)
+    assert len(result["proof"]["attempts"]) == 1
+    stored = json.loads(
+        (tmp_path / "proofs" / f"{disk.stable_path.rsplit('/', 1)[1]}.json").read_text()
+    )
+    assert stored == result["proof"]
+
+
+def test_nvme_format_on_a_loop_device_falls_back_and_says_why(lab, tmp_path):
+    disk = used_disk(lab)
+    result = wipe(lab, tmp_path, disk, method="nvme_format")
+    proof = result["proof"]
+    assert_verified_proof(proof, disk, "blkdiscard")
+    first = proof["attempts"][0]
+    assert first["method"] == "nvme_format" and first["ok"] is False
+    assert "not an NVMe namespace" in first["error"] and first["command"] is None
+
+
+def test_unsupported_discard_falls_back_to_write_zeroes(lab, tmp_path):
+    disk = used_disk(lab)
+    lab.disable_discard(disk)
+    result = wipe(lab, tmp_path, disk)
+    proof = result["proof"]
+    assert_verified_proof(proof, disk, "write_zeroes")
+    assert [(a["method"], a["ok"]) for a in proof["attempts"]] == [
+        ("nvme_format", False),
+        ("blkdiscard", False),
+        ("write_zeroes", True),
+    ]
+    assert "Operation not supported" in proof["attempts"][1]["error"]
+    assert proof["attempts"][1]["command"].endswith(f"blkdiscard --force {disk.device}")
+
+
+def test_failed_method_without_fallback_is_never_verified(lab, tmp_path):
+    disk = used_disk(lab)
+    lab.disable_discard(disk)
+    result = wipe(lab, tmp_path, disk, method="blkdiscard", allow_fallback=False)
+    assert result["failed"] is True and "not verified" in result["msg"]
+    proof = result["proof"]
+    assert proof["verified"] is False and proof["method"] is None
+    assert result["changed"] is True  # the markers were written
+    assert not (tmp_path / "proofs").exists()
+
+
+def test_verifier_catches_a_disk_that_was_not_erased(lab):
+    """Markers written, no erase: the verification must fail on every count."""
+    disk = used_disk(lab)
+    nonce = secrets.token_bytes(16)
+    markers = write_markers(disk.device, disk.size_bytes, nonce)
+    outcome = verify(disk.device, disk.kernel_name, disk.size_bytes, nonce, markers, 8, MIB)
+    assert outcome["verified"] is False
+    assert not any(m["gone"] for m in outcome["markers"])
+    assert not outcome["samples"][0]["all_zero"]
+    assert outcome["partitions_after"] == [f"{disk.kernel_name}p1"]
+    assert len(outcome["problems"]) == 3
+
+
+def test_check_mode_writes_nothing_and_rerun_reuses_the_proof(lab, tmp_path):
+    disk = used_disk(lab)
+    before = lab.fingerprint(disk)
+    checked = run_wipe(
+        WipeRequest(
+            device=disk.stable_path,
+            stable_dirs=[str(lab.by_id)],
+            check_mode=True,
+            proof_dir=str(tmp_path / "proofs"),
+        )
+    )
+    assert checked["changed"] is True and checked["proof"] is None
+    assert checked["plan"][1] == {
+        "action": "erase",
+        "methods": ["nvme_format", "blkdiscard", "write_zeroes", "zero"],
+    }
+    assert lab.fingerprint(disk) == before
+
+    first = wipe(lab, tmp_path, disk)
+    second = wipe(lab, tmp_path, disk)
+    assert second["changed"] is False and second["reused_proof"] is True
+    assert second["proof"] == first["proof"]
+    # another approval is another erase request
+    assert wipe(lab, tmp_path, disk, approval="release-alloc-8-slot-0")["changed"] is True
+    # anything written since invalidates the stored proof
+    write_direct(disk.device, 8 * MIB, b"\x01" * 4096)
+    again = wipe(lab, tmp_path, disk, approval="release-alloc-8-slot-0")
+    assert again["changed"] is True and again["proof"]["verified"] is True
+
+
+def test_wipe_playbook_returns_proofs_to_the_controller(lab, tmp_path, storage_ansible_env):
+    disks = [used_disk(lab), used_disk(lab)]
+    out = tmp_path / "proofs-out"
+    out.mkdir()
+    extravars = {
+        "slice_disk_wipe_devices": [d.stable_path for d in disks],
+        "slice_disk_wipe_stable_dirs": [str(lab.by_id)],
+        "slice_disk_wipe_approval": "release-alloc-11",
+        "slice_disk_wipe_proof_dir": str(tmp_path / "host-proofs"),
+        "slice_disk_wipe_sample_count": 8,
+        "gpuaas_wipe_proof_out": str(out),
+    }
+    before = [lab.fingerprint(d) for d in disks]
+    checked = run_playbook("disk_wipe.yml", extravars, tmp_path, storage_ansible_env, check=True)
+    assert checked.rc == 0, checked.stderr
+    assert [lab.fingerprint(d) for d in disks] == before
+    assert list(out.iterdir()) == []
+
+    run = run_playbook("disk_wipe.yml", extravars, tmp_path, storage_ansible_env)
+    assert run.rc == 0, run.stderr
+    results = run.task("Erase the disk and collect its proof")["results"]
+    assert [r["changed"] for r in results] == [True, True]
+    for index, disk in enumerate(disks):
+        proof = json.loads((out / f"localhost-{index}.json").read_text())
+        assert proof == results[index]["proof"]
+        assert proof["device"] == disk.stable_path and proof["approval"] == "release-alloc-11"
+        assert_verified_proof(proof, disk, "blkdiscard")
+        assert signatures(disk.device) == []
+
+    rerun = run_playbook("disk_wipe.yml", extravars, tmp_path, storage_ansible_env)
+    assert rerun.rc == 0, rerun.stderr
+    again = rerun.task("Erase the disk and collect its proof")["results"]
+    assert [r["changed"] for r in again] == [False, False]
+    assert [r["proof"] for r in again] == [r["proof"] for r in results]
