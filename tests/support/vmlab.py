@@ -306,6 +306,10 @@ class VmLab:
                 "dnsmasq",
                 "--keep-in-foreground",
                 "--conf-file=/dev/null",
+                # The lab lives under the test's private tmp dir, unreadable to dnsmasq's
+                # unprivileged user; production dnsmasq keeps dropping privileges.
+                "--user=root",
+                "--group=root",
                 "--bind-interfaces",
                 f"--interface={self.bridge}",
                 "--except-interface=lo",

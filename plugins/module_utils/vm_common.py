@@ -1,0 +1,224 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpuaas fleet engineering
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""Shared pieces of the slice VM lifecycle: errors with a phase, timings, names, libvirt.
+
+Every slice VM module fails with a `VmError` carrying a machine-readable `code` and the
+lifecycle `phase`, returned as `failure: {phase, code, message, ...}` so the control plane
+can record which step failed and why, and mark the allocation's slots `cleanup_blocked`.
+
+Runs on target hosts: Python stdlib, plus libvirt-python where a libvirt connection is
+needed (imported here once, reported through `missing_required_lib` by the modules).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+import time
+import uuid
+
+try:
+    import libvirt
+
+    HAS_LIBVIRT = True
+    LIBVIRT_IMPORT_ERROR = None
+except ImportError as exc:  # reported by the module with missing_required_lib
+    libvirt = None
+    HAS_LIBVIRT = False
+    LIBVIRT_IMPORT_ERROR = exc
+
+DOMAIN_PREFIX = "gpuaas-slice-"
+DEFAULT_LIBVIRT_URI = "qemu:///system"
+MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+PCI_RE = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
+
+# Argument specs shared by the slice VM modules (documented in each module).
+SLOT_SPEC = dict(
+    gpu_pci_address=dict(type="str", required=True),
+    fabric_vf_pci_address=dict(type="str", required=True),
+    nvme_device=dict(type="str", required=True),
+    numa_node=dict(type="int"),
+)
+PROFILE_SPEC = dict(
+    vcpus=dict(type="int", required=True),
+    memory_mib=dict(type="int", required=True),
+    hugepages=dict(type="bool", default=False),
+    hugepage_size_kib=dict(type="int", default=1048576),
+)
+IMAGE_SPEC = dict(
+    path=dict(type="path", required=True),
+    sha256=dict(type="str", required=True),
+)
+
+# Lifecycle phases, in provisioning order; failure evidence names one of them.
+PHASE_PREFLIGHT = "preflight"
+PHASE_IMAGE = "image"
+PHASE_SEED = "seed"
+PHASE_DHCP = "dhcp"
+PHASE_DOMAIN = "domain"
+PHASE_READINESS = "readiness"
+PHASE_RELEASE = "release"
+
+
+class VmError(Exception):
+    """A refusal or failure with a machine-readable code and the lifecycle phase."""
+
+    def __init__(self, code: str, message: str, phase: str = "", **details):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.phase = phase
+        self.details = details
+
+    def to_dict(self) -> dict:
+        return {"phase": self.phase, "code": self.code, "message": self.message, **self.details}
+
+
+class PhaseTimer:
+    """Wall-clock seconds per named phase, in the order the phases ran."""
+
+    def __init__(self):
+        self.timings: dict[str, float] = {}
+        self._started = time.monotonic()
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.timings[name] = round(self.timings.get(name, 0.0) + time.monotonic() - started, 3)
+
+    def total(self) -> float:
+        return round(time.monotonic() - self._started, 3)
+
+    def as_dict(self) -> dict:
+        return {**self.timings, "total": self.total()}
+
+
+def domain_name(allocation_id: str) -> str:
+    """Deterministic libvirt name: `gpuaas-slice-<allocation id as 32 hex digits>`."""
+    return DOMAIN_PREFIX + parse_allocation_id(allocation_id).hex
+
+
+def parse_allocation_id(allocation_id: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(allocation_id))
+    except ValueError as exc:
+        raise VmError(
+            "invalid_allocation_id", f"allocation id {allocation_id!r} is not a UUID"
+        ) from exc
+
+
+def normalize_mac(mac: str) -> str:
+    value = str(mac).strip().lower().replace("-", ":")
+    if not MAC_RE.match(value):
+        raise VmError("invalid_mac", f"{mac!r} is not a MAC address like 52:54:00:3f:a2:10")
+    if int(value[:2], 16) & 1:
+        raise VmError("invalid_mac", f"{mac} is a multicast address")
+    return value
+
+
+def parse_pci_address(address: str) -> tuple[int, int, int, int]:
+    """'0000:1b:00.0' -> (domain, bus, slot, function)."""
+    match = PCI_RE.match(str(address).strip().lower())
+    if not match:
+        raise VmError("invalid_pci_address", f"{address!r} is not a PCI address like 0000:1b:00.0")
+    return tuple(int(part, 16) for part in match.groups())
+
+
+def normalize_pci_address(address: str) -> str:
+    domain, bus, slot, function = parse_pci_address(address)
+    return f"{domain:04x}:{bus:02x}:{slot:02x}.{function:x}"
+
+
+def atomic_write(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Write via a temp file in the same directory, fsync, rename: never a partial file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def read_json(path: str):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def _ignore_libvirt_error(_ctx, _err) -> None:
+    """libvirt prints every error to stderr by default; ours are raised as exceptions."""
+
+
+def open_libvirt(uri: str, phase: str = ""):
+    """A read-write libvirt connection, or VmError(libvirt_unavailable)."""
+    if not HAS_LIBVIRT:
+        raise VmError("libvirt_python_missing", "libvirt-python is not installed", phase)
+    libvirt.registerErrorHandler(_ignore_libvirt_error, None)
+    try:
+        return libvirt.open(uri)
+    except libvirt.libvirtError as exc:
+        raise VmError(
+            "libvirt_unavailable", f"cannot connect to libvirt at {uri}: {exc}", phase
+        ) from exc
+
+
+def lookup_domain(conn, name: str):
+    """The domain called `name`, or None when it does not exist."""
+    try:
+        return conn.lookupByName(name)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            return None
+        raise
+
+
+def tail_text(path: str, max_bytes: int = 4096) -> str:
+    """The last `max_bytes` of a log file (e.g. the serial console), '' if unreadable."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            return handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def fail_missing_libraries(module, missing_required_lib, **libraries) -> None:
+    """Fail the module when a required Python library (name=import error) is missing."""
+    for name, error in libraries.items():
+        if error is not None:
+            module.fail_json(msg=missing_required_lib(name), exception=str(error))
+
+
+def run_module(module, action) -> None:
+    """Run `action(params, check_mode)` and exit the Ansible module with its result.
+
+    A VmError fails the module with `failure: {phase, code, message, ...}` (plus the
+    error's details at the top level, e.g. `readiness`), so the caller always gets
+    structured evidence of which step failed and why. `diff` is returned in diff mode only.
+    """
+    try:
+        result = action(module.params, module.check_mode)
+    except VmError as exc:
+        module.fail_json(msg=exc.message, failure=exc.to_dict(), **exc.details)
+    if not module._diff:
+        result.pop("diff", None)
+    module.exit_json(**result)

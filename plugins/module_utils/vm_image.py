@@ -1,0 +1,249 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpuaas fleet engineering
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""Slice image: digest verification and the clone onto the slot's raw disk.
+
+The node image cache holds catalog images (seed 004); a provision verifies the cached
+file's sha256 against the catalog digest and then clones it with
+`qemu-img convert -O raw` onto the boot disk of the allocation (an approved raw NVMe by
+stable identity), with progress samples, timing and throughput.
+
+A clone record in the allocation's state directory (device, image digest, timing) makes a
+second provision of the same allocation a no-op: the disk already holds its image and,
+once the VM runs, its tenant's writes, so it is never cloned over again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import time
+
+from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common, vm_disk
+from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import PHASE_IMAGE, VmError
+
+HASH_CHUNK = 8 << 20
+PROGRESS_RE = re.compile(rb"\((\d+(?:\.\d+)?)/100%\)")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+IMAGE_FORMATS = ("raw", "qcow2")
+
+
+def sha256_file(path: str) -> tuple[str, float]:
+    started = time.monotonic()
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(HASH_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest(), round(time.monotonic() - started, 3)
+
+
+def verify_digest(path: str, expected: str, phase: str = PHASE_IMAGE) -> dict:
+    """Hash the image and compare with the catalog digest; VmError when they differ."""
+    expected = str(expected).strip().lower().removeprefix("sha256:")
+    if not SHA256_RE.match(expected):
+        raise VmError("invalid_digest", f"{expected!r} is not a sha256 hex digest", phase)
+    if not os.path.isfile(path):
+        raise VmError("image_missing", f"image {path} does not exist in the node cache", phase)
+    actual, seconds = sha256_file(path)
+    evidence = {"path": path, "expected_sha256": expected, "actual_sha256": actual}
+    evidence["seconds"] = seconds
+    if actual != expected:
+        raise VmError(
+            "image_digest_mismatch",
+            f"image {path} has sha256 {actual}, the catalog says {expected}",
+            phase,
+            digest=evidence,
+        )
+    return evidence
+
+
+def image_info(path: str) -> dict:
+    """`qemu-img info` of the image: format and virtual size."""
+    proc = subprocess.run(
+        ["qemu-img", "info", "--output=json", path],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    if proc.returncode != 0:
+        raise VmError(
+            "image_unreadable", f"qemu-img info {path}: {proc.stderr.strip()}", PHASE_IMAGE
+        )
+    info = json.loads(proc.stdout)
+    if info.get("format") not in IMAGE_FORMATS:
+        raise VmError(
+            "image_format_unsupported",
+            f"{path} is {info.get('format')}; supported: {', '.join(IMAGE_FORMATS)}",
+            PHASE_IMAGE,
+        )
+    return {"format": info["format"], "virtual_size": int(info["virtual-size"])}
+
+
+def device_size(path: str) -> int:
+    with open(path, "rb") as handle:
+        return handle.seek(0, os.SEEK_END)
+
+
+def clone_command(source: str, source_format: str, target: str) -> list[str]:
+    """qemu-img onto an existing block device: no target creation (-n), direct I/O on
+    the target (-t none), out-of-order writes (-W), progress on stdout (-p)."""
+    return [
+        "qemu-img",
+        "convert",
+        "-p",
+        "-n",
+        "-W",
+        "-t",
+        "none",
+        "-f",
+        source_format,
+        "-O",
+        "raw",
+        source,
+        target,
+    ]
+
+
+def run_clone(argv: list[str], timeout: float) -> dict:
+    """Run qemu-img, sampling its progress; returns seconds, progress samples, rc."""
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    samples: list[dict] = []
+    last_percent = -10.0
+    buffer = b""
+    while True:
+        chunk = proc.stdout.read1(4096) if hasattr(proc.stdout, "read1") else proc.stdout.read(64)
+        if not chunk:
+            break
+        buffer = (buffer + chunk)[-256:]
+        for match in PROGRESS_RE.finditer(buffer):
+            percent = float(match.group(1))
+            if percent >= last_percent + 10 or percent >= 100.0 > last_percent:
+                samples.append(
+                    {"percent": percent, "seconds": round(time.monotonic() - started, 3)}
+                )
+                last_percent = percent
+        buffer = buffer[buffer.rfind(b")") + 1 :] if b")" in buffer else buffer
+        if time.monotonic() - started > timeout:
+            proc.kill()
+            break
+    stderr = proc.stderr.read().decode(errors="replace")
+    rc = proc.wait()
+    return {
+        "rc": rc,
+        "stderr": stderr.strip(),
+        "seconds": round(time.monotonic() - started, 3),
+        "progress": samples,
+    }
+
+
+def clone_record_path(state_dir: str, device: str) -> str:
+    return os.path.join(state_dir, f"clone-{os.path.basename(device)}.json")
+
+
+def existing_clone(state_dir: str, device: str, sha256: str) -> dict | None:
+    """The clone record of this image on this device, if the allocation already has it."""
+    record = vm_common.read_json(clone_record_path(state_dir, device))
+    expected = str(sha256).strip().lower().removeprefix("sha256:")
+    if record and record.get("image_sha256") == expected and record.get("device") == device:
+        return record
+    return None
+
+
+def clone_image(
+    source: str,
+    sha256: str,
+    device: str,
+    resolved_device: str,
+    state_dir: str,
+    check_mode: bool,
+    verify: bool = True,
+    timeout: float = 3600,
+) -> dict:
+    """Verify the image, then clone it onto `resolved_device` unless already recorded."""
+    record_path = clone_record_path(state_dir, device)
+    expected = str(sha256).strip().lower().removeprefix("sha256:")
+    record = existing_clone(state_dir, device, expected)
+    if record:
+        return {"changed": False, "skipped_reason": "already cloned", "record": record}
+    digest = verify_digest(source, expected) if verify else None
+    info = image_info(source)
+    size = device_size(resolved_device)
+    if info["virtual_size"] > size:
+        raise VmError(
+            "image_larger_than_disk",
+            f"image virtual size {info['virtual_size']} exceeds {device} ({size} bytes)",
+            PHASE_IMAGE,
+        )
+    argv = clone_command(source, info["format"], resolved_device)
+    plan = {"command": " ".join(argv), "image": info, "device_size": size}
+    if check_mode:
+        return {"changed": True, "plan": plan, "digest": digest}
+    outcome = run_clone(argv, timeout)
+    if outcome["rc"] != 0:
+        raise VmError(
+            "clone_failed",
+            f"qemu-img convert exited {outcome['rc']}: {outcome['stderr']}",
+            PHASE_IMAGE,
+            clone=outcome,
+        )
+    seconds = max(outcome["seconds"], 0.001)
+    record = {
+        "device": device,
+        "resolved_device": resolved_device,
+        "image_path": source,
+        "image_sha256": expected,
+        "image_format": info["format"],
+        "bytes": info["virtual_size"],
+        "seconds": outcome["seconds"],
+        "throughput_mib_s": round(info["virtual_size"] / seconds / (1 << 20), 1),
+        "progress": outcome["progress"],
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    vm_common.atomic_write(record_path, json.dumps(record, indent=2).encode(), mode=0o600)
+    return {"changed": True, "plan": plan, "digest": digest, "record": record}
+
+
+def run(params: dict, check_mode: bool) -> dict:
+    """Module entry: refuse unless the disk is usable, then clone (once)."""
+    name = vm_common.domain_name(params["allocation_id"])
+    record = existing_clone(params["state_dir"], params["device"], params["sha256"])
+    if record:
+        return {"changed": False, "skipped_reason": "already cloned", "record": record}
+    conn = vm_common.open_libvirt(params["libvirt_uri"], PHASE_IMAGE)
+    try:
+        if vm_common.lookup_domain(conn, name) is not None:
+            raise VmError(
+                "domain_exists",
+                f"domain {name} exists but no clone record does: refusing to clone over "
+                "a disk an allocation may already use; release it first",
+                PHASE_IMAGE,
+            )
+        disk = vm_disk.inspect_slot_disk(
+            params["device"], params["stable_dirs"], conn, name, own_defined=False
+        )
+    finally:
+        conn.close()
+    if disk["problems"]:
+        first = disk["problems"][0]
+        raise VmError(
+            first["code"],
+            "; ".join(p["message"] for p in disk["problems"]),
+            PHASE_IMAGE,
+            disk=disk,
+        )
+    outcome = clone_image(
+        params["image"],
+        params["sha256"],
+        params["device"],
+        disk["resolved_path"],
+        params["state_dir"],
+        check_mode,
+        verify=params["verify_digest"],
+        timeout=params["timeout"],
+    )
+    return {**outcome, "disk": disk}

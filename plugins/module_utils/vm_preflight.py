@@ -1,0 +1,283 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpuaas fleet engineering
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""Slice VM provision preflight: every precondition checked before anything is written.
+
+Checks, each a result `{check, ok, code, detail}`:
+
+- `allocation`: slots are complete; no GPU or fabric VF listed twice (the j22u05 story: one
+  fabric device behind two slots sold two slices that could never run together);
+- `kvm`: /dev/kvm exists, unless `emulation` (QEMU TCG for test hosts) is selected;
+- `bridge`: the Linux bridge or Open vSwitch bridge exists (seed 000 phase 5);
+- `numa`: the slots' NUMA nodes exist; `hugepages`: enough free pages on them when the
+  profile needs hugepage backing;
+- `pci`: each GPU / fabric VF exists on the host (sysfs entries may be symlinks) and no
+  other libvirt domain passes it through;
+- `disk`: each slot disk resolves from its stable identity to a whole, real block device
+  with nothing mounted on it or its partitions, no holders, no swap, not open by anyone,
+  not used by another libvirt domain (blockdev.inspect_device), and raw before the first
+  clone; the allocation's own running domain may hold it (a second run);
+- `libvirt`: the daemon answers; `image`: the cached image matches the catalog digest.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from ansible_collections.gpuaas.fleet.plugins.module_utils import (
+    blockdev,
+    vm_common,
+    vm_disk,
+    vm_domain,
+)
+from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import (
+    PHASE_PREFLIGHT,
+    VmError,
+)
+from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_image import verify_digest
+
+SYS_PCI_DEVICES = "/sys/bus/pci/devices"
+SYS_NET = "/sys/class/net"
+
+
+def result(check: str, ok: bool, code: str = "", detail: str = "", **extra) -> dict:
+    return {"check": check, "ok": ok, "code": code, "detail": detail, **extra}
+
+
+def check_allocation(slots) -> dict:
+    gpus = [s.gpu_pci_address for s in slots]
+    vfs = [s.fabric_vf_pci_address for s in slots]
+    disks = [s.nvme_device for s in slots]
+    for label, values in (("GPU", gpus), ("fabric VF", vfs), ("disk", disks)):
+        duplicates = sorted({v for v in values if values.count(v) > 1})
+        if duplicates:
+            return result(
+                "allocation",
+                False,
+                "duplicate_device",
+                f"{label} {', '.join(duplicates)} is listed for more than one slot",
+            )
+    overlap = sorted(set(gpus) & set(vfs))
+    if overlap:
+        return result(
+            "allocation", False, "duplicate_device", f"{overlap} is both a GPU and a fabric VF"
+        )
+    return result("allocation", True, detail=f"{len(slots)} slot(s)")
+
+
+def check_kvm(emulation: bool, kvm_device: str) -> dict:
+    if emulation:
+        return result("kvm", True, detail="emulation selected: domain type qemu (TCG)")
+    if not os.path.exists(kvm_device):
+        return result(
+            "kvm",
+            False,
+            "kvm_missing",
+            f"{kvm_device} is missing: enable VT-x/VMX (or AMD-V) and VT-d in firmware; "
+            "no disk is written until it is present",
+        )
+    return result("kvm", True, detail=f"{kvm_device} present")
+
+
+def check_bridge(bridge: str, bridge_type: str, sys_net: str = SYS_NET) -> dict:
+    if bridge_type == "openvswitch":
+        proc = subprocess.run(
+            ["ovs-vsctl", "--timeout=10", "br-exists", bridge],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode == 2:
+            return result(
+                "bridge", False, "bridge_missing", f"Open vSwitch bridge {bridge} does not exist"
+            )
+        if proc.returncode != 0:
+            return result(
+                "bridge",
+                False,
+                "ovs_unavailable",
+                f"ovs-vsctl br-exists {bridge} exited {proc.returncode}: {proc.stderr.strip()}",
+            )
+        return result("bridge", True, detail=f"Open vSwitch bridge {bridge} exists")
+    if not os.path.isdir(os.path.join(sys_net, bridge)):
+        return result("bridge", False, "bridge_missing", f"bridge {bridge} does not exist")
+    if not os.path.isdir(os.path.join(sys_net, bridge, "bridge")):
+        return result("bridge", False, "not_a_bridge", f"{bridge} exists but is not a Linux bridge")
+    return result("bridge", True, detail=f"Linux bridge {bridge} exists")
+
+
+def check_numa(nodes, sys_node: str = vm_domain.SYS_NODE) -> tuple[dict, str]:
+    """(result, host cpuset of the nodes)."""
+    if not nodes:
+        return result("numa", True, detail="no NUMA placement requested"), ""
+    try:
+        cpuset = vm_domain.node_cpuset(nodes, sys_node)
+    except VmError as exc:
+        return result("numa", False, exc.code, exc.message), ""
+    return result("numa", True, detail=f"nodes {nodes}: host CPUs {cpuset}"), cpuset
+
+
+def free_hugepages(size_kib: int, nodes, sys_root: str = "/sys") -> dict:
+    """Free hugepages of `size_kib` per NUMA node (or host-wide when no node is given)."""
+    name = f"hugepages-{size_kib}kB"
+    if nodes:
+        paths = {
+            str(node): os.path.join(
+                sys_root, "devices/system/node", f"node{node}", "hugepages", name, "free_hugepages"
+            )
+            for node in nodes
+        }
+    else:
+        paths = {"host": os.path.join(sys_root, "kernel/mm/hugepages", name, "free_hugepages")}
+    free = {}
+    for key, path in paths.items():
+        text = blockdev.read_text(path, "0")
+        free[key] = int(text) if text.isdigit() else 0
+    return free
+
+
+def check_hugepages(profile, nodes, sys_root: str = "/sys") -> dict:
+    if not profile.hugepages:
+        return result("hugepages", True, detail="profile does not use hugepages")
+    needed = profile.hugepages_needed()
+    free = free_hugepages(profile.hugepage_size_kib, nodes, sys_root)
+    total = sum(free.values())
+    if total < needed:
+        return result(
+            "hugepages",
+            False,
+            "hugepages_insufficient",
+            f"profile needs {needed} free {profile.hugepage_size_kib} KiB hugepages "
+            f"({profile.memory_mib} MiB), the host reports {total} free {free}",
+            needed=needed,
+            free=free,
+        )
+    return result(
+        "hugepages", True, detail=f"{needed} needed, {total} free", needed=needed, free=free
+    )
+
+
+def check_pci(slots, pci_passthrough: bool, conn, own_name: str, sys_pci: str = SYS_PCI_DEVICES):
+    if not pci_passthrough:
+        return result(
+            "pci",
+            True,
+            detail="PCI passthrough disabled (test host without VFIO): no hostdevs attached",
+        )
+    wanted = []
+    for slot in slots:
+        wanted += [("GPU", slot.gpu_pci_address), ("fabric VF", slot.fabric_vf_pci_address)]
+    missing = [
+        f"{kind} {address}"
+        for kind, address in wanted
+        if not os.path.exists(os.path.join(sys_pci, address))
+    ]
+    if missing:
+        return result(
+            "pci", False, "pci_device_missing", f"not present on this host: {', '.join(missing)}"
+        )
+    addresses = {address for _kind, address in wanted}
+    for other in vm_domain.domains_using(conn, exclude_name=own_name):
+        shared = sorted(addresses & set(other["hostdevs"]))
+        if shared:
+            return result(
+                "pci",
+                False,
+                "pci_in_use_by_domain",
+                f"{', '.join(shared)} is passed through to domain {other['name']}",
+            )
+    return result("pci", True, detail=f"{len(wanted)} PCI device(s) present and free")
+
+
+def check_disks(slots, stable_dirs, conn, own_name: str, own_defined: bool) -> dict:
+    disks = [
+        vm_disk.inspect_slot_disk(slot.nvme_device, stable_dirs, conn, own_name, own_defined)
+        for slot in slots
+    ]
+    problems = [(d["device"], p) for d in disks for p in d["problems"]]
+    if problems:
+        _device, first = problems[0]
+        return result(
+            "disk",
+            False,
+            first["code"],
+            "; ".join(f"{dev}: {p['message']}" for dev, p in problems),
+            disks=disks,
+        )
+    return result("disk", True, detail=f"{len(disks)} raw disk(s) usable", disks=disks)
+
+
+def check_image(path: str, sha256: str) -> dict:
+    try:
+        evidence = verify_digest(path, sha256, PHASE_PREFLIGHT)
+    except VmError as exc:
+        return result("image", False, exc.code, exc.message, **exc.details)
+    return result("image", True, detail=f"sha256 matches ({evidence['seconds']}s)", digest=evidence)
+
+
+def run_preflight(params: dict) -> dict:
+    """All checks in order; `failure` names the first unmet precondition."""
+    slots = vm_domain.parse_slots(params["slots"], PHASE_PREFLIGHT)
+    profile = vm_domain.parse_profile(params["profile"], PHASE_PREFLIGHT)
+    name = vm_common.domain_name(params["allocation_id"])
+    vm_common.normalize_mac(params["mac_address"])
+    checks = [
+        check_allocation(slots),
+        check_kvm(params["emulation"], params["kvm_device"]),
+        check_bridge(params["bridge"], params["bridge_type"]),
+    ]
+    nodes = sorted({s.numa_node for s in slots if s.numa_node is not None})
+    numa, cpuset = check_numa(nodes)
+    checks += [numa, check_hugepages(profile, nodes)]
+    try:
+        conn = vm_common.open_libvirt(params["libvirt_uri"], PHASE_PREFLIGHT)
+    except VmError as exc:
+        checks.append(result("libvirt", False, exc.code, exc.message))
+        conn = None
+    domain_state = "unknown"
+    if conn is not None:
+        try:
+            dom = vm_common.lookup_domain(conn, name)
+            domain_state = vm_domain.domain_state(dom)
+            checks.append(result("libvirt", True, detail=f"connected to {params['libvirt_uri']}"))
+            checks.append(check_pci(slots, params["pci_passthrough"], conn, name))
+            checks.append(
+                check_disks(slots, params["stable_dirs"], conn, name, own_defined=dom is not None)
+            )
+        finally:
+            conn.close()
+    checks.append(check_image(params["image"]["path"], params["image"]["sha256"]))
+    failed = [c for c in checks if not c["ok"]]
+    outcome = {
+        "checks": checks,
+        "domain_name": name,
+        "domain_state": domain_state,
+        "host_cpuset": cpuset,
+        "ok": not failed,
+        "failure": None,
+    }
+    if failed:
+        first = failed[0]
+        outcome["failure"] = {
+            "phase": PHASE_PREFLIGHT,
+            "check": first["check"],
+            "code": first["code"],
+            "message": first["detail"],
+            "failed_checks": [c["check"] for c in failed],
+        }
+    return outcome
+
+
+def run(params: dict, check_mode: bool) -> dict:
+    """Module entry: read-only, so check mode runs the same checks."""
+    outcome = run_preflight(params)
+    if outcome["failure"]:
+        failure = outcome["failure"]
+        raise VmError(
+            failure["code"],
+            f"preflight {failure['check']}: {failure['message']}",
+            PHASE_PREFLIGHT,
+            **{k: v for k, v in outcome.items() if k != "failure"},
+        )
+    return {"changed": False, **outcome}

@@ -1,0 +1,251 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpuaas fleet engineering
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+"""NoCloud seed ISO (volume label `cidata`) for one slice allocation.
+
+The seed carries `user-data` (a `#cloud-config` with the hostname and the users with their
+`ssh_authorized_keys`, always including the node's terminal relay key), `meta-data`
+(`instance-id` = allocation id, `local-hostname`) and `network-config` (version 2, DHCP on
+the NIC with the reserved MAC). Scalars are written as JSON strings, which YAML reads as
+plain strings, so no key comment or user name can change the document's structure.
+
+The ISO is written with pycdlib (ISO9660 + Joliet + Rock Ridge, so the file names keep
+their dashes). Idempotence compares the files inside an existing ISO with the desired
+ones, not the ISO bytes (those carry creation timestamps).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+
+try:
+    import pycdlib
+
+    HAS_PYCDLIB = True
+    PYCDLIB_IMPORT_ERROR = None
+except ImportError as exc:  # reported by the module with missing_required_lib
+    pycdlib = None
+    HAS_PYCDLIB = False
+    PYCDLIB_IMPORT_ERROR = exc
+
+from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common
+from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import PHASE_SEED, VmError
+
+VOLUME_LABEL = "cidata"
+SEED_FILES = ("user-data", "meta-data", "network-config")
+# ISO9660 level-1 names of the seed files (8.3, upper case); Joliet/Rock Ridge keep the
+# real names that cloud-init reads.
+ISO_NAMES = {
+    "user-data": "/USERDATA.;1",
+    "meta-data": "/METADATA.;1",
+    "network-config": "/NETWORKC.;1",
+}
+SSH_KEY_RE = re.compile(
+    r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|"
+    r"sk-ssh-ed25519@openssh\.com|sk-ecdsa-sha2-nistp256@openssh\.com)"
+    r" [A-Za-z0-9+/]+={0,3}( [^\r\n]*)?$"
+)
+USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+HOSTNAME_RE = re.compile(r"^(?=.{1,63}$)[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+
+
+def _q(value) -> str:
+    return json.dumps(str(value))
+
+
+def validate_key(key: str, where: str) -> str:
+    text = str(key).strip()
+    if not SSH_KEY_RE.match(text):
+        raise VmError(
+            "invalid_ssh_key",
+            f"{where}: not a single-line OpenSSH public key: {text[:40]!r}...",
+            PHASE_SEED,
+        )
+    return text
+
+
+def normalize_users(users, relay_key: str = "") -> list[dict]:
+    """Validate users; append the terminal relay key to every user's keys (deduplicated)."""
+    if not users:
+        raise VmError("no_users", "at least one cloud-init user is required", PHASE_SEED)
+    relay = validate_key(relay_key, "terminal relay key") if relay_key else ""
+    normalized = []
+    seen = set()
+    for index, user in enumerate(users):
+        name = str(user.get("name", ""))
+        if not USER_RE.match(name):
+            raise VmError("invalid_user", f"user {index}: invalid user name {name!r}", PHASE_SEED)
+        if name in seen:
+            raise VmError("invalid_user", f"user {name} is listed twice", PHASE_SEED)
+        seen.add(name)
+        keys = [validate_key(k, f"user {name}") for k in user.get("ssh_authorized_keys") or []]
+        if relay and relay not in keys:
+            keys.append(relay)
+        if not keys:
+            raise VmError("no_ssh_keys", f"user {name} has no ssh_authorized_keys", PHASE_SEED)
+        normalized.append(
+            {
+                "name": name,
+                "shell": str(user.get("shell") or "/bin/bash"),
+                "sudo": str(user.get("sudo") or ""),
+                "ssh_authorized_keys": keys,
+            }
+        )
+    return normalized
+
+
+def render_user_data(hostname: str, users: list[dict]) -> str:
+    lines = [
+        "#cloud-config",
+        f"hostname: {_q(hostname)}",
+        "preserve_hostname: false",
+        "ssh_pwauth: false",
+        "disable_root: true",
+        "users:",
+    ]
+    for user in users:
+        lines.append(f"  - name: {_q(user['name'])}")
+        lines.append("    lock_passwd: true")
+        lines.append(f"    shell: {_q(user['shell'])}")
+        if user["sudo"]:
+            lines.append(f"    sudo: {_q(user['sudo'])}")
+        lines.append("    ssh_authorized_keys:")
+        lines.extend(f"      - {_q(key)}" for key in user["ssh_authorized_keys"])
+    return "\n".join(lines) + "\n"
+
+
+def render_meta_data(instance_id: str, hostname: str) -> str:
+    return f"instance-id: {_q(instance_id)}\nlocal-hostname: {_q(hostname)}\n"
+
+
+def render_network_config(mac_address: str) -> str:
+    mac = vm_common.normalize_mac(mac_address)
+    return (
+        "version: 2\n"
+        "ethernets:\n"
+        "  mgmt0:\n"
+        "    match:\n"
+        f"      macaddress: {_q(mac)}\n"
+        "    dhcp4: true\n"
+    )
+
+
+def seed_files(instance_id: str, hostname: str, users, mac_address: str, relay_key: str = ""):
+    """The desired seed contents: {file name: bytes}."""
+    if not HOSTNAME_RE.match(str(hostname)):
+        raise VmError("invalid_hostname", f"{hostname!r} is not a valid host name", PHASE_SEED)
+    normalized = normalize_users(users, relay_key)
+    return {
+        "user-data": render_user_data(hostname, normalized).encode(),
+        "meta-data": render_meta_data(instance_id, hostname).encode(),
+        "network-config": render_network_config(mac_address).encode(),
+    }
+
+
+def build_iso(files: dict) -> bytes:
+    if not HAS_PYCDLIB:
+        raise VmError("pycdlib_missing", "pycdlib is not installed", PHASE_SEED)
+    iso = pycdlib.PyCdlib()
+    iso.new(joliet=3, rock_ridge="1.09", vol_ident=VOLUME_LABEL)
+    for name in SEED_FILES:
+        data = files[name]
+        iso.add_fp(
+            io.BytesIO(data), len(data), ISO_NAMES[name], rr_name=name, joliet_path=f"/{name}"
+        )
+    out = io.BytesIO()
+    iso.write_fp(out)
+    iso.close()
+    return out.getvalue()
+
+
+def read_iso(path: str) -> dict | None:
+    """The seed files inside an existing ISO, or None if it is missing or unreadable."""
+    if not HAS_PYCDLIB or not os.path.exists(path):
+        return None
+    label = volume_label(path)
+    if label != VOLUME_LABEL:
+        return {"volume-label": label.encode()}
+    iso = pycdlib.PyCdlib()
+    try:
+        iso.open(path)
+    except (pycdlib.pycdlibexception.PyCdlibException, OSError):
+        return None
+    files = {}
+    try:
+        for name in SEED_FILES:
+            buffer = io.BytesIO()
+            try:
+                iso.get_file_from_iso_fp(buffer, joliet_path=f"/{name}")
+            except pycdlib.pycdlibexception.PyCdlibException:
+                continue
+            files[name] = buffer.getvalue()
+    finally:
+        iso.close()
+    return files
+
+
+def volume_label(path: str) -> str:
+    """ISO9660 volume identifier (primary volume descriptor, sector 16, byte 40)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(16 * 2048 + 40)
+            return handle.read(32).decode("ascii", errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def ensure_seed(path: str, files: dict, check_mode: bool) -> dict:
+    """Write the ISO at `path` unless it already holds exactly `files`."""
+    current = read_iso(path)
+    changed = current != files
+    result = {
+        "changed": changed,
+        "path": path,
+        "files": {name: data.decode() for name, data in files.items()},
+        "diff": {
+            "before_header": path,
+            "after_header": path,
+            "before": _diff_text(current),
+            "after": _diff_text(files),
+        },
+    }
+    if changed and not check_mode:
+        vm_common.atomic_write(path, build_iso(files), mode=0o640)
+    return result
+
+
+def _diff_text(files) -> str:
+    if not files:
+        return ""
+    return "".join(
+        f"--- {name}\n{data.decode(errors='replace') if isinstance(data, bytes) else data}"
+        for name, data in sorted(files.items())
+    )
+
+
+def run(params: dict, check_mode: bool) -> dict:
+    """Module entry: render the seed (relay key included) and write it if it differs."""
+    relay_key = ""
+    key_path = params.get("terminal_public_key_path")
+    if key_path:
+        try:
+            with open(key_path, encoding="utf-8") as handle:
+                relay_key = handle.read().strip()
+        except OSError as exc:
+            raise VmError(
+                "terminal_key_missing",
+                f"terminal relay public key {key_path}: {exc.strerror}",
+                PHASE_SEED,
+            ) from exc
+    vm_common.parse_allocation_id(params["allocation_id"])
+    files = seed_files(
+        params["allocation_id"],
+        params["hostname"],
+        params["users"],
+        params["mac_address"],
+        relay_key,
+    )
+    return ensure_seed(params["path"], files, check_mode)

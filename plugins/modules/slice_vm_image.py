@@ -1,0 +1,151 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpuaas fleet engineering
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: slice_vm_image
+short_description: Verify a cached slice image and clone it onto the slot's raw disk
+version_added: "0.1.0"
+description:
+  - Verifies the cached image's sha256 against the catalog digest, re-checks the target
+    disk (stable identity resolving to a whole block device, nothing mounted on it or its
+    partitions, no holders or users, no libvirt domain using it, raw), then clones the
+    image with C(qemu-img convert -O raw) onto it and returns progress samples, timing and
+    throughput.
+  - Writes a clone record into O(state_dir); a second run for the same allocation, disk
+    and digest changes nothing. It refuses to clone when the allocation's domain already
+    exists without a record, so a tenant disk is never overwritten.
+author:
+  - gpuaas fleet engineering
+options:
+  allocation_id:
+    description: Allocation UUID (names the domain that must not exist yet).
+    type: str
+    required: true
+  image:
+    description: Image file in the node image cache (raw or qcow2).
+    type: path
+    required: true
+  sha256:
+    description: Catalog digest of the image.
+    type: str
+    required: true
+  device:
+    description: Target raw disk by stable identity (the allocation's first slot disk).
+    type: str
+    required: true
+  stable_dirs:
+    description: Directories whose entries count as stable disk identities.
+    type: list
+    elements: path
+    default: [/dev/disk/by-id]
+  state_dir:
+    description: The allocation's state directory, where the clone record is kept.
+    type: path
+    required: true
+  verify_digest:
+    description: Hash the image before cloning.
+    type: bool
+    default: true
+  timeout:
+    description: Seconds the clone may take.
+    type: int
+    default: 3600
+  libvirt_uri:
+    description: libvirt connection URI.
+    type: str
+    default: qemu:///system
+attributes:
+  check_mode:
+    description: Verifies and inspects, reports the command it would run, writes nothing.
+    support: full
+  diff_mode:
+    description: The clone is reported in C(record), not as a diff.
+    support: none
+  platform:
+    description: Linux hosts with qemu-utils and libvirt.
+    support: full
+    platforms: posix
+requirements:
+  - libvirt-python
+  - lxml
+"""
+
+EXAMPLES = r"""
+- name: Clone the slice image onto the boot disk
+  gpuaas.fleet.slice_vm_image:
+    allocation_id: 158ea147-0115-407f-bbd5-1850c32b9517
+    image: /var/lib/gpuaas/slice-images/ubuntu-24.04-h200-cuda.raw
+    sha256: "{{ image_sha256 }}"
+    device: /dev/disk/by-id/nvme-eui.000000000000000100a075244a103331
+    state_dir: /var/lib/gpuaas/slices/gpuaas-slice-158ea1470115407fbbd51850c32b9517
+"""
+
+RETURN = r"""
+changed:
+  description: Whether the image was (or in check mode would be) written to the disk.
+  returned: always
+  type: bool
+skipped_reason:
+  description: Why nothing was done, when the clone record already matches.
+  returned: when the clone already happened
+  type: str
+plan:
+  description: The qemu-img command, image format/virtual size and device size.
+  returned: when a clone is due
+  type: dict
+digest:
+  description: Digest verification (expected, actual, seconds).
+  returned: when a clone is due and O(verify_digest) is true
+  type: dict
+record:
+  description:
+    - Clone record (device, resolved device, image digest, bytes, seconds, throughput in
+      MiB/s, progress samples, finish time).
+  returned: when cloned or already cloned
+  type: dict
+disk:
+  description: The disk inspection (resolved path, size, raw, problems).
+  returned: when a clone is due
+  type: dict
+failure:
+  description: Phase C(image), code and message of a refusal or failure.
+  returned: failure
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common, vm_domain, vm_image
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            allocation_id=dict(type="str", required=True),
+            image=dict(type="path", required=True),
+            sha256=dict(type="str", required=True),
+            device=dict(type="str", required=True),
+            stable_dirs=dict(type="list", elements="path", default=["/dev/disk/by-id"]),
+            state_dir=dict(type="path", required=True),
+            verify_digest=dict(type="bool", default=True),
+            timeout=dict(type="int", default=3600),
+            libvirt_uri=dict(type="str", default=vm_common.DEFAULT_LIBVIRT_URI),
+        ),
+        supports_check_mode=True,
+    )
+    vm_common.fail_missing_libraries(
+        module,
+        missing_required_lib,
+        **{"libvirt-python": vm_common.LIBVIRT_IMPORT_ERROR, "lxml": vm_domain.LXML_IMPORT_ERROR},
+    )
+    vm_common.run_module(module, vm_image.run)
+
+
+if __name__ == "__main__":
+    main()

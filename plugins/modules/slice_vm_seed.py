@@ -1,0 +1,151 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpuaas fleet engineering
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: slice_vm_seed
+short_description: Write the NoCloud seed ISO (cidata) of one slice allocation
+version_added: "0.1.0"
+description:
+  - Renders C(user-data) (hostname, users with their SSH authorized keys, the node
+    terminal relay key always added to every user), C(meta-data) (C(instance-id) = the
+    allocation id) and C(network-config) (DHCP on the NIC with the reserved MAC), and
+    writes them as an ISO9660 image labelled C(cidata).
+  - Compares the files inside an existing ISO with the desired ones; writes only when they
+    differ (atomically).
+  - Rejects malformed user names, host names and public keys before writing anything.
+author:
+  - gpuaas fleet engineering
+options:
+  path:
+    description: Where the seed ISO goes (in the allocation's state directory).
+    type: path
+    required: true
+  allocation_id:
+    description: Allocation UUID; becomes the cloud-init instance id.
+    type: str
+    required: true
+  hostname:
+    description: Guest host name.
+    type: str
+    required: true
+  mac_address:
+    description: Reserved MAC of the management NIC.
+    type: str
+    required: true
+  users:
+    description: Guest users.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      name:
+        description: User name.
+        type: str
+        required: true
+      ssh_authorized_keys:
+        description: OpenSSH public keys.
+        type: list
+        elements: str
+        default: []
+        no_log: false
+      shell:
+        description: Login shell.
+        type: str
+        default: /bin/bash
+      sudo:
+        description: cloud-init sudo rule, for example C(ALL=(ALL) NOPASSWD:ALL).
+        type: str
+  terminal_public_key_path:
+    description:
+      - The node terminal relay public key (for example
+        C(/var/lib/gpuaas/terminal/id_ed25519.pub)); added to every user's keys.
+    type: path
+attributes:
+  check_mode:
+    description: Reports whether the seed would change; writes nothing.
+    support: full
+  diff_mode:
+    description: The seed files before and after.
+    support: full
+  platform:
+    description: Any host with pycdlib.
+    support: full
+    platforms: posix
+requirements:
+  - pycdlib
+"""
+
+EXAMPLES = r"""
+- name: Seed for a slice
+  gpuaas.fleet.slice_vm_seed:
+    path: /var/lib/gpuaas/slices/gpuaas-slice-158ea1470115407fbbd51850c32b9517/seed.iso
+    allocation_id: 158ea147-0115-407f-bbd5-1850c32b9517
+    hostname: slice-158ea147
+    mac_address: "52:54:00:3f:a2:10"
+    users:
+      - name: gpuuser
+        ssh_authorized_keys: ["{{ tenant_public_key }}"]
+        sudo: "ALL=(ALL) NOPASSWD:ALL"
+    terminal_public_key_path: /var/lib/gpuaas/terminal/id_ed25519.pub
+"""
+
+RETURN = r"""
+changed:
+  description: Whether the ISO was (or would be) written.
+  returned: always
+  type: bool
+path:
+  description: The seed ISO path.
+  returned: always
+  type: str
+files:
+  description: The seed files as written (user-data, meta-data, network-config).
+  returned: always
+  type: dict
+failure:
+  description: Phase C(seed), code and message of a refusal.
+  returned: failure
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common, vm_seed
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            path=dict(type="path", required=True),
+            allocation_id=dict(type="str", required=True),
+            hostname=dict(type="str", required=True),
+            mac_address=dict(type="str", required=True),
+            users=dict(
+                type="list",
+                elements="dict",
+                required=True,
+                options=dict(
+                    name=dict(type="str", required=True),
+                    ssh_authorized_keys=dict(type="list", elements="str", default=[], no_log=False),
+                    shell=dict(type="str", default="/bin/bash"),
+                    sudo=dict(type="str"),
+                ),
+            ),
+            terminal_public_key_path=dict(type="path", no_log=False),
+        ),
+        supports_check_mode=True,
+    )
+    vm_common.fail_missing_libraries(
+        module, missing_required_lib, pycdlib=vm_seed.PYCDLIB_IMPORT_ERROR
+    )
+    vm_common.run_module(module, vm_seed.run)
+
+
+if __name__ == "__main__":
+    main()
