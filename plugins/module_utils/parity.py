@@ -28,6 +28,7 @@ import ipaddress
 import os
 import socket
 from dataclasses import dataclass, field
+from typing import Callable, Optional, Tuple
 
 from ansible_collections.gpuaas.fleet.plugins.module_utils import netstate, sysfs, topology
 
@@ -194,14 +195,14 @@ class ParityContext:
     bridge: str = "ovsbr0"
     slice_subnet: str = "10.100.0.0/24"
     tmfifo_interface: str = "tmfifo_net0"
-    fabric_subnet: str | None = None
-    libvirt_sockets: tuple[str, ...] = LIBVIRT_SOCKETS
-    topology_evidence: dict | None = None
+    fabric_subnet: Optional[str] = None
+    libvirt_sockets: Tuple[str, ...] = LIBVIRT_SOCKETS
+    topology_evidence: Optional[dict] = None
     max_age_seconds: int = 3600
-    runner: object = netstate.run_command
+    runner: Callable = netstate.run_command
     proc: str = "/proc"
-    now: datetime.datetime | None = None
-    evidence: dict | None = field(default=None, repr=False)
+    now: Optional[datetime.datetime] = None
+    evidence: Optional[dict] = field(default=None, repr=False)
 
     def network(self):
         if self.evidence is None:

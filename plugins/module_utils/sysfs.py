@@ -16,6 +16,7 @@ __metaclass__ = type
 import os
 import re
 from dataclasses import dataclass, field
+from typing import List, Optional
 
 PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 NVIDIA_VENDOR = "0x10de"
@@ -97,13 +98,13 @@ class PciFunction:
     vendor_id: str
     device_id: str
     pci_class: str
-    numa_node: int | None
-    iommu_group: int | None
-    driver: str | None
-    physfn: str | None = None
-    virtfns: list[str] = field(default_factory=list)
-    sriov_numvfs: int | None = None
-    sriov_totalvfs: int | None = None
+    numa_node: Optional[int]
+    iommu_group: Optional[int]
+    driver: Optional[str]
+    physfn: Optional[str] = None
+    virtfns: List[str] = field(default_factory=list)
+    sriov_numvfs: Optional[int] = None
+    sriov_totalvfs: Optional[int] = None
 
     @property
     def is_vf(self):
@@ -154,8 +155,8 @@ def is_gpu(function):
 @dataclass
 class RdmaDevice:
     name: str
-    pci_address: str | None
-    link_layer: str | None
+    pci_address: Optional[str]
+    link_layer: Optional[str]
 
 
 def rdma_devices(host):

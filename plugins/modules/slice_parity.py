@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: gpuaas fleet engineering
-# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 
 from __future__ import absolute_import, division, print_function
 
@@ -30,7 +30,7 @@ description:
     escaped, and a final C(GPUAAS_SLICE_PARITY_SUMMARY) line with C(failures=N).
   - Fails the host when any check fails unless O(fail_on_failures=false).
 author:
-  - gpuaas fleet engineering
+  - gpuaas fleet engineering (@gpuaas)
 options:
   root:
     description:
@@ -224,7 +224,7 @@ def main():
         libvirt_sockets=tuple(params["libvirt_sockets"]),
         topology_evidence=params["topology_evidence"],
         max_age_seconds=params["max_age_seconds"],
-        runner=lambda argv: module.run_command(argv),
+        runner=module.run_command,
     )
     try:
         results = parity.run_checks(context, params["checks"])

@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: gpuaas fleet engineering
-# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 
 from __future__ import absolute_import, division, print_function
 
@@ -26,7 +26,7 @@ description:
     plane approves them.
   - Read-only. Never changes anything, so check mode is always safe.
 author:
-  - gpuaas fleet engineering
+  - gpuaas fleet engineering (@gpuaas)
 options:
   root:
     description:
@@ -200,7 +200,7 @@ def main():
             tmfifo_interface=params["tmfifo_interface"],
             collect_network=params["collect_network"],
             fabric_link_layer=params["fabric_link_layer"],
-            runner=lambda argv: module.run_command(argv),
+            runner=module.run_command,
         )
     except TopologyError as exc:
         module.fail_json(msg=str(exc))
