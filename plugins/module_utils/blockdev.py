@@ -337,7 +337,7 @@ def read_mountinfo(path: str = os.path.join(PROC, "self", "mountinfo")) -> list[
     entries = []
     with open(path, encoding="utf-8", errors="replace") as handle:
         for line in handle:
-            left, _, right = line.rstrip("\n").partition(" - ")
+            left, right = line.rstrip("\n").split(" - ", 1) if " - " in line else (line, "")
             fields, tail = left.split(), right.split()
             if len(fields) < 5 or len(tail) < 2:
                 continue

@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: gpuaas fleet engineering
-# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 
 from __future__ import absolute_import, division, print_function
 
@@ -23,19 +23,20 @@ description:
     and are erased.
   - Holds an exclusive (C(O_EXCL)) claim on the disk from the first write to the end of
     verification, so nothing can mount or claim it meanwhile.
-  - Writes a marker at the start, middle and end, then erases with C(nvme format)
-    (secure erase setting from C(nvme id-ctrl): cryptographic erase when FNA says it is
-    supported, else user data erase; never when the erase would reach other namespaces),
+  - Writes a marker at the start, middle and end, then erases with C(nvme format),
     C(blkdiscard), write-zeroes (C(blkdiscard --zeroout)) or full zeroing, in that order
     from O(method) on. A method that fails or does not verify falls back to the next and
     the proof says why.
+  - For C(nvme format) the secure erase setting comes from C(nvme id-ctrl) - cryptographic
+    erase when its FNA field says it is supported, else user data erase - and the method is
+    skipped when the erase would reach other namespaces of the controller.
   - Verified means every marker is gone, C(wipefs -n) finds no signature, no partition is
     left, and every sampled region reads back zero (direct I/O, bypassing caches).
   - A verified proof is stored in O(proof_dir). Rerunning with the same O(approval) on a
     disk that was not written since (same diskseq and write counter) and still reads clean
     returns that proof with C(changed=false) instead of erasing again.
 author:
-  - gpuaas fleet engineering
+  - gpuaas fleet engineering (@gpuaas)
 options:
   device:
     description: The whole disk, by stable identity (for example C(/dev/disk/by-id/nvme-eui.*)).

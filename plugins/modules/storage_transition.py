@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: gpuaas fleet engineering
-# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 
 from __future__ import absolute_import, division, print_function
 
@@ -36,7 +36,7 @@ description:
   - Disks that are already raw (no partitions, no signatures, no mounts, no fstab entry)
     are left alone, so a second run changes nothing.
 author:
-  - gpuaas fleet engineering
+  - gpuaas fleet engineering (@gpuaas)
 options:
   devices:
     description:
