@@ -44,6 +44,8 @@ MARKER_SIZE = 4096
 ALIGN = 4096  # O_DIRECT offsets: a multiple of any logical block size
 ZERO_CHUNK = 4 * 1024 * 1024
 NVME_NAMESPACE = re.compile(r"^nvme(\d+)n(\d+)$")
+NVME_CONTROLLER = re.compile(r"^nvme\d+$")
+NVME_FORMAT_TIMEOUT_MS = 30 * 60 * 1000
 
 # Identify Controller bits (NVMe base spec): OACS bit 1 = Format NVM supported;
 # FNA bit 0 = format applies to all namespaces, bit 1 = secure erase applies to all
@@ -110,24 +112,44 @@ def current_lbaf(id_ns: dict) -> int:
 
 
 def choose_nvme_format(
-    namespace_path: str, id_ctrl: dict, id_ns: dict, namespaces_on_controller: int
+    namespace_path: str,
+    id_ctrl: dict,
+    id_ns: dict,
+    namespaces_on_controller: int | None,
+    controller_path: str | None = None,
+    nsid: int | None = None,
 ) -> NvmeFormatChoice:
     """Secure-erase setting from Identify Controller: crypto erase if FNA says so, else user
-    data erase; refuse when the erase would reach other namespaces of the controller."""
+    data erase; refuse when the erase would (or might) reach other namespaces.
+
+    The command goes to the controller character device with the namespace id when known,
+    so nvme-cli does not try to re-read the partition table of the block device we hold.
+    """
     oacs = _int(id_ctrl.get("oacs", 0))
     fna = _int(id_ctrl.get("fna", 0))
     if not oacs & OACS_FORMAT:
         return NvmeFormatChoice(False, "controller does not support Format NVM (OACS bit 1)")
-    if fna & (FNA_FORMAT_ALL_NS | FNA_ERASE_ALL_NS) and namespaces_on_controller > 1:
+    if fna & (FNA_FORMAT_ALL_NS | FNA_ERASE_ALL_NS) and namespaces_on_controller != 1:
+        count = (
+            "an unknown number of"
+            if namespaces_on_controller is None
+            else (str(namespaces_on_controller))
+        )
         return NvmeFormatChoice(
             False,
             f"format/secure erase applies to all namespaces (FNA={fna:#x}) and the controller "
-            f"has {namespaces_on_controller}: it would erase other namespaces",
+            f"has {count} namespaces: it would erase other namespaces",
         )
     ses = SES_CRYPTO if fna & FNA_CRYPTO_ERASE else SES_USER_DATA
     lbaf = current_lbaf(id_ns)
     kind = "cryptographic erase" if ses == SES_CRYPTO else "user data erase"
-    argv = ["nvme", "format", namespace_path, f"--ses={ses}", f"--lbaf={lbaf}", "--force"]
+    target = (
+        [controller_path, f"--namespace-id={nsid}"]
+        if controller_path and nsid
+        else [namespace_path]
+    )
+    argv = ["nvme", "format", *target, f"--ses={ses}", f"--lbaf={lbaf}"]
+    argv += [f"--timeout={NVME_FORMAT_TIMEOUT_MS}", "--force"]
     return NvmeFormatChoice(True, f"{kind} (FNA={fna:#x})", ses, lbaf, argv)
 
 
@@ -136,9 +158,10 @@ def probe_nvme_format(kernel_name: str, device_path: str) -> tuple[NvmeFormatCho
     commands: list = []
     if not NVME_NAMESPACE.match(kernel_name):
         return NvmeFormatChoice(False, f"{kernel_name} is not an NVMe namespace"), commands
-    controller = os.path.basename(
-        os.path.realpath(os.path.join(blockdev.SYS_BLOCK, kernel_name, "device"))
-    )
+    sys_dir = os.path.join(blockdev.SYS_BLOCK, kernel_name)
+    controller = os.path.basename(os.path.realpath(os.path.join(sys_dir, "device")))
+    nsid_text = blockdev.read_text(os.path.join(sys_dir, "nsid"))
+    direct = NVME_CONTROLLER.match(controller) and os.path.exists(f"/dev/{controller}")
     siblings = [
         n
         for n in blockdev.listdir(os.path.join("/sys/class/nvme", controller))
@@ -154,7 +177,14 @@ def probe_nvme_format(kernel_name: str, device_path: str) -> tuple[NvmeFormatCho
             documents.append(json.loads(result.stdout))
         except ValueError as exc:
             return NvmeFormatChoice(False, f"nvme {sub} output is not JSON: {exc}"), commands
-    choice = choose_nvme_format(device_path, documents[0], documents[1], max(1, len(siblings)))
+    choice = choose_nvme_format(
+        device_path,
+        documents[0],
+        documents[1],
+        len(siblings) or None,
+        controller_path=f"/dev/{controller}" if direct else None,
+        nsid=int(nsid_text) if nsid_text.isdigit() else None,
+    )
     return choice, commands
 
 

@@ -38,7 +38,15 @@ def test_crypto_erase_when_fna_bit2_is_set():
     assert choice.applicable
     assert choice.ses == SES_CRYPTO
     assert choice.lbaf == 1
-    assert choice.argv == ["nvme", "format", "/dev/nvme3n1", "--ses=2", "--lbaf=1", "--force"]
+    assert choice.argv == [
+        "nvme",
+        "format",
+        "/dev/nvme3n1",
+        "--ses=2",
+        "--lbaf=1",
+        "--timeout=1800000",
+        "--force",
+    ]
     assert "cryptographic" in choice.reason
 
 
@@ -51,10 +59,24 @@ def test_user_data_erase_without_crypto_support():
     assert "--ses=1" in choice.argv and "--lbaf=0" in choice.argv
 
 
+def test_format_goes_to_the_controller_with_the_namespace_id_when_known():
+    choice = choose_nvme_format(
+        "/dev/nvme3n1",
+        doc("id-ctrl-pm9a3-crypto.json"),
+        doc("id-ns-lbaf1.json"),
+        1,
+        controller_path="/dev/nvme3",
+        nsid=1,
+    )
+    assert choice.argv[:4] == ["nvme", "format", "/dev/nvme3", "--namespace-id=1"]
+
+
 def test_refuses_format_that_would_erase_other_namespaces():
     ctrl = doc("id-ctrl-erase-all-namespaces.json")
     shared = choose_nvme_format("/dev/nvme1n1", ctrl, doc("id-ns-lbaf0.json"), 2)
     assert not shared.applicable and "other namespaces" in shared.reason
+    unknown = choose_nvme_format("/dev/nvme1n1", ctrl, doc("id-ns-lbaf0.json"), None)
+    assert not unknown.applicable and "unknown number" in unknown.reason
     alone = choose_nvme_format("/dev/nvme1n1", ctrl, doc("id-ns-lbaf0.json"), 1)
     assert alone.applicable and alone.ses == SES_CRYPTO
 
