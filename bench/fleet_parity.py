@@ -123,7 +123,7 @@ def run_ansible_runner(sweep: Path, inventory: Path, forks: int, base: Path) -> 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=100)
-    parser.add_argument("--forks", type=int, default=8)
+    parser.add_argument("--forks", type=int, default=4)
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="gpuaas-bench-fleet-"))
     try:
@@ -138,7 +138,9 @@ def main() -> int:
         shutil.rmtree(base, ignore_errors=True)
 
     n = args.hosts
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"fleet parity sweep: {n} hosts, forks={args.forks}, {os.cpu_count()} CPUs")
+    print(f"  load average at the end          {load}  (other work on the machine skews walls)")
     print(f"  host trees generated             {generate:7.2f} s  (not in the sweep)")
     print(f"  {'run':<30}{'wall s':>9}{'s/host':>9}{'ok results':>12}")
     print(f"  {'ansible-playbook':<30}{playbook_s:9.2f}{playbook_s / n:9.3f}{playbook_oks:12d}")
