@@ -189,3 +189,84 @@ def test_udp_port_bound_sees_a_real_socket():
     finally:
         probe.stdin.close()
         probe.wait(timeout=10)
+
+
+# checks over collected network evidence ---------------------------------------------
+
+
+def evidence_from(**overrides):
+    """Evidence as netstate.collect returns it for a fully prepared slice host."""
+    base = {
+        "bridge_present": True,
+        "bridge_owns_gateway": True,
+        "gateway": "10.100.0.1/24",
+        "subnet": "10.100.0.0/24",
+        "nat_masquerade": True,
+        "nat_rule": "-A POSTROUTING -s 10.100.0.0/24 -j MASQUERADE",
+        "tmfifo_present": True,
+        "tmfifo_ipv4": "192.168.100.1/30",
+        "interfaces": {
+            "ovsbr0": {"kind": "openvswitch", "up": True, "ipv4": ["10.100.0.1/24"]},
+            "ibp26s0": {"kind": None, "up": True, "ipv4": ["172.16.10.5/24"]},
+        },
+        "routes": [{"dst": "172.16.10.0/24", "dev": "ibp26s0"}],
+        "errors": [],
+    }
+    base.update(overrides)
+    return base
+
+
+NETWORK_ONLY = ["fabric_address", "fabric_route", "bridge", "nat", "tmfifo"]
+
+
+def run_with(root, evidence, **options):
+    ctx = parity.ParityContext(host=sysfs.HostRoot(str(root)), evidence=evidence, **options)
+    return {r["check"]: r for r in parity.run_checks(ctx, NETWORK_ONLY)}
+
+
+def test_network_checks_pass_on_prepared_evidence(host_tree):
+    results = run_with(host_tree("clean", "j22u15"), evidence_from())
+    assert {c: r["status"] for c, r in results.items()} == dict.fromkeys(NETWORK_ONLY, "PASS")
+    assert results["fabric_address"]["detail"] == "ibp26s0=172.16.10.5/24"
+
+
+def test_network_checks_fail_on_the_seeds_j22u11(host_tree):
+    # The custom image: no IPoIB address or route, bridge without its address, no NAT.
+    evidence = evidence_from(
+        bridge_owns_gateway=False,
+        nat_masquerade=False,
+        nat_rule=None,
+        tmfifo_present=False,
+        tmfifo_ipv4=None,
+        interfaces={
+            "ovsbr0": {"kind": "openvswitch", "up": True, "ipv4": []},
+            "ibp26s0": {"kind": None, "up": False, "ipv4": []},
+        },
+        routes=[{"dst": "default", "dev": "eno8303"}],
+    )
+    results = run_with(host_tree("clean", "j22u11"), evidence)
+    assert {c: r["status"] for c, r in results.items()} == {
+        "fabric_address": "FAIL",
+        "fabric_route": "FAIL",
+        "bridge": "FAIL",
+        "nat": "FAIL",
+        "tmfifo": "WARN",
+    }
+    assert results["fabric_address"]["detail"] == "ibp* interfaces without IPv4: ibp26s0"
+    assert results["bridge"]["detail"] == "ovsbr0 does not own 10.100.0.1/24 (has: none)"
+    assert results["tmfifo"]["detail"].startswith("tmfifo_net0 is absent")
+
+
+def test_fabric_route_for_a_configured_site_subnet(host_tree):
+    root = host_tree("clean", "j22u15")
+    wanted = run_with(root, evidence_from(), fabric_subnet="172.16.0.0/16")["fabric_route"]
+    assert wanted["status"] == "FAIL" and "for 172.16.0.0/16" in wanted["detail"]
+    routes = [{"dst": "172.16.0.0/16", "dev": "ibp26s0", "gateway": "172.16.10.254"}]
+    found = run_with(root, evidence_from(routes=routes), fabric_subnet="172.16.0.0/16")
+    assert found["fabric_route"]["status"] == "PASS"
+
+
+def test_missing_bridge(host_tree):
+    evidence = evidence_from(bridge_present=False, bridge_owns_gateway=False)
+    result = run_with(host_tree("clean", "j22u15"), evidence)["bridge"]
+    assert result["status"] == "FAIL" and result["detail"] == "ovsbr0 does not exist"

@@ -381,3 +381,50 @@ def test_bad_options_are_refused(host_tree, discover_offline, options, message):
 def test_a_directory_that_is_not_a_host_root_is_refused(tmp_path, discover_offline):
     with pytest.raises(topology.TopologyError, match="not a host root"):
         discover_offline(tmp_path)
+
+
+def network(**overrides):
+    base = {
+        "collected": True,
+        "bridge": "ovsbr0",
+        "bridge_present": True,
+        "bridge_owns_gateway": True,
+        "gateway": "10.100.0.1/24",
+        "subnet": "10.100.0.0/24",
+        "nat_masquerade": True,
+        "ip_forward": True,
+        "default_route_uplink": "eno8303",
+        "tmfifo_interface": "tmfifo_net0",
+        "tmfifo_ipv4": "192.168.100.1/30",
+        "errors": [],
+    }
+    base.update(overrides)
+    return base
+
+
+@pytest.mark.parametrize(
+    ("mode", "nat", "forwarding"),
+    [
+        ("private-nat", "hard", "hard"),
+        ("public-nat", "advisory", "hard"),
+        ("private-routed", "advisory", "hard"),
+        ("tailscale-overlay", "advisory", "advisory"),
+    ],
+)
+def test_network_blocker_severity_depends_on_the_mode(mode, nat, forwarding):
+    found = topology.network_blockers(network(nat_masquerade=False, ip_forward=False), mode)
+    severities = {b["code"]: b["severity"] for b in found}
+    assert severities == {"nat_missing": nat, "ip_forward_disabled": forwarding}
+
+
+def test_advisory_network_evidence():
+    found = topology.network_blockers(
+        network(default_route_uplink=None, tmfifo_ipv4=None, errors=["ip exited 1: boom"]),
+        "private-nat",
+    )
+    assert {b["code"]: b["severity"] for b in found} == {
+        "network_evidence_error": "advisory",
+        "default_route_missing": "advisory",
+        "tmfifo_missing": "advisory",
+    }
+    assert topology.network_blockers(network(), "private-nat") == []
