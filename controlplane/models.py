@@ -170,6 +170,13 @@ class NodeCapacity(Base):
     node_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
     )
+    # Placement keys copied from the node by trigger, so one index ranks candidates.
+    node_family: Mapped[str] = mapped_column(String(100), server_default="")
+    region_code: Mapped[str] = mapped_column(String(100), server_default="")
+    gpu_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    slice_schedulable: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    baremetal_schedulable: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    baremetal_intent: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     free_slots: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     free_gpus: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     busy_slots: Mapped[int] = mapped_column(Integer, server_default=text("0"))
@@ -181,6 +188,23 @@ class NodeCapacity(Base):
             "free_slots >= 0 AND free_gpus >= 0 AND busy_slots >= 0 AND slot_claims >= 0"
             " AND exclusive_claims >= 0",
             name="counters_nonnegative",
+        ),
+        Index(
+            "ix_node_capacity_slice_rank",
+            "node_family",
+            text("(busy_slots = 0)"),
+            "free_gpus",
+            postgresql_where=text("slice_schedulable AND exclusive_claims = 0"),
+        ),
+        Index(
+            "ix_node_capacity_baremetal_rank",
+            "node_family",
+            text("baremetal_intent DESC"),
+            "free_slots",
+            postgresql_where=text(
+                "baremetal_schedulable AND busy_slots = 0 AND slot_claims = 0"
+                " AND exclusive_claims = 0"
+            ),
         ),
     )
 

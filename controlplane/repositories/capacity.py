@@ -37,9 +37,9 @@ ELIGIBLE_SLOT_PREDICATE = """
         SELECT 1 FROM allocation_resource_claims c
         WHERE c.slot_id = s.id AND c.state = 'active')
     AND NOT EXISTS (
-        SELECT 1 FROM allocation_resource_claims c
-        JOIN node_resource_slots o ON o.id = c.slot_id
-        WHERE c.node_id = n.id AND c.state = 'active' AND o.id <> s.id
+        SELECT 1 FROM node_resource_slots o
+        JOIN allocation_resource_claims c ON c.slot_id = o.id AND c.state = 'active'
+        WHERE o.node_id = s.node_id AND o.id <> s.id
           AND (o.fabric_vf_pci_address = s.fabric_vf_pci_address
                OR (o.fabric_device = s.fabric_device
                    AND (o.fabric_claim_mode <> 'per_slot_vf'

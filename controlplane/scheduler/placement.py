@@ -32,15 +32,15 @@ from controlplane.scheduler.ranking import BaremetalNode, Policy, SliceNode, Slo
 SKU_CACHE_SECONDS = 10.0
 
 _SLICE_ORDER = {
-    Policy.BEST_FIT: "(c.busy_slots = 0), c.free_gpus, hashtext(c.node_id::text || :salt)",
-    Policy.FIRST_FIT: "n.hostname",
+    # Served by ix_node_capacity_slice_rank: partially sliced first, then least free.
+    Policy.BEST_FIT: "(c.busy_slots = 0), c.free_gpus",
+    Policy.FIRST_FIT: "(SELECT hostname FROM nodes WHERE id = c.node_id)",
     Policy.RANDOM: "hashtext(c.node_id::text || :salt)",
 }
 
 SLICE_NODE_FILTER = """
-    n.node_family = :family AND n.admin_state = 'schedulable' AND n.profile_intent = 'slice_vm'
-    AND (CAST(:region AS text) IS NULL OR n.region_code = CAST(:region AS text))
-    AND c.exclusive_claims = 0
+    c.slice_schedulable AND c.node_family = :family AND c.exclusive_claims = 0
+    AND (CAST(:region AS text) IS NULL OR c.region_code = CAST(:region AS text))
 """
 
 SLICE_SNAPSHOT = {
@@ -48,7 +48,7 @@ SLICE_SNAPSHOT = {
         f"""
 WITH top AS (
     SELECT c.node_id, c.busy_slots = 0 AS clean
-    FROM node_capacity c JOIN nodes n ON n.id = c.node_id
+    FROM node_capacity c
     WHERE {SLICE_NODE_FILTER} AND c.free_gpus >= :gpus
     ORDER BY {order}
     LIMIT :k OFFSET :offset)
@@ -63,17 +63,21 @@ WHERE {ELIGIBLE_SLOT_PREDICATE}
 SLICE_DIAGNOSIS = text(
     f"""
 SELECT count(*), coalesce(sum(c.free_gpus), 0), coalesce(max(c.free_gpus), 0)
-FROM node_capacity c JOIN nodes n ON n.id = c.node_id
+FROM node_capacity c
 WHERE {SLICE_NODE_FILTER}
 """
 )
 
+# The node_capacity row is the per-node placement mutex: taken with SKIP LOCKED, so a
+# client never queues behind another placement on the same node, it moves on.
 SLICE_LOCK = text(
     f"""
-WITH locked AS (
+WITH node_lock AS (
+    SELECT node_id FROM node_capacity WHERE node_id = :node FOR UPDATE SKIP LOCKED
+), locked AS (
     SELECT s.id, s.slot_index
     FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id
-    WHERE s.node_id = :node AND {ELIGIBLE_SLOT_PREDICATE}
+    WHERE s.node_id = (SELECT node_id FROM node_lock) AND {ELIGIBLE_SLOT_PREDICATE}
     ORDER BY array_position(CAST(:preferred AS uuid[]), s.id) NULLS LAST, s.slot_index
     LIMIT :gpus
     FOR UPDATE OF s SKIP LOCKED
@@ -106,28 +110,29 @@ ORDER BY r.slot_index
 )
 
 _BAREMETAL_ORDER = {
-    Policy.BEST_FIT: (
-        "(n.profile_intent <> 'baremetal'), c.free_slots, hashtext(c.node_id::text || :salt)"
-    ),
-    Policy.FIRST_FIT: "n.hostname",
+    # Served by ix_node_capacity_baremetal_rank: baremetal-intent nodes, then the
+    # fewest approved slice slots taken out of slice capacity.
+    Policy.BEST_FIT: "c.baremetal_intent DESC, c.free_slots",
+    Policy.FIRST_FIT: "(SELECT hostname FROM nodes WHERE id = c.node_id)",
     Policy.RANDOM: "hashtext(c.node_id::text || :salt)",
 }
 
 BAREMETAL_NODE_FILTER = """
-    n.node_family = :family AND n.admin_state = 'schedulable'
-    AND n.profile_intent IN ('baremetal', 'slice_vm') AND n.gpu_count >= :gpus
-    AND (CAST(:region AS text) IS NULL OR n.region_code = CAST(:region AS text))
+    c.baremetal_schedulable AND c.node_family = :family AND c.gpu_count >= :gpus
+    AND (CAST(:region AS text) IS NULL OR c.region_code = CAST(:region AS text))
 """
 
 BAREMETAL_SNAPSHOT = {
     policy: text(
         f"""
-SELECT n.id, n.hostname, n.profile_intent = 'baremetal', c.free_slots
+SELECT c.node_id, n.hostname, c.baremetal_intent, c.free_slots
 FROM node_capacity c JOIN nodes n ON n.id = c.node_id
-WHERE {BAREMETAL_NODE_FILTER}
-  AND c.slot_claims = 0 AND c.exclusive_claims = 0 AND c.busy_slots = 0
-ORDER BY {order}
-LIMIT :k
+WHERE c.node_id IN (
+    SELECT c.node_id FROM node_capacity c
+    WHERE {BAREMETAL_NODE_FILTER}
+      AND c.busy_slots = 0 AND c.slot_claims = 0 AND c.exclusive_claims = 0
+    ORDER BY {order}
+    LIMIT :k)
 """
     )
     for policy, order in _BAREMETAL_ORDER.items()
@@ -135,21 +140,22 @@ LIMIT :k
 
 BAREMETAL_DIAGNOSIS = text(
     f"""
-SELECT count(*) FROM node_capacity c JOIN nodes n ON n.id = c.node_id
+SELECT count(*) FROM node_capacity c
 WHERE {BAREMETAL_NODE_FILTER}
 """
 )
 
 BAREMETAL_LOCK = text(
     """
-WITH node AS (
+WITH node_lock AS (
+    SELECT node_id FROM node_capacity WHERE node_id = :node FOR UPDATE SKIP LOCKED
+), node AS (
     SELECT n.id FROM nodes n
-    WHERE n.id = :node AND n.admin_state = 'schedulable'
+    WHERE n.id = (SELECT node_id FROM node_lock) AND n.admin_state = 'schedulable'
       AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims c
                       WHERE c.node_id = n.id AND c.state = 'active')
       AND NOT EXISTS (SELECT 1 FROM node_resource_slots s WHERE s.node_id = n.id
                       AND (s.wipe_required OR s.status NOT IN ('available', 'disabled')))
-    FOR UPDATE OF n SKIP LOCKED
 ), alloc AS (
     INSERT INTO allocations (id, capacity_shape, sku_id, gpu_count, state, node_id,
                              region_code, project_id, requested_by)

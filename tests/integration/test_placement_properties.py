@@ -82,6 +82,7 @@ def test_random_sequences_keep_every_invariant(pg_cluster, template_database):
             create_fleet(self.engine, FleetSpec(nodes=4, baremetal_nodes=1, prefix="h"))
             self.cp = ControlPlane(self.engine)
             self.held: list[uuid.UUID] = []
+            self.used_ids: set[uuid.UUID] = set()
 
         def teardown(self):
             self.engine.dispose()
@@ -91,8 +92,9 @@ def test_random_sequences_keep_every_invariant(pg_cluster, template_database):
         def place_slice(self, gpus, salt):
             before = exact_free_per_node(self.engine)
             request = PlacementRequest(SLICE, gpus, allocation_id=uuid.UUID(int=salt))
-            if any(a == request.allocation_id for a in self.held):
+            if request.allocation_id in self.used_ids:
                 return
+            self.used_ids.add(request.allocation_id)
             result = self.cp.place(request)
             fits = {h: clean for h, (free, clean) in before.items() if free >= gpus}
             if result["placed"]:

@@ -1,10 +1,11 @@
-"""Per-node capacity counters maintained by triggers.
+"""Per-node capacity counters and placement keys maintained by triggers.
 
 Why: the scheduler must pick the best nodes among thousands without aggregating every
 slot on every request (measured: 41 ms per full eligibility aggregate over 1,000 x 8
 slots, against a budget of ~1.5 ms per placement). The database keeps these counters
-itself, in the same transaction as the slot or claim change, so they cannot drift from
-the rows they summarise. They only preselect candidates: the full safety predicates are
+itself, in the same transaction as the slot, claim or node change, so they cannot drift
+from the rows they summarise; with the node's placement keys copied alongside, the best
+candidates come from one index scan. They only preselect candidates: the full safety predicates are
 still applied to the chosen nodes' slots when they are locked.
 
 Revision ID: 0003
@@ -25,12 +26,24 @@ depends_on: str | Sequence[str] | None = None
 TRIGGERS = """
 CREATE FUNCTION node_capacity_on_node() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO node_capacity (node_id) VALUES (NEW.id);
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO node_capacity (node_id) VALUES (NEW.id);
+    END IF;
+    UPDATE node_capacity SET
+        node_family = NEW.node_family,
+        region_code = NEW.region_code,
+        gpu_count = NEW.gpu_count,
+        slice_schedulable = (NEW.admin_state = 'schedulable' AND NEW.profile_intent = 'slice_vm'),
+        baremetal_schedulable = (NEW.admin_state = 'schedulable'
+                                 AND NEW.profile_intent IN ('baremetal', 'slice_vm')),
+        baremetal_intent = (NEW.profile_intent = 'baremetal')
+    WHERE node_id = NEW.id;
     RETURN NULL;
 END
 $$;
-CREATE TRIGGER node_capacity_on_node AFTER INSERT ON nodes
-    FOR EACH ROW EXECUTE FUNCTION node_capacity_on_node();
+CREATE TRIGGER node_capacity_on_node
+    AFTER INSERT OR UPDATE OF node_family, region_code, gpu_count, admin_state, profile_intent
+    ON nodes FOR EACH ROW EXECUTE FUNCTION node_capacity_on_node();
 
 CREATE FUNCTION node_capacity_on_slot() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -98,9 +111,13 @@ CREATE TRIGGER node_capacity_on_claim AFTER INSERT OR UPDATE OF state
 """
 
 BACKFILL = """
-INSERT INTO node_capacity (node_id, free_slots, free_gpus, busy_slots, slot_claims,
-                           exclusive_claims)
-SELECT n.id,
+INSERT INTO node_capacity (node_id, node_family, region_code, gpu_count, slice_schedulable,
+                           baremetal_schedulable, baremetal_intent, free_slots, free_gpus,
+                           busy_slots, slot_claims, exclusive_claims)
+SELECT n.id, n.node_family, n.region_code, n.gpu_count,
+    n.admin_state = 'schedulable' AND n.profile_intent = 'slice_vm',
+    n.admin_state = 'schedulable' AND n.profile_intent IN ('baremetal', 'slice_vm'),
+    n.profile_intent = 'baremetal',
     count(s.id) FILTER (WHERE s.status = 'available' AND s.health_state = 'healthy'
                         AND NOT s.wipe_required),
     coalesce(sum(s.gpu_count) FILTER (WHERE s.status = 'available'
@@ -119,6 +136,18 @@ def upgrade() -> None:
     op.create_table(
         "node_capacity",
         sa.Column("node_id", sa.UUID(), nullable=False),
+        sa.Column("node_family", sa.String(length=100), server_default="", nullable=False),
+        sa.Column("region_code", sa.String(length=100), server_default="", nullable=False),
+        sa.Column("gpu_count", sa.Integer(), server_default=sa.text("0"), nullable=False),
+        sa.Column(
+            "slice_schedulable", sa.Boolean(), server_default=sa.text("false"), nullable=False
+        ),
+        sa.Column(
+            "baremetal_schedulable", sa.Boolean(), server_default=sa.text("false"), nullable=False
+        ),
+        sa.Column(
+            "baremetal_intent", sa.Boolean(), server_default=sa.text("false"), nullable=False
+        ),
         sa.Column("free_slots", sa.Integer(), server_default=sa.text("0"), nullable=False),
         sa.Column("free_gpus", sa.Integer(), server_default=sa.text("0"), nullable=False),
         sa.Column("busy_slots", sa.Integer(), server_default=sa.text("0"), nullable=False),
@@ -137,6 +166,20 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("node_id", name=op.f("pk_node_capacity")),
     )
+    op.create_index(
+        "ix_node_capacity_slice_rank",
+        "node_capacity",
+        ["node_family", sa.text("(busy_slots = 0)"), "free_gpus"],
+        postgresql_where=sa.text("slice_schedulable AND exclusive_claims = 0"),
+    )
+    op.create_index(
+        "ix_node_capacity_baremetal_rank",
+        "node_capacity",
+        ["node_family", sa.text("baremetal_intent DESC"), "free_slots"],
+        postgresql_where=sa.text(
+            "baremetal_schedulable AND busy_slots = 0 AND slot_claims = 0 AND exclusive_claims = 0"
+        ),
+    )
     op.execute(BACKFILL)
     op.execute(TRIGGERS)
 
@@ -148,4 +191,6 @@ def downgrade() -> None:
     op.execute("DROP FUNCTION node_capacity_on_claim()")
     op.execute("DROP FUNCTION node_capacity_on_slot()")
     op.execute("DROP FUNCTION node_capacity_on_node()")
+    op.drop_index("ix_node_capacity_baremetal_rank", table_name="node_capacity")
+    op.drop_index("ix_node_capacity_slice_rank", table_name="node_capacity")
     op.drop_table("node_capacity")
