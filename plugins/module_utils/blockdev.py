@@ -483,6 +483,14 @@ def probe_signatures(path: str) -> list[Signature]:
     ]
 
 
+def tag_owners(key: str, value: str) -> list[str]:
+    """Every block device on the host whose KEY (UUID, LABEL, ...) is value, probed afresh."""
+    result = run_command(["blkid", "-c", "/dev/null", "-o", "device", "-t", f"{key}={value}"])
+    if result.rc not in (0, 2):  # 2: no device has that tag
+        raise BlockDevError(result.error)
+    return sorted(set(result.stdout.split()))
+
+
 def probe_identities(path: str) -> dict:
     """UUID, LABEL, PARTUUID, PARTLABEL and TYPE as low-level probing sees them now."""
     result = run_command(["blkid", "-p", "-o", "export", path], timeout=60)

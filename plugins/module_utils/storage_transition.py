@@ -34,6 +34,8 @@ MANIFEST_PREFIX = "slice-storage-transition-"
 APPROVAL_REQUIRED = "approval_required"
 NOT_APPROVED = "not_approved"
 DUPLICATE_DEVICE = "duplicate_device"
+AMBIGUOUS_FSTAB_ENTRY = "ambiguous_fstab_entry"
+NO_DEVICES = "no_devices"
 INSPECTION_FAILED = "inspection_failed"
 
 # Mounts of the disk itself or its children are what the transition removes.
@@ -263,7 +265,7 @@ def validate(request: TransitionRequest) -> tuple[list[DevicePlan], list[dict]]:
     approved = _normalized(request.approved_devices) if request.approved_devices else None
     seen: dict[str, str] = {}
     if not request.devices:
-        refused.append({"device": "", "code": "no_devices", "message": "devices is empty"})
+        refused.append({"device": "", "code": NO_DEVICES, "message": "devices is empty"})
     for device in request.devices:
         if request.apply and not (request.approval or "").strip():
             refused.append(
@@ -304,9 +306,37 @@ def validate(request: TransitionRequest) -> tuple[list[DevicePlan], list[dict]]:
     return plans, refused
 
 
-def attach_fstab(plans: list[DevicePlan], fstab_text: str) -> None:
+def attach_fstab(plans: list[DevicePlan], fstab_text: str) -> list[dict]:
+    """Match fstab lines to each plan; refuse lines whose tag also names another device
+    (a cloned UUID, a reused LABEL): disabling them could unmount the host's own data."""
+    refused = []
     for plan in plans:
         plan.fstab_lines = match_fstab(fstab_text, plan.identities)
+        ours = {i["path"] for i in plan.identities}
+        for line in plan.fstab_lines:
+            if line["matched_by"] == "path":
+                continue
+            value = next(
+                i[line["matched_by"]] for i in plan.identities if i["path"] == line["device"]
+            )
+            try:
+                owners = blockdev.tag_owners(line["matched_by"], value)
+            except blockdev.BlockDevError as exc:
+                refused.append(
+                    {"device": plan.device, "code": INSPECTION_FAILED, "message": str(exc)}
+                )
+                continue
+            others = [d for d in owners if d not in ours]
+            if others:
+                refused.append(
+                    {
+                        "device": plan.device,
+                        "code": AMBIGUOUS_FSTAB_ENTRY,
+                        "message": f"fstab line {line['line']} ({line['spec']}) also names "
+                        f"{', '.join(others)}",
+                    }
+                )
+    return refused
 
 
 def read_fstab(path: str) -> str:
@@ -491,7 +521,7 @@ def run_transition(request: TransitionRequest) -> dict:
     }
     plans, refused = validate(request)
     fstab_text = read_fstab(request.fstab_path)
-    attach_fstab(plans, fstab_text)
+    refused += attach_fstab(plans, fstab_text)
     result["plan"] = [
         {"device": p.device, "resolved_path": p.report.resolved_path, "actions": p.actions}
         for p in plans

@@ -22,7 +22,9 @@ description:
     holder); partitions; stacked devices; LVM physical volumes, md members and disks
     held by dm/md; devices open by another process or whose filesystems are in use;
     kernel names and other non-stable paths; devices not on O(approved_devices); and
-    O(apply=true) without an O(approval) reference.
+    O(apply=true) without an O(approval) reference; and fstab entries whose C(UUID=),
+    C(LABEL=) or C(PARTUUID=) also names a device outside the disk (cloned UUIDs, reused
+    labels), since disabling them could drop the host's own mounts.
   - Mounts are matched by major:minor from C(/proc/self/mountinfo), so a mounted child
     partition is found even when the parent disk itself is not mounted.
   - With O(apply=true) it backs up O(fstab_path), unmounts the child mounts, comments out
@@ -96,7 +98,7 @@ notes:
     C(partition_not_whole_disk), C(stacked_device), C(os_disk), C(system_mount), C(swap),
     C(nested_mount), C(lvm_member), C(md_member), C(dm_holder), C(device_busy),
     C(read_only), C(duplicate_device), C(not_approved), C(approval_required),
-    C(inspection_failed), C(no_devices)."
+    C(ambiguous_fstab_entry), C(inspection_failed), C(no_devices)."
 """
 
 EXAMPLES = r"""

@@ -36,6 +36,7 @@ class Scenario:
     mounts: list[Path] = field(default_factory=list)
     approved: list[str] | None = None
     approval: str | None = "INFRA-1234"
+    fstab_extra: list[str] = field(default_factory=list)
 
 
 def share_disk(lab: LoopLab, label: str = "share") -> tuple[LoopDisk, Path]:
@@ -45,8 +46,8 @@ def share_disk(lab: LoopLab, label: str = "share") -> tuple[LoopDisk, Path]:
     return disk, lab.mount(disk.partitions[0])
 
 
-def write_fstab(tmp_path: Path, lab: LoopLab, disks: list[LoopDisk]) -> Path:
-    lines = ["# test fstab", "/dev/vda / ext4 errors=remount-ro 0 1"]
+def write_fstab(tmp_path: Path, lab: LoopLab, disks: list[LoopDisk], extra=()) -> Path:
+    lines = ["# test fstab", "/dev/vda / ext4 errors=remount-ro 0 1", *extra]
     for disk in disks:
         for part in disk.partitions:
             uuid = subprocess.run(
@@ -136,6 +137,18 @@ def filesystem_mounted_inside(lab):
     return Scenario([disk.stable_path], [disk, other], [mnt, inner])
 
 
+def label_shared_with_another_disk(lab):
+    """fstab says LABEL=data; the host has a second filesystem labelled data elsewhere."""
+    disk, mnt = share_disk(lab, "data")
+    elsewhere, other_mnt = share_disk(lab, "data")
+    return Scenario(
+        [disk.stable_path],
+        [disk, elsewhere],
+        [mnt, other_mnt],
+        fstab_extra=[f"LABEL=data {mnt} ext4 defaults 0 2"],
+    )
+
+
 def one_good_one_refused(lab):
     """Validate all first: a refusal on the second disk leaves the first untouched too."""
     good, good_mnt = share_disk(lab, "good")
@@ -156,6 +169,7 @@ TRANSITION_REFUSALS = [
     ("md_member", md_member),
     ("device_busy", open_by_a_vm),
     ("nested_mount", filesystem_mounted_inside),
+    ("ambiguous_fstab_entry", label_shared_with_another_disk),
     ("device_busy", one_good_one_refused),
 ]
 
@@ -169,7 +183,7 @@ def snapshot(lab: LoopLab, scenario: Scenario) -> list:
 )
 def test_transition_refuses_and_changes_nothing(lab, tmp_path, code, build):
     scenario = build(lab)
-    fstab = write_fstab(tmp_path, lab, scenario.disks)
+    fstab = write_fstab(tmp_path, lab, scenario.disks, scenario.fstab_extra)
     fstab_bytes = fstab.read_bytes()
     manifests = tmp_path / "manifests"
     before = snapshot(lab, scenario)
