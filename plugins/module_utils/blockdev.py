@@ -11,7 +11,13 @@ resolved at run time because kernel names (`/dev/nvme4n1`) change across reboots
 
     report = inspect_device("/dev/disk/by-id/nvme-eui.0001", ["/dev/disk/by-id"])
     if report.verdict == "refuse":
-        for finding in report.findings: ...
+        for finding in report.findings: ...   # Finding(code, message, kind, path)
+
+Every finding has a kind: IDENTITY (the path is wrong), USAGE (the host uses the device now:
+mounts, swap, holders, other openers) or CONTENT (LVM/md signatures). `verdict` refuses on
+any finding; a caller with a narrower policy asks `report.blocking(tolerated_kinds=...)`,
+e.g. disk wipe tolerates CONTENT (a tenant's own LVM) and storage transition tolerates the
+codes MOUNTED/CHILD_MOUNTED (it unmounts those itself).
 
 Python stdlib only: this runs on target hosts.
 """
