@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: gpuaas fleet engineering
-# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 
 from __future__ import absolute_import, division, print_function
 
@@ -29,7 +29,7 @@ description:
     together with its UEFI NVRAM (a plain undefine fails on UEFI domains), retrying up to
     O(undefine_attempts) times. A domain that is already gone is not a change.
 author:
-  - gpuaas fleet engineering
+  - gpuaas fleet engineering (@gpuaas)
 options:
   allocation_id:
     description: Allocation UUID.

@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: gpuaas fleet engineering
-# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 
 from __future__ import absolute_import, division, print_function
 
@@ -27,7 +27,7 @@ description:
     the first provision. The allocation's own running domain may hold it (a second run).
   - Verifies the cached image's sha256 against the catalog digest.
 author:
-  - gpuaas fleet engineering
+  - gpuaas fleet engineering (@gpuaas)
 options:
   allocation_id:
     description: Allocation UUID; the domain is named C(gpuaas-slice-<id hex>).

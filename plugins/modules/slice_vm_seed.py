@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: gpuaas fleet engineering
-# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 
 from __future__ import absolute_import, division, print_function
 
@@ -21,7 +21,7 @@ description:
     differ (atomically).
   - Rejects malformed user names, host names and public keys before writing anything.
 author:
-  - gpuaas fleet engineering
+  - gpuaas fleet engineering (@gpuaas)
 options:
   path:
     description: Where the seed ISO goes (in the allocation's state directory).
@@ -54,7 +54,6 @@ options:
         type: list
         elements: str
         default: []
-        no_log: false
       shell:
         description: Login shell.
         type: str

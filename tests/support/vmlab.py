@@ -151,7 +151,7 @@ class PlaybookRun:
 
     @property
     def custom_stats(self) -> dict:
-        return self.output.get("custom_stats", {}).get("_run", {})
+        return self.output.get("custom_stats", {}).get("localhost", {})
 
 
 @dataclass
