@@ -252,7 +252,6 @@ msg:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.gpuaas.fleet.plugins.module_utils.disk_wipe import (
     WipeRequest,
     run_wipe,

@@ -229,7 +229,6 @@ msg:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.gpuaas.fleet.plugins.module_utils.storage_transition import (
     TransitionRequest,
     run_transition,
