@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 from itertools import combinations
 
 
@@ -41,7 +42,7 @@ class SliceNode:
     clean: bool
     slots: tuple[SlotView, ...]
 
-    @property
+    @cached_property
     def free_gpus(self) -> int:
         return sum(s.gpu_count for s in self.slots)
 
@@ -75,21 +76,23 @@ def best_slot_set(node: SliceNode, gpus: int) -> tuple[tuple[SlotView, ...], int
     by_numa: dict[int, list[SlotView]] = defaultdict(list)
     for slot in sorted(node.slots, key=lambda s: s.slot_index):
         by_numa[slot.numa_node].append(slot)
+    free = {numa: sum(s.gpu_count for s in slots) for numa, slots in by_numa.items()}
     for span in range(1, len(by_numa) + 1):
         best: tuple[tuple[int, ...], tuple[SlotView, ...]] | None = None
         for group in combinations(sorted(by_numa), span):
-            pool = [s for numa in group for s in by_numa[numa]]
-            if sum(s.gpu_count for s in pool) < gpus:
+            available = sum(free[numa] for numa in group)
+            if available < gpus:
                 continue
             chosen: list[SlotView] = []
-            for slot in pool:
-                if sum(s.gpu_count for s in chosen) >= gpus:
+            taken = 0
+            for slot in (s for numa in group for s in by_numa[numa]):
+                if taken >= gpus:
                     break
                 chosen.append(slot)
-            if sum(s.gpu_count for s in chosen) != gpus:
+                taken += slot.gpu_count
+            if taken != gpus:
                 continue
-            leftover = sum(s.gpu_count for s in pool) - gpus
-            key = (leftover, *(s.slot_index for s in chosen))
+            key = (available - gpus, *(s.slot_index for s in chosen))
             if best is None or key < best[0]:
                 best = (key, tuple(chosen))
         if best is not None:

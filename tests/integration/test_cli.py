@@ -181,3 +181,49 @@ def test_readme_keeps_exactly_two_setup_commands():
     assert commands == ["make demo", "make test"]
     ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
     assert ci.strip().splitlines()[-1] == "make test"
+
+
+def test_alloc_create_show_list_release_and_wipe_proof(registered, engine, tmp_path):
+    env = registered
+    source = str(DEMO_DATA.joinpath("j22u15.json"))
+    ok_json(env, "slots", "import", "--node", "j22u15", "--from", source)
+    ok_json(env, "slots", "approve", "--node", "j22u15")
+    placed = ok_json(env, "alloc", "create", "--sku", "h200-sxm-slice", "--gpus", "2")
+    assert placed["node"] == "j22u15" and len(placed["slots"]) == 2
+    shown = ok_json(env, "alloc", "show", placed["allocation_id"])
+    assert shown["state"] == "pending" and len(shown["claims"]) == 2
+    assert [a["id"] for a in ok_json(env, "alloc", "list")] == [placed["allocation_id"]]
+    refused = error_json(env, "alloc", "create", "--sku", "h200-sxm-slice", "--gpus", "8")
+    assert refused["code"] == "sku_unavailable" and refused["details"]["reason"] == "no_capacity"
+    assert (
+        error_json(env, "alloc", "create", "--sku", "h200-sxm-slice", "--gpus", "3")["code"]
+        == "gpu_count_not_allowed"
+    )
+    assert error_json(env, "alloc", "show", "not-an-id")["code"] == "allocation_id_invalid"
+    released = ok_json(env, "alloc", "release", placed["allocation_id"])
+    assert released["changed"] and len(released["slots_to_wipe"]) == 2
+    slot = placed["slots"][0]["slot_index"]
+    device = next(
+        s["nvme_device"]
+        for s in ok_json(env, "slots", "list", "--node", "j22u15")
+        if s["slot_index"] == slot
+    )
+    proof = tmp_path / "proof.json"
+    proof.write_text(
+        json.dumps(
+            {
+                "changed": True,
+                "proof": {
+                    "schema": "gpuaas.wipe_proof/v1",
+                    "device": device,
+                    "method": "blkdiscard",
+                    "verified": True,
+                    "finished_at": "2099-01-01T00:00:00+00:00",
+                },
+            }
+        )
+    )
+    recorded = ok_json(
+        env, "slots", "wipe-proof", "--node", "j22u15", "--slot", str(slot), "--from", str(proof)
+    )
+    assert recorded["status"] == "available" and recorded["verified"] is True
