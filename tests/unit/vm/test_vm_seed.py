@@ -1,0 +1,181 @@
+"""NoCloud seed: cloud-config content, relay key injection, the ISO itself, idempotence."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pycdlib
+import pytest
+import yaml
+from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_seed
+from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import VmError
+
+from tests.support.vmguest import USERDATA_AWK
+
+ALLOCATION = "158ea147-0115-407f-bbd5-1850c32b9517"
+TENANT_KEY = (
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDaDZktS536XWaxw7nhGAmShgTktoeDSYVAU/Mv9MLQe alice@laptop"
+)
+# A comment with YAML and shell metacharacters must stay inert.
+TRICKY_KEY = 'ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7 bob "quoted" #not-a-comment: {x} \\ back'
+RELAY_KEY = (
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKrelayrelayrelayrelayrelayrelayrelayrela"
+    " gpuaas-terminal-relay@j22u15"
+)
+
+
+def files(users=None, relay=RELAY_KEY):
+    users = users or [
+        {"name": "gpuuser", "ssh_authorized_keys": [TENANT_KEY], "sudo": "ALL=(ALL) NOPASSWD:ALL"},
+        {"name": "ops", "ssh_authorized_keys": [TRICKY_KEY, RELAY_KEY]},
+    ]
+    return vm_seed.seed_files(ALLOCATION, "slice-158ea147", users, "52:54:00:3F:A2:10", relay)
+
+
+def test_user_data_is_cloud_config_with_users_keys_and_hostname():
+    seed = files()
+    assert seed["user-data"].startswith(b"#cloud-config\n")
+    config = yaml.safe_load(seed["user-data"])
+    assert config["hostname"] == "slice-158ea147"
+    assert config["ssh_pwauth"] is False
+    users = {u["name"]: u for u in config["users"]}
+    assert users["gpuuser"]["ssh_authorized_keys"] == [TENANT_KEY, RELAY_KEY]
+    assert users["gpuuser"]["sudo"] == "ALL=(ALL) NOPASSWD:ALL"
+    assert users["gpuuser"]["lock_passwd"] is True
+    assert users["ops"]["ssh_authorized_keys"] == [TRICKY_KEY, RELAY_KEY]
+    assert "sudo" not in users["ops"]
+
+
+def test_meta_data_instance_id_is_the_allocation_and_network_config_matches_the_mac():
+    seed = files()
+    assert yaml.safe_load(seed["meta-data"]) == {
+        "instance-id": ALLOCATION,
+        "local-hostname": "slice-158ea147",
+    }
+    network = yaml.safe_load(seed["network-config"])
+    assert network["version"] == 2
+    assert network["ethernets"]["mgmt0"] == {
+        "match": {"macaddress": "52:54:00:3f:a2:10"},
+        "dhcp4": True,
+    }
+
+
+@pytest.mark.skipif(shutil.which("busybox") is None, reason="busybox missing")
+def test_the_tiny_guest_parser_reads_the_same_users_and_keys(tmp_path: Path):
+    """The guest's awk parser (tests/support/vmguest.py) agrees with a YAML parser."""
+    seed = files()
+    (tmp_path / "user-data").write_bytes(seed["user-data"])
+    (tmp_path / "parser.awk").write_text(USERDATA_AWK)
+    out = subprocess.run(
+        ["busybox", "awk", "-f", str(tmp_path / "parser.awk"), str(tmp_path / "user-data")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    config = yaml.safe_load(seed["user-data"])
+    expected = [f"HOSTNAME {config['hostname']}"]
+    for user in config["users"]:
+        expected.append(f"USER {user['name']}")
+        expected += [f"KEY {user['name']} {key}" for key in user["ssh_authorized_keys"]]
+    assert out == expected
+
+
+@pytest.mark.parametrize(
+    ("users", "code"),
+    [
+        ([], "no_users"),
+        ([{"name": "Bad User", "ssh_authorized_keys": [TENANT_KEY]}], "invalid_user"),
+        ([{"name": "a", "ssh_authorized_keys": ["ssh-ed25519 AAAA\nrm -rf /"]}], "invalid_ssh_key"),
+        ([{"name": "a", "ssh_authorized_keys": ["not a key"]}], "invalid_ssh_key"),
+        (
+            [
+                {"name": "a", "ssh_authorized_keys": [TENANT_KEY]},
+                {"name": "a", "ssh_authorized_keys": [TENANT_KEY]},
+            ],
+            "invalid_user",
+        ),
+    ],
+)
+def test_bad_users_and_keys_are_refused(users, code):
+    with pytest.raises(VmError) as caught:
+        vm_seed.seed_files(ALLOCATION, "slice-1", users, "52:54:00:3f:a2:10", RELAY_KEY)
+    assert caught.value.code == code
+
+
+def test_a_user_without_keys_is_refused_unless_the_relay_key_is_there():
+    users = [{"name": "gpuuser", "ssh_authorized_keys": []}]
+    with pytest.raises(VmError) as caught:
+        vm_seed.seed_files(ALLOCATION, "slice-1", users, "52:54:00:3f:a2:10", "")
+    assert caught.value.code == "no_ssh_keys"
+    seed = vm_seed.seed_files(ALLOCATION, "slice-1", users, "52:54:00:3f:a2:10", RELAY_KEY)
+    assert yaml.safe_load(seed["user-data"])["users"][0]["ssh_authorized_keys"] == [RELAY_KEY]
+
+
+def test_bad_hostname_is_refused():
+    with pytest.raises(VmError) as caught:
+        vm_seed.seed_files(ALLOCATION, "bad_host;", [], "52:54:00:3f:a2:10", RELAY_KEY)
+    assert caught.value.code == "invalid_hostname"
+
+
+def test_iso_is_labelled_cidata_and_holds_the_files_under_their_names(tmp_path: Path):
+    path = tmp_path / "seed.iso"
+    seed = files()
+    result = vm_seed.ensure_seed(str(path), seed, check_mode=False)
+    assert result["changed"]
+    assert vm_seed.volume_label(str(path)) == "cidata"
+    iso = pycdlib.PyCdlib()
+    iso.open(str(path))
+    children = iso.list_children(rr_path="/")
+    names = sorted(c.rock_ridge.name().decode() for c in children if c.is_file())
+    iso.close()
+    assert names == ["meta-data", "network-config", "user-data"]
+    assert vm_seed.read_iso(str(path)) == seed
+    if shutil.which("blkid"):
+        probe = subprocess.run(["blkid", "-o", "export", str(path)], capture_output=True, text=True)
+        assert "LABEL=cidata" in probe.stdout and "TYPE=iso9660" in probe.stdout
+
+
+def test_second_run_is_a_no_op_and_a_change_rewrites(tmp_path: Path):
+    path = tmp_path / "seed.iso"
+    vm_seed.ensure_seed(str(path), files(), check_mode=False)
+    before = path.stat().st_mtime_ns
+    again = vm_seed.ensure_seed(str(path), files(), check_mode=False)
+    assert not again["changed"]
+    assert path.stat().st_mtime_ns == before
+    changed = files(users=[{"name": "gpuuser", "ssh_authorized_keys": [TRICKY_KEY]}])
+    preview = vm_seed.ensure_seed(str(path), changed, check_mode=True)
+    assert preview["changed"] and "gpuuser" in preview["diff"]["after"]
+    assert path.stat().st_mtime_ns == before, "check mode wrote the ISO"
+    assert vm_seed.ensure_seed(str(path), changed, check_mode=False)["changed"]
+    assert vm_seed.read_iso(str(path)) == changed
+
+
+def test_a_foreign_iso_at_the_path_is_replaced(tmp_path: Path):
+    path = tmp_path / "seed.iso"
+    iso = pycdlib.PyCdlib()
+    iso.new(vol_ident="OTHER")
+    iso.write(str(path))
+    iso.close()
+    assert vm_seed.read_iso(str(path)) == {"volume-label": b"OTHER"}
+    assert vm_seed.ensure_seed(str(path), files(), check_mode=False)["changed"]
+    assert vm_seed.volume_label(str(path)) == "cidata"
+
+
+def test_run_injects_the_relay_key_from_its_file_and_refuses_a_missing_one(tmp_path: Path):
+    key = tmp_path / "id_ed25519.pub"
+    key.write_text(RELAY_KEY + "\n")
+    params = {
+        "path": str(tmp_path / "seed.iso"),
+        "allocation_id": ALLOCATION,
+        "hostname": "slice-1",
+        "mac_address": "52:54:00:3f:a2:10",
+        "users": [{"name": "gpuuser", "ssh_authorized_keys": [TENANT_KEY]}],
+        "terminal_public_key_path": str(key),
+    }
+    result = vm_seed.run(params, check_mode=False)
+    assert RELAY_KEY in result["files"]["user-data"]
+    with pytest.raises(VmError) as caught:
+        vm_seed.run({**params, "terminal_public_key_path": str(tmp_path / "missing.pub")}, False)
+    assert caught.value.code == "terminal_key_missing"
