@@ -229,12 +229,13 @@ def check_vfio(ctx):
 
 
 def check_kvm(ctx):
-    if ctx.host.exists("/dev/kvm"):
-        return result("kvm", PASS, "/dev/kvm present")
+    usable, detail = sysfs.kvm_state(ctx.host)
+    if usable:
+        return result("kvm", PASS, detail)
     return result(
         "kvm",
         FAIL,
-        "/dev/kvm missing",
+        detail,
         "enable VT-x/VMX (BIOS ProcVirtualization) in firmware and load kvm_intel/kvm_amd",
     )
 

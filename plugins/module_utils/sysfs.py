@@ -13,8 +13,10 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import fcntl
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -80,8 +82,10 @@ class HostRoot:
     def resolve(self, host_path):
         """The host path a symlink chain leads to, kept inside this root."""
         real = os.path.realpath(self.path(host_path))
-        if real == self.root or real.startswith(self.root.rstrip("/") + "/"):
-            return "/" + os.path.relpath(real, self.root).lstrip("./")
+        if real == self.root:
+            return "/"
+        if real.startswith(self.root.rstrip("/") + "/"):
+            return "/" + os.path.relpath(real, self.root)
         return real
 
 
@@ -204,6 +208,38 @@ def grub_cmdline(host):
     return args
 
 
+KVM_GET_API_VERSION = 0xAE00
+KVM_API_VERSION = 12
+
+
+def kvm_state(host):
+    """(usable, detail) for /dev/kvm: a real device must answer KVM_GET_API_VERSION.
+
+    A recorded tree holds a plain file as the stand-in for the device; its presence is
+    all a recording can show.
+    """
+    path = host.path("/dev/kvm")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False, "/dev/kvm missing"
+    if not stat.S_ISCHR(mode):
+        return True, "/dev/kvm present (recorded)"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        return False, f"/dev/kvm cannot be opened: {exc.strerror}"
+    try:
+        version = fcntl.ioctl(fd, KVM_GET_API_VERSION)
+    except OSError as exc:
+        return False, f"/dev/kvm does not answer KVM_GET_API_VERSION: {exc.strerror}"
+    finally:
+        os.close(fd)
+    if version != KVM_API_VERSION:
+        return False, f"/dev/kvm reports API version {version}, expected {KVM_API_VERSION}"
+    return True, f"/dev/kvm answers (API version {version})"
+
+
 def host_virtualization(host):
     """The `host` section of gpuaas.topology/v1: KVM, IOMMU, VFIO, hugepages, reboot."""
     cmdline = host.read("/proc/cmdline") or ""
@@ -213,7 +249,7 @@ def host_virtualization(host):
     pending_args = [arg for arg in staged if arg not in running]
     reboot_flag = any(host.exists(path) for path in REBOOT_REQUIRED_FILES)
     return {
-        "kvm": host.exists("/dev/kvm"),
+        "kvm": kvm_state(host)[0],
         "iommu_groups": iommu_group_count(host),
         "cmdline_iommu": cmdline_has_iommu(cmdline),
         "vfio_modules": [m for m in VFIO_MODULES if m in modules],

@@ -164,8 +164,9 @@ def _take_local_first(pool, numa_node):
 
 
 def _sort_key(item, address_key):
+    """NUMA node, then PCI address: stable across reboots (kernel names are not)."""
     numa = item["numa_node"] if item["numa_node"] is not None else -1
-    return (numa, item.get(address_key) or "", item.get("kernel_name") or "")
+    return (numa, item.get(address_key) or "", item.get("stable_path") or "")
 
 
 def _disk_blockers(disk, slot_index):

@@ -270,3 +270,13 @@ def test_missing_bridge(host_tree):
     evidence = evidence_from(bridge_present=False, bridge_owns_gateway=False)
     result = run_with(host_tree("clean", "j22u15"), evidence)["bridge"]
     assert result["status"] == "FAIL" and result["detail"] == "ovsbr0 does not exist"
+
+
+def test_kvm_on_a_live_root_is_probed_not_just_listed():
+    usable, detail = sysfs.kvm_state(sysfs.HostRoot("/"))
+    if not os.path.exists("/dev/kvm"):
+        assert (usable, detail) == (False, "/dev/kvm missing")
+    elif usable:
+        assert detail == "/dev/kvm answers (API version 12)"
+    else:
+        assert detail.startswith(("/dev/kvm cannot be opened", "/dev/kvm does not answer"))
