@@ -9,11 +9,12 @@ from typing import Any
 from sqlalchemy import Engine
 
 from controlplane import db
-from controlplane.enums import AdminState
+from controlplane.enums import AdminState, AllocationState, EvidenceKind, NodeTaskKind
+from controlplane.inventory import build_inventory
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
 from controlplane.scheduler.placement import PlacementRequest, Scheduler
-from controlplane.services import allocations, inventory, occupancy
+from controlplane.services import allocations, inventory, occupancy, tasks
 from controlplane.services import slots as slot_service
 
 
@@ -31,6 +32,8 @@ def node_view(node) -> dict[str, Any]:
         "gpu_count": node.gpu_count,
         "slice_subnet": str(node.slice_subnet) if node.slice_subnet is not None else None,
         "slice_bridge": node.slice_bridge,
+        "management_address": node.management_address,
+        "host_vars": dict(node.host_vars or {}),
     }
 
 
@@ -88,9 +91,13 @@ class ControlPlane:
             node, changed = inventory.set_admin_state(session, hostname, state, reason)
             return {**node_view(node), "changed": changed}
 
-    def import_topology(self, hostname: str, document: Any, actor: str) -> dict[str, Any]:
+    def import_topology(
+        self, hostname: str, document: Any, actor: str, node_task_id: uuid.UUID | None = None
+    ) -> dict[str, Any]:
         with db.transaction(self.engine) as session:
-            return asdict(slot_service.import_topology(session, hostname, document, actor))
+            return asdict(
+                slot_service.import_topology(session, hostname, document, actor, node_task_id)
+            )
 
     def approve_slots(
         self, hostname: str, slot_indexes: list[int] | None, actor: str
@@ -139,3 +146,77 @@ class ControlPlane:
     def list_allocations(self, state: str | None = None) -> list[dict[str, Any]]:
         with db.transaction(self.engine) as session:
             return allocations.list_allocations(session, state)
+
+    def runtime_spec(self, allocation_id: uuid.UUID) -> dict[str, Any]:
+        with db.transaction(self.engine) as session:
+            return allocations.runtime_spec(session, allocation_id)
+
+    def transition(self, allocation_id: uuid.UUID, target: AllocationState, actor: str) -> bool:
+        with db.transaction(self.engine) as session:
+            return allocations.transition(session, allocation_id, target, actor)
+
+    def fail_allocation(
+        self, allocation_id: uuid.UUID, reason: str, actor: str, details: Any = None
+    ) -> bool:
+        with db.transaction(self.engine) as session:
+            return allocations.fail(session, allocation_id, reason, actor, details)
+
+    def block_slots(
+        self, hostname: str, slot_indexes: list[int], reason: str, actor: str
+    ) -> list[int]:
+        with db.transaction(self.engine) as session:
+            return allocations.block_slots(session, hostname, slot_indexes, reason, actor)
+
+    def begin_task(
+        self,
+        hostname: str,
+        kind: NodeTaskKind,
+        parameters: dict[str, Any],
+        actor: str,
+        allocation_id: uuid.UUID | None = None,
+        flow_run_id: str | None = None,
+    ) -> uuid.UUID:
+        with db.transaction(self.engine) as session:
+            return tasks.begin(
+                session, hostname, kind, parameters, actor, allocation_id, flow_run_id
+            )
+
+    def complete_task(
+        self,
+        task_id: uuid.UUID,
+        *,
+        succeeded: bool,
+        output: dict[str, Any],
+        summary: dict[str, Any],
+        artifact_dir: str | None,
+        error: str | None,
+        evidence_kind: EvidenceKind,
+        evidence_summary: str,
+        actor: str,
+    ) -> int:
+        with db.transaction(self.engine) as session:
+            return tasks.complete(
+                session,
+                task_id,
+                succeeded=succeeded,
+                output=output,
+                summary=summary,
+                artifact_dir=artifact_dir,
+                error=error,
+                evidence_kind=evidence_kind,
+                evidence_summary=evidence_summary,
+                recorded_by=actor,
+            )
+
+    def evidence_trail(self, hostname: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        with db.transaction(self.engine) as session:
+            return tasks.trail(session, hostname, limit)
+
+    def inventory(
+        self,
+        hostnames: list[str] | None = None,
+        region: str | None = None,
+        profile_intent: str | None = None,
+    ) -> dict[str, Any]:
+        with db.transaction(self.engine) as session:
+            return build_inventory(session, hostnames, region, profile_intent)

@@ -153,9 +153,13 @@ def node_register(
     subnet: Annotated[str | None, typer.Option("--subnet", help="Slice subnet (CIDR).")] = None,
     bridge: Annotated[str, typer.Option("--bridge", help="Slice bridge name.")] = "ovsbr0",
     address: Annotated[str | None, typer.Option("--address", help="Management address.")] = None,
+    var: Annotated[
+        list[str] | None, typer.Option("--var", help="Ansible host variable KEY=VALUE.")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Register a node (or update its registration)."""
+    host_vars = dict(item.partition("=")[::2] for item in var or [])
     spec = NodeSpec(
         hostname=hostname,
         region_code=region,
@@ -166,6 +170,7 @@ def node_register(
         slice_subnet=subnet,
         slice_bridge=bridge,
         management_address=address,
+        host_vars=host_vars,
     )
     run(
         as_json,

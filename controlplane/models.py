@@ -152,6 +152,8 @@ class Node(Base):
     slice_subnet: Mapped[str | None] = mapped_column(CIDR)
     slice_bridge: Mapped[str] = mapped_column(String(15), server_default=text("'ovsbr0'"))
     management_address: Mapped[str | None] = mapped_column(String(253))
+    # Non-secret Ansible host variables (user, port, interpreter, lab roots).
+    host_vars: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'"))
     created_at: Mapped[dt.datetime] = utcnow_column()
     updated_at: Mapped[dt.datetime] = utcnow_column()
 
@@ -361,6 +363,7 @@ class AllocationResourceClaim(Base):
         checked_enum(ClaimState, "claim_state"), server_default=ClaimState.ACTIVE.value
     )
     created_at: Mapped[dt.datetime] = utcnow_column()
+    releasing_at: Mapped[dt.datetime | None]
     released_at: Mapped[dt.datetime | None]
 
     allocation: Mapped[Allocation] = relationship(

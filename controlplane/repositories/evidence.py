@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from controlplane.enums import EvidenceKind, NodeTaskKind, NodeTaskState
+from controlplane.errors import Conflict, NotFound
 from controlplane.models import Evidence, NodeTask
 
 
@@ -44,6 +45,19 @@ def add_task(
     )
     session.add(task)
     session.flush()
+    return task
+
+
+def running_task(
+    session: Session, task_id: uuid.UUID, node_id: uuid.UUID, kind: NodeTaskKind
+) -> NodeTask:
+    task = session.scalars(
+        select(NodeTask).where(NodeTask.id == task_id).with_for_update()
+    ).one_or_none()
+    if task is None or task.node_id != node_id or task.kind != kind:
+        raise NotFound("node_task", task_id)
+    if task.state != NodeTaskState.RUNNING:
+        raise Conflict("task_not_running", f"node task {task_id} is {task.state.value}", {})
     return task
 
 

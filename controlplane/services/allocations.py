@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from controlplane.enums import (
@@ -28,9 +28,9 @@ from controlplane.models import Allocation, AllocationResourceClaim, Node, NodeR
 from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
+from controlplane.secrets import scrub
 
 WIPE_PROOF_SCHEMA = "gpuaas.wipe_proof/v1"
-SECRET_KEYS = frozenset({"password", "token", "secret", "private_key", "api_key"})
 
 RELEASE_CLAIMS = text(
     """
@@ -87,7 +87,7 @@ def release(session: Session, allocation_id: uuid.UUID, actor: str) -> ReleaseRe
     ).one_or_none()
     if row is None:
         raise NotFound("allocation", allocation_id)
-    if row.state == AllocationState.RELEASED.value:
+    if row.state in (AllocationState.RELEASED.value, AllocationState.FAILED.value):
         return ReleaseResult(str(allocation_id), False, row.state)
     claims = session.execute(RELEASE_CLAIMS, {"allocation": allocation_id}).all()
     detail = f"released from allocation {allocation_id}; wipe proof required"
@@ -113,17 +113,6 @@ def release(session: Session, allocation_id: uuid.UUID, actor: str) -> ReleaseRe
     return ReleaseResult(
         str(allocation_id), True, AllocationState.RELEASED.value, [str(s) for s in slot_ids]
     )
-
-
-def scrub(value: Any) -> Any:
-    """Evidence never stores secrets: drop known secret keys at any depth."""
-    if isinstance(value, dict):
-        return {
-            k: ("<scrubbed>" if k.lower() in SECRET_KEYS else scrub(v)) for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [scrub(v) for v in value]
-    return value
 
 
 def _proof_time(proof: dict[str, Any]) -> dt.datetime:
@@ -190,13 +179,15 @@ def record_wipe_proof(
         )
     finished = _proof_time(proof)
     last_release = session.scalar(
-        select(AllocationResourceClaim.released_at)
+        select(
+            func.coalesce(AllocationResourceClaim.releasing_at, AllocationResourceClaim.released_at)
+        )
         .where(AllocationResourceClaim.node_id == node.id)
         .where(
             (AllocationResourceClaim.slot_id == slot.id)
             | (AllocationResourceClaim.claim_kind == "node_exclusive")
         )
-        .order_by(AllocationResourceClaim.released_at.desc().nulls_last())
+        .order_by(AllocationResourceClaim.created_at.desc())
         .limit(1)
     )
     if last_release is not None and finished <= last_release:
@@ -300,3 +291,213 @@ def list_allocations(
     if state:
         stmt = stmt.where(Allocation.state == AllocationState(state))
     return [_summary(a, sku, host) for a, sku, host in session.execute(stmt).all()]
+
+
+# -- lifecycle transitions driven by the flows -------------------------------------------
+
+TRANSITIONS: dict[AllocationState, frozenset[AllocationState]] = {
+    AllocationState.PENDING: frozenset({AllocationState.PROVISIONING, AllocationState.RELEASING}),
+    AllocationState.PROVISIONING: frozenset({AllocationState.ACTIVE, AllocationState.RELEASING}),
+    AllocationState.ACTIVE: frozenset({AllocationState.RELEASING}),
+    AllocationState.RELEASING: frozenset(),
+    AllocationState.RELEASED: frozenset(),
+    AllocationState.FAILED: frozenset(),
+}
+SLOT_STATUS_FOR = {
+    AllocationState.PROVISIONING: SlotStatus.PROVISIONING,
+    AllocationState.ACTIVE: SlotStatus.ACTIVE,
+    AllocationState.RELEASING: SlotStatus.RELEASING,
+}
+
+
+def _lock_allocation(session: Session, allocation_id: uuid.UUID) -> Allocation:
+    allocation = session.scalars(
+        select(Allocation).where(Allocation.id == allocation_id).with_for_update()
+    ).one_or_none()
+    if allocation is None:
+        raise NotFound("allocation", allocation_id)
+    return allocation
+
+
+def _claimed_slots(session: Session, allocation_id: uuid.UUID) -> list[NodeResourceSlot]:
+    return list(
+        session.scalars(
+            select(NodeResourceSlot)
+            .join(AllocationResourceClaim, AllocationResourceClaim.slot_id == NodeResourceSlot.id)
+            .where(
+                AllocationResourceClaim.allocation_id == allocation_id,
+                AllocationResourceClaim.state == "active",
+            )
+            .order_by(NodeResourceSlot.slot_index)
+            .with_for_update(of=NodeResourceSlot)
+        )
+    )
+
+
+def transition(
+    session: Session, allocation_id: uuid.UUID, target: AllocationState, actor: str
+) -> bool:
+    """Move an allocation (and its claimed slots) forward; False when already there."""
+    allocation = _lock_allocation(session, allocation_id)
+    if allocation.state == target:
+        return False
+    if target not in TRANSITIONS[allocation.state]:
+        raise Conflict(
+            "invalid_transition",
+            f"allocation {allocation_id} is {allocation.state.value}; it cannot become "
+            f"{target.value}",
+            {"state": allocation.state.value, "target": target.value},
+        )
+    now = dt.datetime.now(dt.UTC)
+    allocation.state = target
+    allocation.updated_at = now
+    for slot in _claimed_slots(session, allocation_id):
+        slot.status = SLOT_STATUS_FOR[target]
+        if target == AllocationState.ACTIVE:
+            slot.health_state = HealthState.HEALTHY
+        slot.generation += 1
+        slot.updated_at = now
+    if target == AllocationState.RELEASING:
+        session.execute(
+            text(
+                "UPDATE allocation_resource_claims SET releasing_at = now()"
+                " WHERE allocation_id = :a AND state = 'active' AND releasing_at IS NULL"
+            ),
+            {"a": allocation_id},
+        )
+    session.execute(
+        text(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
+            " VALUES ('allocation', :a, :event, CAST(:payload AS jsonb))"
+        ),
+        {
+            "a": allocation_id,
+            "event": f"allocation.{target.value}",
+            "payload": json.dumps({"by": actor}),
+        },
+    )
+    session.flush()
+    return True
+
+
+def fail(
+    session: Session, allocation_id: uuid.UUID, reason: str, actor: str, details: Any = None
+) -> bool:
+    """A failed provision: the allocation is ``failed``; its slots may hold tenant data or VM
+    state, so they go to ``cleanup_blocked`` (never back to available) and claims end."""
+    allocation = _lock_allocation(session, allocation_id)
+    if allocation.state in (AllocationState.FAILED, AllocationState.RELEASED):
+        return False
+    now = dt.datetime.now(dt.UTC)
+    slots = _claimed_slots(session, allocation_id)
+    session.execute(
+        text(
+            "UPDATE allocation_resource_claims SET state = 'released', released_at = now()"
+            " WHERE allocation_id = :a AND state = 'active'"
+        ),
+        {"a": allocation_id},
+    )
+    for slot in slots:
+        slot.status = SlotStatus.CLEANUP_BLOCKED
+        slot.health_state = HealthState.FAILED
+        slot.health_detail = f"allocation {allocation_id} failed: {reason}"[:2000]
+        slot.wipe_required = True
+        slot.generation += 1
+        slot.updated_at = now
+    allocation.state = AllocationState.FAILED
+    allocation.failure_reason = reason
+    allocation.updated_at = now
+    session.flush()
+    evidence_repo.add(
+        session,
+        kind=EvidenceKind.HOST_RESULT,
+        passed=False,
+        summary=f"allocation {allocation_id} failed: {reason}"[:2000],
+        recorded_by=actor,
+        payload=scrub({"reason": reason, "details": details or {}}),
+        node_id=allocation.node_id,
+        allocation_id=allocation_id,
+    )
+    session.execute(
+        text(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
+            " VALUES ('allocation', :a, 'allocation.failed', CAST(:payload AS jsonb))"
+        ),
+        {"a": allocation_id, "payload": json.dumps({"reason": reason})},
+    )
+    return True
+
+
+def block_slots(
+    session: Session, hostname: str, slot_indexes: list[int], reason: str, actor: str
+) -> list[int]:
+    """Slots whose cleanup could not be proven: ``cleanup_blocked`` until an operator acts."""
+    node = node_repo.get_by_hostname(session, hostname)
+    blocked = []
+    for index in slot_indexes:
+        slot = slot_repo.get(session, node.id, index, for_update=True)
+        if slot.status in (SlotStatus.CLEANUP, SlotStatus.RELEASING):
+            slot.status = SlotStatus.CLEANUP_BLOCKED
+            slot.health_state = HealthState.FAILED
+            slot.health_detail = reason[:2000]
+            slot.wipe_required = True
+            slot.generation += 1
+            slot.updated_at = dt.datetime.now(dt.UTC)
+            blocked.append(index)
+    session.flush()
+    if blocked:
+        evidence_repo.add(
+            session,
+            kind=EvidenceKind.HOST_RESULT,
+            passed=False,
+            summary=f"slots {blocked} of {hostname} cleanup_blocked: {reason}"[:2000],
+            recorded_by=actor,
+            payload={"slots": blocked, "reason": reason},
+            node_id=node.id,
+        )
+    return blocked
+
+
+def runtime_spec(session: Session, allocation_id: uuid.UUID) -> dict[str, Any]:
+    """Everything a node needs to realise (or tear down) a slice allocation."""
+    row = session.execute(
+        select(Allocation, Sku, Node)
+        .join(Sku, Sku.id == Allocation.sku_id)
+        .join(Node, Node.id == Allocation.node_id)
+        .where(Allocation.id == allocation_id)
+    ).one_or_none()
+    if row is None:
+        raise NotFound("allocation", allocation_id)
+    allocation, sku, node = row
+    slots = session.scalars(
+        select(NodeResourceSlot)
+        .join(AllocationResourceClaim, AllocationResourceClaim.slot_id == NodeResourceSlot.id)
+        .where(AllocationResourceClaim.allocation_id == allocation_id)
+        .order_by(NodeResourceSlot.slot_index)
+        .distinct()
+    ).all()
+    boot = slots[0] if slots else None
+    return {
+        "allocation_id": str(allocation.id),
+        "state": allocation.state.value,
+        "capacity_shape": allocation.capacity_shape.value,
+        "sku": sku.slug,
+        "gpu_count": allocation.gpu_count,
+        "node": node.hostname,
+        "bridge": node.slice_bridge,
+        "vcpus": sku.vcpu_per_gpu * allocation.gpu_count,
+        "memory_mib": sku.memory_gib_per_gpu * allocation.gpu_count * 1024,
+        "hugepages": sku.requires_hugepages,
+        "mac_address": str(boot.mac_address) if boot else None,
+        "private_ip": str(boot.private_ip).split("/")[0] if boot else None,
+        "slots": [
+            {
+                "slot_index": s.slot_index,
+                "gpu_pci_address": s.gpu_pci_address,
+                "fabric_vf_pci_address": s.fabric_vf_pci_address,
+                "nvme_device": s.nvme_device,
+                "numa_node": s.numa_node,
+            }
+            for s in slots
+        ],
+    }

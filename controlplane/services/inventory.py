@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import netaddr
 from sqlalchemy.orm import Session
@@ -14,10 +15,12 @@ from controlplane.errors import Conflict, InvalidInput
 from controlplane.models import Node
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
+from controlplane.secrets import is_secret_key
 
 HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
 )
+ANSIBLE_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 INTERFACE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
 
 
@@ -32,6 +35,7 @@ class NodeSpec:
     slice_subnet: str | None = None
     slice_bridge: str = "ovsbr0"
     management_address: str | None = None
+    host_vars: dict[str, Any] = field(default_factory=dict)
 
 
 def profile_intent_from_tags(tags: tuple[str, ...]) -> ProfileIntent:
@@ -63,6 +67,18 @@ def validate_spec(spec: NodeSpec) -> str | None:
             f"{spec.slice_bridge!r} is not a valid interface name (max 15 characters)",
             {"bridge": spec.slice_bridge},
         )
+    for key in spec.host_vars:
+        if not ANSIBLE_VARIABLE.match(key):
+            raise InvalidInput(
+                "host_var_invalid", f"{key!r} is not a valid Ansible variable name", {"key": key}
+            )
+        if is_secret_key(key):
+            raise InvalidInput(
+                "secret_in_host_vars",
+                f"{key!r} looks like a secret; node records never hold secrets (use a vault "
+                "or the runner's credential store)",
+                {"key": key},
+            )
     if spec.slice_subnet is None:
         return None
     try:
@@ -111,6 +127,7 @@ def register(session: Session, spec: NodeSpec) -> tuple[Node, bool]:
     node.slice_subnet = subnet
     node.slice_bridge = spec.slice_bridge
     node.management_address = spec.management_address
+    node.host_vars = dict(spec.host_vars)
     node.updated_at = dt.datetime.now(dt.UTC)
     session.flush()
     return node, created

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,7 +127,11 @@ def _touch(slot: NodeResourceSlot, now: dt.datetime) -> None:
 
 
 def import_topology(
-    session: Session, hostname: str, document: Any, recorded_by: str
+    session: Session,
+    hostname: str,
+    document: Any,
+    recorded_by: str,
+    node_task_id: uuid.UUID | None = None,
 ) -> ImportResult:
     """Record a candidate map as evidence and mirror its candidates as ``disabled`` slots.
 
@@ -154,18 +159,28 @@ def import_topology(
         )
 
     now = dt.datetime.now(dt.UTC)
-    task = evidence_repo.add_task(
-        session,
-        node_id=node.id,
-        kind=NodeTaskKind.TOPOLOGY_DISCOVER,
-        state=NodeTaskState.SUCCEEDED,
-        output=topo.document,
-        summary={
-            "candidate_slots": len(topo.candidate_slots),
-            "blockers": [b.code for b in topo.blockers],
-        },
-        requested_by=recorded_by,
-    )
+    summary = {
+        "candidate_slots": len(topo.candidate_slots),
+        "blockers": [b.code for b in topo.blockers],
+    }
+    if node_task_id is None:
+        task = evidence_repo.add_task(
+            session,
+            node_id=node.id,
+            kind=NodeTaskKind.TOPOLOGY_DISCOVER,
+            state=NodeTaskState.SUCCEEDED,
+            output=topo.document,
+            summary=summary,
+            requested_by=recorded_by,
+        )
+    else:
+        task = evidence_repo.running_task(
+            session, node_task_id, node.id, NodeTaskKind.TOPOLOGY_DISCOVER
+        )
+        task.state = NodeTaskState.SUCCEEDED
+        task.output = topo.document
+        task.summary = summary
+        task.finished_at = now
     result = ImportResult(
         hostname=hostname,
         node_task_id=str(task.id),
