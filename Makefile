@@ -15,6 +15,9 @@ demo: setup
 test: setup lint
 	scripts/run-tests.sh
 
+sanity: setup
+	scripts/sanity.sh
+
 lint: setup
 	ruff check .
 	ruff format --check .

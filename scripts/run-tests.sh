@@ -7,3 +7,4 @@ export PATH="$PWD/.venv/bin:$PATH"
 export ANSIBLE_CONFIG="$PWD/ansible.cfg"
 
 pytest -n "${GPUAAS_TEST_WORKERS:-2}" tests
+scripts/sanity.sh
