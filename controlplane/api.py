@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from dataclasses import asdict
 from typing import Any
@@ -220,3 +221,64 @@ class ControlPlane:
     ) -> dict[str, Any]:
         with db.transaction(self.engine) as session:
             return build_inventory(session, hostnames, region, profile_intent)
+
+    def apply_parity(self, hostname: str, failed_checks: list[str], actor: str) -> dict[str, Any]:
+        with db.transaction(self.engine) as session:
+            state, changed = inventory.apply_parity(session, hostname, failed_checks, actor)
+            return {"hostname": hostname, "admin_state": state, "changed": changed}
+
+    def set_allocation_flow_run(self, allocation_id: uuid.UUID, flow_run_id: str) -> None:
+        with db.transaction(self.engine) as session:
+            allocations.set_flow_run(session, allocation_id, flow_run_id)
+
+    def record_evidence(
+        self,
+        hostname: str,
+        kind: EvidenceKind,
+        passed: bool,
+        summary: str,
+        payload: dict[str, Any],
+        actor: str,
+        node_task_id: uuid.UUID | None = None,
+    ) -> int:
+        from controlplane.repositories import evidence as evidence_repo
+        from controlplane.secrets import scrub
+
+        with db.transaction(self.engine) as session:
+            node = node_repo.get_by_hostname(session, hostname)
+            return evidence_repo.add(
+                session,
+                kind=kind,
+                passed=passed,
+                summary=summary[:2000],
+                recorded_by=actor,
+                payload=scrub(payload),
+                node_id=node.id,
+                node_task_id=node_task_id,
+            ).id
+
+    def in_flight(self, grace_seconds: float) -> list[Any]:
+        from controlplane.services import reconcile
+
+        with db.transaction(self.engine) as session:
+            return reconcile.in_flight(session, dt.timedelta(seconds=grace_seconds))
+
+    def finish_in_flight(self, stuck: Any, actor: str) -> str:
+        from controlplane.services import reconcile
+
+        with db.transaction(self.engine) as session:
+            return reconcile.finish(session, stuck, actor)
+
+    def cleanup_slots(self, grace_seconds: float) -> list[dict[str, Any]]:
+        from controlplane.services import reconcile
+
+        with db.transaction(self.engine) as session:
+            return reconcile.cleanup_slots(session, dt.timedelta(seconds=grace_seconds))
+
+    def stale_running_tasks(self, grace_seconds: float) -> list[tuple[str, str | None]]:
+        with db.transaction(self.engine) as session:
+            return tasks.stale_running(session, dt.timedelta(seconds=grace_seconds))
+
+    def abandon_tasks(self, task_ids: list[str], reason: str) -> list[str]:
+        with db.transaction(self.engine) as session:
+            return tasks.abandon(session, task_ids, reason)

@@ -501,3 +501,10 @@ def runtime_spec(session: Session, allocation_id: uuid.UUID) -> dict[str, Any]:
             for s in slots
         ],
     }
+
+
+def set_flow_run(session: Session, allocation_id: uuid.UUID, flow_run_id: str) -> None:
+    """Remember which flow run drives the allocation (reconcile asks Prefect about it)."""
+    allocation = _lock_allocation(session, allocation_id)
+    allocation.runtime_metadata = {**allocation.runtime_metadata, "flow_run_id": flow_run_id}
+    session.flush()

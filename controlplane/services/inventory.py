@@ -145,3 +145,31 @@ def set_admin_state(
     node.updated_at = dt.datetime.now(dt.UTC)
     session.flush()
     return node, changed
+
+
+PARITY_REASON_PREFIX = "parity: "
+
+
+def apply_parity(
+    session: Session, hostname: str, failed_checks: list[str], actor: str
+) -> tuple[str, bool]:
+    """A parity verdict moves a node: failing -> unavailable with the reason; passing ->
+    schedulable again, but only if parity was what made it unavailable. An operator's
+    drain or manual unavailability is never overridden."""
+    node = node_repo.get_by_hostname(session, hostname, for_update=True)
+    before = (node.admin_state, node.admin_state_reason)
+    parity_owned = (node.admin_state_reason or "").startswith(PARITY_REASON_PREFIX)
+    if failed_checks:
+        if node.admin_state == AdminState.SCHEDULABLE or (
+            node.admin_state == AdminState.UNAVAILABLE and parity_owned
+        ):
+            node.admin_state = AdminState.UNAVAILABLE
+            node.admin_state_reason = PARITY_REASON_PREFIX + ", ".join(sorted(failed_checks))
+    elif node.admin_state == AdminState.UNAVAILABLE and parity_owned:
+        node.admin_state = AdminState.SCHEDULABLE
+        node.admin_state_reason = None
+    changed = before != (node.admin_state, node.admin_state_reason)
+    if changed:
+        node.updated_at = dt.datetime.now(dt.UTC)
+    session.flush()
+    return node.admin_state.value, changed

@@ -87,15 +87,28 @@ def complete(
     return row.id
 
 
-def abandon_stale(session: Session, older_than: dt.timedelta, reason: str) -> list[str]:
-    """Tasks left ``running`` by a crashed run: ``failed`` with the reason."""
+def stale_running(session: Session, older_than: dt.timedelta) -> list[tuple[str, str | None]]:
+    """(task id, flow run id) of tasks still ``running`` after ``older_than``."""
+    rows = session.execute(
+        text(
+            "SELECT id, flow_run_id FROM node_tasks WHERE state = 'running'"
+            " AND started_at < now() - CAST(:age AS interval) ORDER BY started_at"
+        ),
+        {"age": f"{int(older_than.total_seconds())} seconds"},
+    )
+    return [(str(r.id), r.flow_run_id) for r in rows]
+
+
+def abandon(session: Session, task_ids: list[str], reason: str) -> list[str]:
+    """Tasks left ``running`` by a run that is gone: ``failed`` with the reason."""
+    if not task_ids:
+        return []
     rows = session.execute(
         text(
             "UPDATE node_tasks SET state = 'failed', error = :reason, finished_at = now()"
-            " WHERE state = 'running' AND started_at < now() - CAST(:age AS interval)"
-            " RETURNING id"
+            " WHERE state = 'running' AND id = ANY(CAST(:ids AS uuid[])) RETURNING id"
         ),
-        {"reason": reason, "age": f"{int(older_than.total_seconds())} seconds"},
+        {"reason": reason, "ids": task_ids},
     ).scalars()
     return [str(r) for r in rows]
 

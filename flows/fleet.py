@@ -1,0 +1,245 @@
+"""Fleet flows: topology discovery, slot approval, parity sweeps, storage transition.
+
+Flows only orchestrate: each host action is one named task over ``flows.hostwork``; the
+rules live in the control plane. Retries are only on the read-only host probes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.runtime import flow_run
+from prefect.states import Failed
+
+from controlplane.api import ControlPlane
+from controlplane.enums import EvidenceKind
+from controlplane.errors import GpuaasError
+from flows import artifacts
+from flows.hostwork import DISCOVER, PARITY, STORAGE_TRANSITION, HostOutcome, run_host_action
+
+ACTOR = "flow"
+
+
+def control_plane() -> ControlPlane:
+    return ControlPlane.from_environment()
+
+
+def current_run() -> str | None:
+    return str(flow_run.id) if flow_run.id else None
+
+
+@task(name="select nodes")
+def select_nodes(
+    hostnames: list[str] | None, region: str | None, profile_intent: str | None
+) -> list[str]:
+    nodes = control_plane().list_nodes(region)
+    chosen = [
+        n["hostname"]
+        for n in nodes
+        if (hostnames is None or n["hostname"] in hostnames)
+        and (profile_intent is None or n["profile_intent"] == profile_intent)
+    ]
+    missing = sorted(set(hostnames or []) - {n["hostname"] for n in nodes})
+    if missing:
+        raise GpuaasError("node_not_found", f"unknown nodes: {missing}", {"nodes": missing})
+    return chosen
+
+
+@task(name="discover topology on hosts", retries=2, retry_delay_seconds=5)
+def discover_hosts(hostnames: list[str], extravars: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    cp = control_plane()
+    imports: dict[str, dict[str, Any]] = {}
+
+    def record(host: str, task_id: uuid.UUID, result) -> None:
+        topology = result.module_result(host, DISCOVER.module)["topology"]
+        imports[host] = cp.import_topology(host, topology, ACTOR, node_task_id=task_id)
+
+    outcomes = run_host_action(
+        cp, DISCOVER, hostnames, extravars, ACTOR, flow_run_id=current_run(), record=record
+    )
+    return {
+        host: {
+            "passed": o.passed,
+            "failure": o.failure,
+            "node_task_id": o.node_task_id,
+            "import": imports.get(host),
+        }
+        for host, o in outcomes.items()
+    }
+
+
+@flow(name="discover_topology", log_prints=True)
+def discover_topology(
+    hostnames: list[str] | None = None,
+    region: str | None = None,
+    extravars: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Discover candidate topology on slice nodes and store each map as a node task output.
+    Candidates stay disabled: approval is its own explicit step (``approve_slots``)."""
+    hosts = select_nodes(hostnames, region, "slice_vm")
+    if not hosts:
+        return {}
+    results = discover_hosts(hosts, extravars or {})
+    rows = [
+        {
+            "node": host,
+            "discovered": r["passed"],
+            "approvable slots": len((r["import"] or {}).get("approvable", [])),
+            "blockers": ", ".join(b["code"] for b in (r["import"] or {}).get("blockers", [])),
+            "failure": r["failure"] or "",
+        }
+        for host, r in results.items()
+    ]
+    artifacts.table("topology-discovery", "Topology discovery per node", rows)
+    failed = [h for h, r in results.items() if not r["passed"]]
+    if failed:
+        return Failed(message=f"discovery failed on {failed}", data=results)
+    return results
+
+
+@task(name="approve slots")
+def approve(hostname: str, slots: list[int] | None) -> dict[str, Any]:
+    return control_plane().approve_slots(hostname, slots, ACTOR)
+
+
+@flow(name="approve_slots")
+def approve_slots(hostname: str, slots: list[int] | None = None) -> dict[str, Any]:
+    """Approve a node's candidate slots: every rule re-checked, all or nothing."""
+    try:
+        return approve(hostname, slots)
+    except GpuaasError as refused:
+        artifacts.table(
+            "approval-rejections",
+            f"Approval refused on {hostname}",
+            [
+                {"slot": r["slot_index"], "code": r["code"], "reason": r["message"]}
+                for r in refused.details.get("rejections", [])
+            ],
+        )
+        return Failed(message=refused.message, data=refused.as_dict())
+
+
+@task(name="check parity on a batch of hosts", retries=2, retry_delay_seconds=5)
+def parity_batch(hostnames: list[str], extravars: dict[str, Any]) -> dict[str, HostOutcome]:
+    return run_host_action(
+        control_plane(), PARITY, hostnames, extravars, ACTOR, flow_run_id=current_run()
+    )
+
+
+@task(name="apply parity verdicts")
+def apply_verdicts(outcomes: dict[str, HostOutcome]) -> list[dict[str, Any]]:
+    cp = control_plane()
+    rows = []
+    for host, outcome in sorted(outcomes.items()):
+        results = (outcome.module_result or {}).get("results") or []
+        failed = [r["check"] for r in results if r.get("status") == "FAIL"]
+        if not outcome.passed and not failed:
+            failed = [f"run_failed ({outcome.failure})"]
+        verdict = cp.apply_parity(host, failed, ACTOR)
+        rows.append(
+            {
+                "node": host,
+                "failures": len(failed),
+                "failed checks": ", ".join(failed),
+                "admin state": verdict["admin_state"],
+                "changed": verdict["changed"],
+            }
+        )
+    return rows
+
+
+@flow(name="parity_sweep")
+def parity_sweep(
+    hostnames: list[str] | None = None,
+    region: str | None = None,
+    profile_intent: str | None = "slice_vm",
+    batch_size: int = 25,
+    extravars: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Check parity across the fleet (or a selector) in bounded batches. Failing nodes become
+    unavailable with the reason; nodes parity had made unavailable return when they pass."""
+    logger = get_run_logger()
+    hosts = select_nodes(hostnames, region, profile_intent)
+    batches = [hosts[i : i + batch_size] for i in range(0, len(hosts), batch_size)]
+    progress = artifacts.progress("parity-sweep", f"Parity sweep over {len(hosts)} nodes")
+    rows: list[dict[str, Any]] = []
+    for done, batch in enumerate(batches, start=1):
+        rows.extend(apply_verdicts(parity_batch(batch, extravars or {})))
+        progress.update(100.0 * done / len(batches))
+        logger.info("parity batch %d/%d done", done, len(batches))
+    artifacts.table("parity-sweep", "Parity verdict per node", rows)
+    return rows
+
+
+@task(name="transition storage on host")
+def transition_storage(
+    hostname: str, devices: list[str], approval: str, apply: bool, extravars: dict[str, Any]
+) -> HostOutcome:
+    variables = {
+        **extravars,
+        "slice_storage_transition_devices": devices,
+        "slice_storage_transition_approved_devices": devices,
+        "slice_storage_transition_approval": approval,
+        "slice_storage_transition_apply": apply,
+    }
+    return run_host_action(
+        control_plane(), STORAGE_TRANSITION, [hostname], variables, ACTOR, flow_run_id=current_run()
+    )[hostname]
+
+
+@flow(name="storage_transition")
+def storage_transition(
+    hostname: str,
+    devices: list[str],
+    approval: str,
+    apply: bool = False,
+    extravars: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Turn infra-approved host disks into raw slice disks. Plan only unless ``apply``; an
+    approval reference is always required and recorded in the manifest and evidence."""
+    if not approval.strip():
+        return Failed(message="storage transition needs an infra approval reference")
+    outcome = transition_storage(hostname, devices, approval, apply, extravars or {})
+    result = outcome.module_result or {}
+    artifacts.table(
+        "storage-transition",
+        f"Storage transition on {hostname} ({'applied' if apply else 'plan'})",
+        [
+            {"device": d.get("device"), "status": d.get("status"), "kernel": d.get("kernel_name")}
+            for d in result.get("devices", [])
+        ]
+        or [{"device": "-", "status": outcome.failure or "nothing to do", "kernel": ""}],
+    )
+    if not outcome.passed:
+        return Failed(message=outcome.failure or "storage transition failed")
+    if apply:
+        record_raw_disks(hostname, result, approval, outcome.node_task_id)
+    return {"node_task_id": outcome.node_task_id, "manifest_path": result.get("manifest_path")}
+
+
+@task(name="record raw disks")
+def record_raw_disks(
+    hostname: str, result: dict[str, Any], approval: str, node_task_id: str
+) -> list[int]:
+    """One storage_manifest evidence row per raw disk: slot approval reads these."""
+    cp = control_plane()
+    return [
+        cp.record_evidence(
+            hostname,
+            EvidenceKind.STORAGE_MANIFEST,
+            True,
+            f"{device['device']} is a raw slice disk on {hostname} ({device['status']})",
+            {
+                "device": device["device"],
+                "status": device["status"],
+                "approval": approval,
+                "manifest_path": result.get("manifest_path"),
+            },
+            ACTOR,
+            uuid.UUID(node_task_id),
+        )
+        for device in result.get("devices", [])
+        if device.get("status") in ("transitioned", "raw")
+    ]

@@ -1,0 +1,163 @@
+"""One host action = one node task: begin it in the store, run the playbook through the
+runner bridge, record the structured result as evidence. No Prefect here: the flows wrap
+these functions in named tasks.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from controlplane.api import ControlPlane
+from controlplane.enums import EvidenceKind, NodeTaskKind
+from flows.runner import PlaybookRun, RunResult, run_playbook
+
+
+@dataclass(frozen=True)
+class HostAction:
+    kind: NodeTaskKind
+    playbook: str
+    module: str
+    evidence_kind: EvidenceKind
+    timeout: int = 1800
+
+
+DISCOVER = HostAction(
+    NodeTaskKind.TOPOLOGY_DISCOVER,
+    "topology_discover.yml",
+    "slice_topology",
+    EvidenceKind.TOPOLOGY,
+    600,
+)
+PARITY = HostAction(
+    NodeTaskKind.HOST_PARITY, "parity.yml", "slice_parity", EvidenceKind.PARITY, 600
+)
+VM_PROVISION = HostAction(
+    NodeTaskKind.VM_PROVISION, "vm_provision.yml", "set_stats", EvidenceKind.READINESS
+)
+VM_RELEASE = HostAction(
+    NodeTaskKind.VM_RELEASE, "vm_release.yml", "set_stats", EvidenceKind.WIPE_PROOF
+)
+STORAGE_TRANSITION = HostAction(
+    NodeTaskKind.STORAGE_TRANSITION,
+    "storage_transition.yml",
+    "storage_transition",
+    EvidenceKind.STORAGE_MANIFEST,
+)
+BOOTSTRAP = HostAction(
+    NodeTaskKind.HOST_BOOTSTRAP, "bootstrap.yml", "slice_parity", EvidenceKind.HOST_RESULT
+)
+
+
+@dataclass
+class HostOutcome:
+    hostname: str
+    node_task_id: str
+    passed: bool
+    module_result: dict[str, Any] | None
+    failure: str | None
+    artifact_dir: str
+    evidence_id: int | None = None
+
+
+def failure_of(result: RunResult, host: str) -> str | None:
+    """The first failed or unreachable task's message on ``host``, or the run's status."""
+    if result.status == "timeout":
+        return f"{result.playbook} timed out"
+    for task in result.for_host(host):
+        if task.status in ("failed", "unreachable"):
+            message = task.result.get("msg") or task.result.get("reason") or task.status
+            return f"{task.task}: {message}"[:2000]
+    if host not in result.hosts:
+        return f"{result.playbook} did not run on {host} ({result.status})"
+    return None
+
+
+def host_output(result: RunResult, host: str, module: str) -> dict[str, Any]:
+    return {
+        "playbook": result.playbook,
+        "status": result.status,
+        "module": module,
+        "result": result.module_result(host, module),
+        "tasks": [
+            {
+                "task": t.task,
+                "action": t.action,
+                "status": t.status,
+                "changed": t.changed,
+                "duration_s": t.duration_s,
+            }
+            for t in result.for_host(host)
+        ],
+    }
+
+
+def run_host_action(
+    cp: ControlPlane,
+    action: HostAction,
+    hostnames: list[str],
+    extravars: dict[str, Any],
+    actor: str,
+    *,
+    allocation_id: uuid.UUID | None = None,
+    flow_run_id: str | None = None,
+    record: Callable[[str, uuid.UUID, RunResult], int | None] | None = None,
+) -> dict[str, HostOutcome]:
+    """Run ``action`` on ``hostnames`` (one playbook run) and record one node task each.
+
+    ``record`` may take over recording a passing host's result (discovery imports the
+    candidate map into the task); otherwise the module result becomes the evidence.
+    """
+    task_ids = {
+        host: cp.begin_task(host, action.kind, extravars, actor, allocation_id, flow_run_id)
+        for host in hostnames
+    }
+    inventory = cp.inventory(hostnames)
+    result = run_playbook(
+        PlaybookRun(
+            playbook=action.playbook,
+            inventory=inventory,
+            extravars={**extravars, "gpuaas_hosts": ",".join(hostnames)},
+            timeout=action.timeout,
+            forks=max(1, min(len(hostnames), 16)),
+        )
+    )
+    outcomes: dict[str, HostOutcome] = {}
+    for host, task_id in task_ids.items():
+        failure = failure_of(result, host)
+        passed = failure is None and result.host_passed(host)
+        outcome = HostOutcome(
+            hostname=host,
+            node_task_id=str(task_id),
+            passed=passed,
+            module_result=result.module_result(host, action.module),
+            failure=failure,
+            artifact_dir=result.artifact_dir,
+        )
+        if passed and record is not None:
+            outcome.evidence_id = record(host, task_id, result)
+        else:
+            summary = result.hosts.get(host)
+            outcome.evidence_id = cp.complete_task(
+                task_id,
+                succeeded=passed,
+                output=host_output(result, host, action.module),
+                summary={
+                    "ok": summary.ok if summary else 0,
+                    "changed": summary.changed if summary else 0,
+                    "failed": summary.failed if summary else 0,
+                    "unreachable": summary.unreachable if summary else 0,
+                },
+                artifact_dir=result.artifact_dir,
+                error=failure,
+                evidence_kind=action.evidence_kind,
+                evidence_summary=(
+                    f"{action.kind.value} on {host}: "
+                    + ("passed" if passed else f"FAILED ({failure})")
+                ),
+                actor=actor,
+            )
+        outcomes[host] = outcome
+    return outcomes
