@@ -136,10 +136,10 @@ def normalize_pci_address(address: str) -> str:
     return f"{domain:04x}:{bus:02x}:{slot:02x}.{function:x}"
 
 
-def atomic_write(path: str, data: bytes, mode: int = 0o644) -> None:
+def atomic_write(path: str, data: bytes, mode: int = 0o644, dir_mode: int = 0o755) -> None:
     """Write via a temp file in the same directory, fsync, rename: never a partial file."""
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(directory, mode=dir_mode, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
         with os.fdopen(fd, "wb") as handle:

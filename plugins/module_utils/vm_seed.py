@@ -20,6 +20,8 @@ import io
 import json
 import os
 import re
+import socket
+import subprocess
 
 try:
     import pycdlib
@@ -213,7 +215,7 @@ def ensure_seed(path: str, files: dict, check_mode: bool) -> dict:
         },
     }
     if changed and not check_mode:
-        vm_common.atomic_write(path, build_iso(files), mode=0o640)
+        vm_common.atomic_write(path, build_iso(files), mode=0o640, dir_mode=0o750)
     return result
 
 
@@ -226,26 +228,62 @@ def _diff_text(files) -> str:
     )
 
 
-def run(params: dict, check_mode: bool) -> dict:
-    """Module entry: render the seed (relay key included) and write it if it differs."""
-    relay_key = ""
-    key_path = params.get("terminal_public_key_path")
-    if key_path:
-        try:
-            with open(key_path, encoding="utf-8") as handle:
-                relay_key = handle.read().strip()
-        except OSError as exc:
+def ensure_relay_key(path: str, check_mode: bool) -> dict:
+    """The node terminal relay key pair at `path` (+ .pub), created (ed25519) if missing."""
+    public = path + ".pub"
+    created = False
+    if not os.path.exists(path):
+        created = True
+        if check_mode:
+            return {"path": path, "created": True, "public_key": ""}
+        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+        proc = subprocess.run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                f"gpuaas-terminal-relay@{socket.gethostname()}",
+                "-f",
+                path,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
             raise VmError(
-                "terminal_key_missing",
-                f"terminal relay public key {key_path}: {exc.strerror}",
-                PHASE_SEED,
-            ) from exc
+                "terminal_key_failed", f"ssh-keygen {path}: {proc.stderr.strip()}", PHASE_SEED
+            )
+    try:
+        with open(public, encoding="utf-8") as handle:
+            key = handle.read().strip()
+    except OSError as exc:
+        raise VmError(
+            "terminal_key_missing",
+            f"terminal relay key {path} has no public key {public}: {exc.strerror}",
+            PHASE_SEED,
+        ) from exc
+    return {"path": path, "created": created, "public_key": key}
+
+
+def run(params: dict, check_mode: bool) -> dict:
+    """Module entry: relay key, then render the seed and write it if it differs."""
     vm_common.parse_allocation_id(params["allocation_id"])
+    relay = {"path": "", "created": False, "public_key": ""}
+    if params.get("terminal_key_path"):
+        relay = ensure_relay_key(params["terminal_key_path"], check_mode)
     files = seed_files(
         params["allocation_id"],
         params["hostname"],
         params["users"],
         params["mac_address"],
-        relay_key,
+        relay["public_key"],
     )
-    return ensure_seed(params["path"], files, check_mode)
+    result = ensure_seed(params["path"], files, check_mode)
+    result["terminal_key"] = relay
+    result["changed"] = result["changed"] or relay["created"]
+    return result

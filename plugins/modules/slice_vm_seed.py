@@ -13,8 +13,10 @@ module: slice_vm_seed
 short_description: Write the NoCloud seed ISO (cidata) of one slice allocation
 version_added: "0.1.0"
 description:
+  - Creates the node terminal relay key pair (ed25519, O(terminal_key_path)) when it is
+    missing.
   - Renders C(user-data) (hostname, users with their SSH authorized keys, the node
-    terminal relay key always added to every user), C(meta-data) (C(instance-id) = the
+    terminal relay public key always added to every user), C(meta-data) (C(instance-id) = the
     allocation id) and C(network-config) (DHCP on the NIC with the reserved MAC), and
     writes them as an ISO9660 image labelled C(cidata).
   - Compares the files inside an existing ISO with the desired ones; writes only when they
@@ -61,10 +63,11 @@ options:
       sudo:
         description: cloud-init sudo rule, for example C(ALL=(ALL) NOPASSWD:ALL).
         type: str
-  terminal_public_key_path:
+  terminal_key_path:
     description:
-      - The node terminal relay public key (for example
-        C(/var/lib/gpuaas/terminal/id_ed25519.pub)); added to every user's keys.
+      - The node terminal relay private key (for example
+        C(/var/lib/gpuaas/terminal/id_ed25519)), created with its C(.pub) when missing;
+        the public key is added to every user's keys.
     type: path
 attributes:
   check_mode:
@@ -74,7 +77,7 @@ attributes:
     description: The seed files before and after.
     support: full
   platform:
-    description: Any host with pycdlib.
+    description: Hosts with pycdlib and ssh-keygen (OpenSSH client).
     support: full
     platforms: posix
 requirements:
@@ -92,12 +95,12 @@ EXAMPLES = r"""
       - name: gpuuser
         ssh_authorized_keys: ["{{ tenant_public_key }}"]
         sudo: "ALL=(ALL) NOPASSWD:ALL"
-    terminal_public_key_path: /var/lib/gpuaas/terminal/id_ed25519.pub
+    terminal_key_path: /var/lib/gpuaas/terminal/id_ed25519
 """
 
 RETURN = r"""
 changed:
-  description: Whether the ISO was (or would be) written.
+  description: Whether the ISO or the relay key was (or would be) written.
   returned: always
   type: bool
 path:
@@ -106,6 +109,10 @@ path:
   type: str
 files:
   description: The seed files as written (user-data, meta-data, network-config).
+  returned: always
+  type: dict
+terminal_key:
+  description: The relay key (path, created, public_key).
   returned: always
   type: dict
 failure:
@@ -136,7 +143,7 @@ def main():
                     sudo=dict(type="str"),
                 ),
             ),
-            terminal_public_key_path=dict(type="path", no_log=False),
+            terminal_key_path=dict(type="path", no_log=False),
         ),
         supports_check_mode=True,
     )

@@ -369,6 +369,11 @@ class VmLab:
         """Run a command inside the lab (network + mount namespace)."""
         return self.ns.run(argv, check=check, timeout=timeout)
 
+    @property
+    def libvirt_uri_outside(self) -> str:
+        """URI of the lab's libvirtd for code running outside the lab's namespaces."""
+        return f"qemu:///system?socket={self.run_dir / 'libvirt' / 'libvirt-sock'}"
+
     def virsh(self, *args: str, check: bool = True):
         return self.run(["virsh", "-c", "qemu:///system", *args], check=check)
 
@@ -420,7 +425,7 @@ class VmLab:
     def playbook(
         self, playbook: str, extra_vars: dict, check_mode: bool = False, timeout: float = 300
     ) -> PlaybookRun:
-        """Run playbooks/<playbook> with ansible-playbook inside the lab (json callback)."""
+        """Run playbooks/<playbook> (or an absolute path) inside the lab, json callback."""
         vars_file = self.root / f"vars-{time.monotonic_ns()}.json"
         vars_file.write_text(json.dumps(extra_vars))
         argv = [
@@ -429,6 +434,7 @@ class VmLab:
             "ANSIBLE_STDOUT_CALLBACK=ansible.posix.json",
             "ANSIBLE_CALLBACK_RESULT_FORMAT=json",
             "ANSIBLE_SHOW_CUSTOM_STATS=1",
+            "ANSIBLE_PIPELINING=1",
             f"PATH={VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
             str(VENV_BIN / "ansible-playbook"),
             "-i",

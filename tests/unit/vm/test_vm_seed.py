@@ -163,19 +163,34 @@ def test_a_foreign_iso_at_the_path_is_replaced(tmp_path: Path):
     assert vm_seed.volume_label(str(path)) == "cidata"
 
 
-def test_run_injects_the_relay_key_from_its_file_and_refuses_a_missing_one(tmp_path: Path):
-    key = tmp_path / "id_ed25519.pub"
-    key.write_text(RELAY_KEY + "\n")
+def test_run_creates_the_relay_key_once_and_injects_it(tmp_path: Path):
+    key = tmp_path / "terminal" / "id_ed25519"
     params = {
-        "path": str(tmp_path / "seed.iso"),
+        "path": str(tmp_path / "slices" / "a" / "seed.iso"),
         "allocation_id": ALLOCATION,
         "hostname": "slice-1",
         "mac_address": "52:54:00:3f:a2:10",
         "users": [{"name": "gpuuser", "ssh_authorized_keys": [TENANT_KEY]}],
-        "terminal_public_key_path": str(key),
+        "terminal_key_path": str(key),
     }
-    result = vm_seed.run(params, check_mode=False)
-    assert RELAY_KEY in result["files"]["user-data"]
+    preview = vm_seed.run(params, check_mode=True)
+    assert preview["changed"] and preview["terminal_key"]["created"]
+    assert not key.exists() and not (tmp_path / "slices").exists()
+    first = vm_seed.run(params, check_mode=False)
+    assert first["terminal_key"]["created"] and key.exists()
+    assert oct((tmp_path / "terminal").stat().st_mode & 0o777) == "0o700"
+    public = key.with_suffix(".pub").read_text().strip()
+    assert public.startswith("ssh-ed25519 ")
+    users = yaml.safe_load(first["files"]["user-data"])["users"]
+    assert users[0]["ssh_authorized_keys"] == [TENANT_KEY, public]
+    again = vm_seed.run(params, check_mode=False)
+    assert not again["changed"] and not again["terminal_key"]["created"]
+    assert key.with_suffix(".pub").read_text().strip() == public
+
+
+def test_a_relay_key_without_its_public_half_is_refused(tmp_path: Path):
+    key = tmp_path / "id_ed25519"
+    key.write_text("private\n")
     with pytest.raises(VmError) as caught:
-        vm_seed.run({**params, "terminal_public_key_path": str(tmp_path / "missing.pub")}, False)
+        vm_seed.ensure_relay_key(str(key), check_mode=False)
     assert caught.value.code == "terminal_key_missing"
