@@ -275,7 +275,7 @@ class ControlPlane:
         with db.transaction(self.engine) as session:
             return reconcile.cleanup_slots(session, dt.timedelta(seconds=grace_seconds))
 
-    def stale_running_tasks(self, grace_seconds: float) -> list[tuple[str, str | None]]:
+    def stale_running_tasks(self, grace_seconds: float) -> list[tuple[str, str | None, float]]:
         with db.transaction(self.engine) as session:
             return tasks.stale_running(session, dt.timedelta(seconds=grace_seconds))
 

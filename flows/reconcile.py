@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
+from prefect.states import Crashed
 
 from controlplane.enums import EvidenceKind, NodeTaskKind
 from flows import artifacts
@@ -29,8 +31,13 @@ DISK_WIPE = HostAction(
 )
 
 
-def run_is_live(flow_run_id: str | None) -> bool:
-    """Ask Prefect whether the run that owns an allocation can still make progress."""
+def run_is_live(flow_run_id: str | None, quiet_seconds: float, stale_after_seconds: float) -> bool:
+    """Whether the run that owns a record can still make progress.
+
+    Prefect alone cannot tell: a killed process leaves its run ``Running`` forever. A run
+    is live when Prefect says so and it touched the store within ``stale_after_seconds``
+    (longer than any host action's timeout). A dead run is marked Crashed in Prefect.
+    """
     if not flow_run_id or flow_run_id == current_run():
         return False
     with get_client(sync_client=True) as client:
@@ -38,15 +45,26 @@ def run_is_live(flow_run_id: str | None) -> bool:
             run = client.read_flow_run(uuid.UUID(flow_run_id))
         except Exception:  # unknown to this Prefect server: nobody is driving it
             return False
-    return run.state is not None and run.state.type in LIVE_STATES
+        if run.state is None or run.state.type not in LIVE_STATES:
+            return False
+        if quiet_seconds < stale_after_seconds:
+            return True
+        client.set_flow_run_state(
+            run.id,
+            Crashed(message=f"no progress for {quiet_seconds:.0f} s; reconciled as crashed"),
+            force=True,
+        )
+    return False
 
 
 @task(name="finish allocations of dead runs")
-def finish_dead_runs(grace_seconds: float) -> list[dict[str, Any]]:
+def finish_dead_runs(grace_seconds: float, stale_after_seconds: float) -> list[dict[str, Any]]:
     cp = control_plane()
     rows = []
+    now = dt.datetime.now(dt.UTC)
     for stuck in cp.in_flight(grace_seconds):
-        if run_is_live(stuck.flow_run_id):
+        quiet = (now - stuck.updated_at).total_seconds()
+        if run_is_live(stuck.flow_run_id, quiet, stale_after_seconds):
             continue
         outcome = cp.finish_in_flight(stuck, ACTOR)
         rows.append(
@@ -95,25 +113,27 @@ def wipe_cleanup_slots(grace_seconds: float) -> list[dict[str, Any]]:
 
 
 @task(name="close abandoned node tasks")
-def close_abandoned_tasks(grace_seconds: float) -> list[str]:
+def close_abandoned_tasks(grace_seconds: float, stale_after_seconds: float) -> list[str]:
     cp = control_plane()
     dead = [
         task_id
-        for task_id, flow_run_id in cp.stale_running_tasks(grace_seconds)
-        if not run_is_live(flow_run_id)
+        for task_id, flow_run_id, quiet in cp.stale_running_tasks(grace_seconds)
+        if not run_is_live(flow_run_id, quiet, stale_after_seconds)
     ]
     return cp.abandon_tasks(dead, "abandoned: the run that started it is gone (reconciled)")
 
 
 @flow(name="reconcile")
-def reconcile(grace_seconds: float = 300.0, wipe_cleanup: bool = True) -> dict[str, Any]:
+def reconcile(
+    grace_seconds: float = 300.0, stale_after_seconds: float = 7200.0, wipe_cleanup: bool = True
+) -> dict[str, Any]:
     """Compare the store with the runs that should be driving it and finish what a crashed
     run left: stuck provisioning ends ``failed`` (slots cleanup_blocked), stuck pending or
     releasing allocations are released (slots wait for a proof), slots in cleanup are wiped
     with proof, abandoned node tasks are closed."""
     logger = get_run_logger()
-    finished = finish_dead_runs(grace_seconds)
-    tasks_closed = close_abandoned_tasks(grace_seconds)
+    finished = finish_dead_runs(grace_seconds, stale_after_seconds)
+    tasks_closed = close_abandoned_tasks(grace_seconds, stale_after_seconds)
     wiped = wipe_cleanup_slots(grace_seconds) if wipe_cleanup else []
     artifacts.table("reconcile-allocations", "Allocations finished by reconcile", finished)
     artifacts.table("reconcile-slots", "Slots wiped or blocked by reconcile", wiped)

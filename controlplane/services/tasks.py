@@ -87,16 +87,19 @@ def complete(
     return row.id
 
 
-def stale_running(session: Session, older_than: dt.timedelta) -> list[tuple[str, str | None]]:
-    """(task id, flow run id) of tasks still ``running`` after ``older_than``."""
+def stale_running(
+    session: Session, older_than: dt.timedelta
+) -> list[tuple[str, str | None, float]]:
+    """(task id, flow run id, seconds running) of tasks ``running`` after ``older_than``."""
     rows = session.execute(
         text(
-            "SELECT id, flow_run_id FROM node_tasks WHERE state = 'running'"
+            "SELECT id, flow_run_id, extract(epoch FROM now() - started_at) AS age"
+            " FROM node_tasks WHERE state = 'running'"
             " AND started_at < now() - CAST(:age AS interval) ORDER BY started_at"
         ),
         {"age": f"{int(older_than.total_seconds())} seconds"},
     )
-    return [(str(r.id), r.flow_run_id) for r in rows]
+    return [(str(r.id), r.flow_run_id, float(r.age)) for r in rows]
 
 
 def abandon(session: Session, task_ids: list[str], reason: str) -> list[str]:
