@@ -1,0 +1,237 @@
+"""Every preflight refusal, for real, on a live lab (bridge, loop disks, libvirt, mounts).
+
+Each case changes one thing of an accepted baseline, so each refusal is caused by it and
+only its check fails. The cases run through the preflight module_utils in one Python
+process on the lab host; the module itself runs through ansible-playbook for the accepted
+case and one refusal. Mounts are made inside the lab's mount namespace, which is the
+slice host the modules see.
+Then the whole provision role is refused on the seed's j22u05 disk (parent not mounted, a
+child partition mounted) and the test proves nothing was written anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.support.loopdev import LoopDisk
+from tests.support.vmlab import REPO_ROOT
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+OTHER_DOMAIN = "other-tenant-{}"
+
+
+def lab_mount(lab, device: str, mountpoint: Path) -> None:
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    lab.run(["mount", "-o", "noatime", device, str(mountpoint)])
+    lab.run(["sh", "-c", f"echo tenant-data > {mountpoint}/data && sync"])
+
+
+def define_other_domain(lab, name: str, disk: LoopDisk, tmp_path: Path) -> None:
+    xml = tmp_path / f"{name}.xml"
+    xml.write_text(
+        f"<domain type='qemu'><name>{name}</name><memory unit='MiB'>64</memory>"
+        "<os><type arch='x86_64'>hvm</type></os><devices>"
+        f"<disk type='block' device='disk'><source dev='{disk.stable_path}'/>"
+        "<target dev='vda' bus='virtio'/></disk></devices></domain>"
+    )
+    lab.virsh("define", str(xml))
+
+
+def test_every_preflight_refusal(linux_lab, guest_image, tmp_path: Path):
+    lab = linux_lab
+    loops = lab.loops
+    raw = lab.disk()
+    raw2 = lab.disk()
+    mounted = lab.disk()
+    loops.mkfs(mounted.device)
+    child = loops.disk(partitions=["share"])
+    loops.mkfs(child.partitions[0])
+    not_raw = loops.disk(partitions=["old-tenant"])
+    busy = lab.disk()
+    loops.hold_open(busy.device)
+    in_domain = lab.disk()
+    regular = Path(lab.stable_dir) / f"nvme-eui.file{uuid.uuid4().hex[:8]}"
+    (tmp_path / "plain-file").write_bytes(b"\0" * 4096)
+    regular.symlink_to(tmp_path / "plain-file")
+    lab.ns.add_dummy("notabridge0")
+    other = OTHER_DOMAIN.format(uuid.uuid4().hex[:6])
+    define_other_domain(lab, other, in_domain, tmp_path)
+    mounts = [tmp_path / "mnt-whole", tmp_path / "mnt-share"]
+    lab_mount(lab, mounted.device, mounts[0])
+    lab_mount(lab, child.partitions[0], mounts[1])
+    try:
+        base = {
+            "allocation_id": str(uuid.uuid4()),
+            "slots": [slot(raw.stable_path)],
+            "mac_address": "52:54:00:5a:00:20",
+            "bridge": lab.bridge,
+            "bridge_type": "linux",
+            "profile": {"vcpus": 1, "memory_mib": 512},
+            "image": {"path": guest_image.path, "sha256": guest_image.sha256},
+            "emulation": True,
+            "pci_passthrough": False,
+            "stable_dirs": [lab.stable_dir],
+        }
+        cases = {
+            "accepted": ({}, None),
+            "bridge_missing": ({"bridge": "nosuchbr0"}, ("bridge", "bridge_missing")),
+            "not_a_bridge": ({"bridge": "notabridge0"}, ("bridge", "not_a_bridge")),
+            "ovs_not_running": (
+                {"bridge_type": "openvswitch"},
+                ("bridge", "ovs_unavailable"),
+            ),
+            "kvm_missing": (
+                {"emulation": False, "kvm_device": str(tmp_path / "kvm")},
+                ("kvm", "kvm_missing"),
+            ),
+            "hugepages": (
+                {"profile": {"vcpus": 1, "memory_mib": 1024, "hugepages": True}},
+                ("hugepages", "hugepages_insufficient"),
+            ),
+            "numa_node_missing": (
+                {"slots": [slot(raw.stable_path, numa_node=63)]},
+                ("numa", "numa_node_missing"),
+            ),
+            "duplicate_fabric_vf": (
+                {
+                    "slots": [
+                        slot(raw.stable_path),
+                        slot(raw2.stable_path, gpu_pci_address="0000:3d:00.0"),
+                    ]
+                },
+                ("allocation", "duplicate_device"),
+            ),
+            "pci_device_missing": ({"pci_passthrough": True}, ("pci", "pci_device_missing")),
+            "not_stable_identity": (
+                {"slots": [slot(raw.device)]},
+                ("disk", "not_stable_identity"),
+            ),
+            "not_block_device": ({"slots": [slot(str(regular))]}, ("disk", "not_block_device")),
+            "mounted": ({"slots": [slot(mounted.stable_path)]}, ("disk", "mounted")),
+            "child_mounted": ({"slots": [slot(child.stable_path)]}, ("disk", "child_mounted")),
+            "device_busy": ({"slots": [slot(busy.stable_path)]}, ("disk", "device_busy")),
+            "disk_in_use_by_domain": (
+                {"slots": [slot(in_domain.stable_path)]},
+                ("disk", "disk_in_use_by_domain"),
+            ),
+            "disk_not_raw": ({"slots": [slot(not_raw.stable_path)]}, ("disk", "disk_not_raw")),
+            "image_digest_mismatch": (
+                {"image": {"path": guest_image.path, "sha256": "0" * 64}},
+                ("image", "image_digest_mismatch"),
+            ),
+            "image_missing": (
+                {"image": {"path": str(tmp_path / "gone.raw"), "sha256": guest_image.sha256}},
+                ("image", "image_missing"),
+            ),
+        }
+        outcomes = preflight_in_lab(
+            lab, {name: {**base, **change} for name, (change, _) in cases.items()}, tmp_path
+        )
+        for name, (_change, expected) in cases.items():
+            outcome = outcomes[name]
+            failed = [c for c in outcome["checks"] if not c["ok"]]
+            if expected is None:
+                assert outcome["ok"] and not failed, failed
+                continue
+            check, code = expected
+            assert outcome["failure"]["code"] == code, (name, outcome["failure"])
+            assert outcome["failure"]["phase"] == "preflight"
+            assert [c["check"] for c in failed] == [check], (name, failed)
+        # The module itself, through ansible-playbook: accepted, and refused with evidence.
+        playbook = tmp_path / "preflight_module.yml"
+        tasks = [
+            {
+                "name": f"case {name}",
+                "gpuaas.fleet.slice_vm_preflight": {**base, **cases[name][0]},
+                "ignore_errors": True,
+            }
+            for name in ("accepted", "child_mounted")
+        ]
+        playbook.write_text(
+            json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}])
+        )
+        run = lab.playbook(str(playbook), {})
+        assert run.changed == 0
+        accepted = run.task_result("case accepted")
+        assert not accepted.get("failed") and accepted["ok"] and accepted["failure"] is None
+        refused = run.task_result("case child_mounted")
+        assert refused["failed"] and refused["failure"]["code"] == "child_mounted"
+        assert refused["domain_name"] == "gpuaas-slice-" + uuid.UUID(base["allocation_id"]).hex
+        # Refusals are read-only: no domain of ours, no reservation, data still there.
+        assert lab.virsh("list", "--all", "--name").stdout.split() == [other]
+        for mountpoint in mounts:
+            assert lab.run(["cat", str(mountpoint / "data")]).stdout == "tenant-data\n"
+    finally:
+        for mountpoint in mounts:
+            lab.run(["umount", str(mountpoint)], check=False)
+        lab.virsh("undefine", other, check=False)
+        lab.ns.delete_link("notabridge0")
+        os.unlink(regular)
+
+
+def preflight_in_lab(lab, cases: dict, tmp_path: Path) -> dict:
+    """Run the preflight module_utils for each case in one Python process on the lab host
+    (its network and mount namespaces), as the module would: one interpreter start instead
+    of one ansible task per case."""
+    defaults = {"kvm_device": "/dev/kvm", "libvirt_uri": "qemu:///system"}
+    path = tmp_path / "preflight_cases.json"
+    path.write_text(json.dumps({name: {**defaults, **params} for name, params in cases.items()}))
+    script = (
+        "import json, sys\n"
+        "from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_preflight\n"
+        "cases = json.load(open(sys.argv[1]))\n"
+        "print(json.dumps({n: vm_preflight.run_preflight(p) for n, p in cases.items()}))\n"
+    )
+    proc = lab.run(
+        ["env", f"PYTHONPATH={REPO_ROOT / '.collections'}", sys.executable, "-c", script, str(path)]
+    )
+    return json.loads(proc.stdout)
+
+
+def slot(nvme_device: str, **overrides) -> dict:
+    return {
+        "gpu_pci_address": "0000:1b:00.0",
+        "fabric_vf_pci_address": "0000:1a:00.1",
+        "nvme_device": nvme_device,
+        "numa_node": 0,
+        **overrides,
+    }
+
+
+def test_provision_refused_on_a_mounted_child_partition_writes_nothing(
+    linux_allocation, tmp_path: Path
+):
+    """The j22u05 story: the parent disk is not mounted, its partition is."""
+    allocation = linux_allocation
+    lab = allocation.lab
+    disk = lab.loops.disk(partitions=["share2"])
+    lab.loops.mkfs(disk.partitions[0])
+    mountpoint = tmp_path / "share2"
+    lab_mount(lab, disk.partitions[0], mountpoint)
+    try:
+        before = lab.loops.fingerprint(disk)
+        allocation.disk = disk
+        run = lab.playbook("vm_provision.yml", allocation.provision_vars())
+        assert run.rc != 0
+        evidence = run.custom_stats["gpuaas_slice_provision"]
+        assert evidence["status"] == "failed"
+        assert evidence["failure"]["phase"] == "preflight"
+        assert evidence["failure"]["code"] == "child_mounted"
+        assert evidence["cleanup_blocked"] is False
+        disk_check = next(c for c in evidence["preflight_checks"] if c["check"] == "disk")
+        assert "share2" in disk_check["detail"] or disk.partitions[0] in disk_check["detail"]
+        assert lab.loops.fingerprint(disk) == before
+        assert lab.run(["cat", str(mountpoint / "data")]).stdout == "tenant-data\n"
+        assert not allocation.state_dir.exists()
+        assert not allocation.relay_key.exists()
+        assert allocation.mac_address not in lab.dnsmasq_hostsfile.read_text()
+        assert allocation.domain not in lab.virsh("list", "--all", "--name").stdout
+    finally:
+        lab.run(["umount", str(mountpoint)], check=False)
