@@ -5,14 +5,16 @@ these functions in named tasks.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from controlplane.api import ControlPlane
 from controlplane.enums import EvidenceKind, NodeTaskKind
-from flows.runner import PlaybookRun, RunResult, run_playbook
+from flows.runner import PlaybookRun, RunResult, new_private_dir, run_playbook
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,16 @@ STORAGE_TRANSITION = HostAction(
 BOOTSTRAP = HostAction(
     NodeTaskKind.HOST_BOOTSTRAP, "bootstrap.yml", "slice_parity", EvidenceKind.HOST_RESULT
 )
+
+
+def inventory_source(private_dir: Path, hostnames: list[str]) -> Path:
+    """The run's inventory: the gpuaas.fleet.controlplane plugin, limited to these nodes."""
+    source = private_dir / "inventory" / "controlplane.yml"
+    source.parent.mkdir(parents=True, exist_ok=True)
+    source.write_text(
+        json.dumps({"plugin": "gpuaas.fleet.controlplane", "hostnames": sorted(hostnames)})
+    )
+    return source
 
 
 @dataclass
@@ -114,15 +126,17 @@ def run_host_action(
         host: cp.begin_task(host, action.kind, extravars, actor, allocation_id, flow_run_id)
         for host in hostnames
     }
-    inventory = cp.inventory(hostnames)
+    private_dir = new_private_dir(action.playbook)
     result = run_playbook(
         PlaybookRun(
             playbook=action.playbook,
-            inventory=inventory,
+            inventory=str(inventory_source(private_dir, hostnames)),
             extravars={**extravars, "gpuaas_hosts": ",".join(hostnames)},
+            environment={"GPUAAS_DATABASE_URL": cp.engine.url.render_as_string(False)},
             timeout=action.timeout,
             forks=max(1, min(len(hostnames), 16)),
-        )
+        ),
+        private_dir,
     )
     outcomes: dict[str, HostOutcome] = {}
     for host, task_id in task_ids.items():

@@ -42,11 +42,19 @@ def runs_dir() -> Path:
     return base / "gpuaas" / "runs"
 
 
+def new_private_dir(playbook: str) -> Path:
+    """A fresh private data directory for one run, kept as the evidence's artifacts."""
+    base = runs_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{Path(playbook).stem}-", dir=base))
+
+
 @dataclass(frozen=True)
 class PlaybookRun:
     playbook: str
-    inventory: dict[str, Any]
+    inventory: dict[str, Any] | str
     extravars: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, str] = field(default_factory=dict)
     limit: str | None = None
     timeout: int = 1800
     forks: int = 8
@@ -164,17 +172,14 @@ def run_playbook(run: PlaybookRun, private_data_dir: Path | None = None) -> RunR
     if not playbook.is_file():
         raise FileNotFoundError(f"no playbook {run.playbook} in {PLAYBOOKS}")
     if private_data_dir is None:
-        base = runs_dir()
-        base.mkdir(parents=True, exist_ok=True)
-        private_data_dir = Path(tempfile.mkdtemp(prefix=f"{playbook.stem}-", dir=base))
-    private_data_dir.mkdir(parents=True, exist_ok=True)
+        private_data_dir = new_private_dir(run.playbook)
     started = dt.datetime.now(dt.UTC)
     runner = ansible_runner.run(
         private_data_dir=str(private_data_dir),
         playbook=str(playbook),
         inventory=run.inventory,
         extravars=run.extravars,
-        envvars=runner_environment(),
+        envvars={**runner_environment(), **run.environment},
         limit=run.limit,
         forks=run.forks,
         timeout=run.timeout,

@@ -1,0 +1,100 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpuaas fleet engineering
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+name: controlplane
+short_description: Nodes of the gpuaas control-plane store as an Ansible inventory
+version_added: "0.1.0"
+description:
+  - Reads registered nodes from the gpuaas control plane (PostgreSQL) and groups them by
+    region (C(region_<code>)), MAAS profile intent (C(intent_slice_vm), C(intent_baremetal))
+    and derived occupancy posture (for example C(posture_fully_available),
+    C(posture_cleanup_blocked), C(posture_unavailable)).
+  - Every host carries the variables the roles need (C(gpuaas_node_id),
+    C(gpuaas_slice_subnet), C(gpuaas_slice_bridge), C(gpuaas_network_mode), ...), the node's
+    non-secret host variables, and C(ansible_host) when a management address is known.
+  - Needs the C(gpuaas-fleet) Python distribution (package C(controlplane)) on the
+    controller.
+author:
+  - gpuaas fleet engineering (@gpuaas)
+options:
+  plugin:
+    description: Marks the file as a source for this plugin.
+    required: true
+    type: str
+    choices: [gpuaas.fleet.controlplane]
+  database_url:
+    description:
+      - SQLAlchemy or libpq URL of the control-plane store.
+      - Without it the embedded PostgreSQL of the current user is used.
+    type: str
+    env:
+      - name: GPUAAS_DATABASE_URL
+  hostnames:
+    description: Only these nodes.
+    type: list
+    elements: str
+  region:
+    description: Only nodes of this region.
+    type: str
+  profile_intent:
+    description: Only nodes with this profile intent.
+    type: str
+    choices: [slice_vm, baremetal, unknown]
+"""
+
+EXAMPLES = r"""
+# inventories/controlplane.yml
+plugin: gpuaas.fleet.controlplane
+region: region-maas-1
+profile_intent: slice_vm
+"""
+
+from ansible.errors import AnsibleParserError
+from ansible.plugins.inventory import BaseInventoryPlugin
+
+
+class InventoryModule(BaseInventoryPlugin):
+    NAME = "gpuaas.fleet.controlplane"
+
+    def verify_file(self, path):
+        return super(InventoryModule, self).verify_file(path) and path.endswith(
+            ("controlplane.yml", "controlplane.yaml")
+        )
+
+    def parse(self, inventory, loader, path, cache=True):
+        super(InventoryModule, self).parse(inventory, loader, path, cache)
+        self._read_config_data(path)
+        try:
+            from controlplane.api import ControlPlane
+            from controlplane.db import engine_for, normalize_url
+        except ImportError as exc:
+            raise AnsibleParserError(
+                "the gpuaas.fleet.controlplane inventory needs the gpuaas-fleet Python "
+                "package (controlplane) on the controller: %s" % exc
+            )
+        url = self.get_option("database_url")
+        plane = ControlPlane(engine_for(normalize_url(url))) if url else None
+        try:
+            if plane is None:
+                plane = ControlPlane.from_environment()
+            data = plane.inventory(
+                hostnames=self.get_option("hostnames"),
+                region=self.get_option("region"),
+                profile_intent=self.get_option("profile_intent"),
+            )
+        except Exception as exc:
+            raise AnsibleParserError("cannot read nodes from the control plane: %s" % exc)
+        for host, variables in data["all"]["hosts"].items():
+            self.inventory.add_host(host)
+            for key, value in variables.items():
+                self.inventory.set_variable(host, key, value)
+        for group, members in data["all"]["children"].items():
+            self.inventory.add_group(group)
+            for host in members["hosts"]:
+                self.inventory.add_child(group, host)

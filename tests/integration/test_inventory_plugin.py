@@ -1,0 +1,82 @@
+"""The gpuaas.fleet.controlplane dynamic inventory, as operators and flows use it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from controlplane.api import ControlPlane
+from controlplane.enums import AdminState
+from controlplane.services.inventory import NodeSpec
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def ansible(tool: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(Path(sys.executable).parent / tool), *args],
+        env={**env, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+
+
+def plain(value):
+    """ansible-core 2.19 tags strings from inventory plugins as untrusted in its JSON."""
+    if isinstance(value, dict):
+        if set(value) == {"__ansible_unsafe"}:
+            return value["__ansible_unsafe"]
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
+def test_inventory_groups_nodes_and_carries_host_vars(engine, cli_env):
+    cp = ControlPlane(engine)
+    cp.register_node(
+        NodeSpec(
+            "j22u15",
+            "region-maas-1",
+            maas_tags=("gpuaas-profile-slice-vm",),
+            slice_subnet="10.100.0.0/24",
+            management_address="10.177.36.197",
+            host_vars={"ansible_user": "hpcadmin"},
+        )
+    )
+    cp.register_node(NodeSpec("j22u17", "region-maas-2", maas_tags=("gpuaas-profile-baremetal",)))
+    cp.set_admin_state("j22u17", AdminState.UNAVAILABLE, "parity: nat")
+    proc = ansible("ansible-inventory", "-i", "inventories/controlplane.yml", "--list", env=cli_env)
+    assert proc.returncode == 0, proc.stderr
+    data = plain(json.loads(proc.stdout))
+    host = data["_meta"]["hostvars"]["j22u15"]
+    assert host["ansible_host"] == "10.177.36.197"
+    assert host["ansible_user"] == "hpcadmin"
+    assert host["gpuaas_slice_subnet"] == "10.100.0.0/24"
+    assert host["gpuaas_node_id"]
+    assert data["region_region_maas_1"]["hosts"] == ["j22u15"]
+    assert data["intent_baremetal"]["hosts"] == ["j22u17"]
+    assert data["posture_unavailable"]["hosts"] == ["j22u17"]
+    assert data["posture_fully_available"]["hosts"] == ["j22u15"]
+
+
+def test_inventory_filters_and_reports_an_unreachable_store(engine, cli_env, tmp_path):
+    cp = ControlPlane(engine)
+    for host in ("a1", "a2"):
+        cp.register_node(NodeSpec(host, "r1", maas_tags=("gpuaas-profile-slice-vm",)))
+    source = tmp_path / "controlplane.yml"
+    source.write_text(json.dumps({"plugin": "gpuaas.fleet.controlplane", "hostnames": ["a2"]}))
+    proc = ansible("ansible-inventory", "-i", str(source), "--list", env=cli_env)
+    assert proc.returncode == 0, proc.stderr
+    assert list(json.loads(proc.stdout)["_meta"]["hostvars"]) == ["a2"]
+    broken = {**cli_env, "GPUAAS_DATABASE_URL": f"postgresql://x@/none?host={tmp_path}"}
+    failed = ansible(
+        "ansible-inventory", "-i", "inventories/controlplane.yml", "--list", env=broken
+    )
+    assert "cannot read nodes from the control plane" in failed.stderr + failed.stdout
+    assert os.path.exists(REPO / "inventories" / "controlplane.yml")
