@@ -30,11 +30,13 @@ import os
 import shutil
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.loopdev import LoopDisk, LoopLab, loop_unavailable_reason
 from tests.support.netns import Daemon, NetNamespace, NetnsError, netns_unavailable_reason
+from tests.support.vmguest import GuestImage
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO_ROOT / ".venv" / "bin"
@@ -479,11 +481,107 @@ class VmLab:
         return "\n".join(parts)
 
 
+@dataclass
+class Allocation:
+    """One slice allocation in a lab, and the playbook variables that describe it."""
+
+    lab: VmLab
+    image: GuestImage
+    root: Path
+    disk: LoopDisk
+    tenant_key: Path
+    tenant_public_key: str
+    allocation_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    mac_address: str = "52:54:00:5a:00:10"
+    private_ip: str = "10.100.0.10"
+
+    @property
+    def domain(self) -> str:
+        return "gpuaas-slice-" + uuid.UUID(self.allocation_id).hex
+
+    @property
+    def relay_key(self) -> Path:
+        return self.root / "terminal" / "id_ed25519"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "slices" / self.domain
+
+    @property
+    def slots(self) -> list[dict]:
+        return [
+            {
+                "gpu_pci_address": "0000:1b:00.0",
+                "fabric_vf_pci_address": "0000:1a:00.1",
+                "nvme_device": self.disk.stable_path,
+                "numa_node": 0,
+            }
+        ]
+
+    def provision_vars(self, **overrides) -> dict:
+        lab = self.lab
+        values = {
+            "slice_vm_provision_allocation_id": self.allocation_id,
+            "slice_vm_provision_slots": self.slots,
+            "slice_vm_provision_mac_address": self.mac_address,
+            "slice_vm_provision_private_ip": self.private_ip,
+            "slice_vm_provision_bridge": lab.bridge,
+            "slice_vm_provision_bridge_type": lab.bridge_type,
+            "slice_vm_provision_profile": {"vcpus": 1, "memory_mib": 512},
+            "slice_vm_provision_image": {"path": self.image.path, "sha256": self.image.sha256},
+            "slice_vm_provision_users": [
+                {"name": "gpuuser", "ssh_authorized_keys": [self.tenant_public_key]}
+            ],
+            "slice_vm_provision_terminal_key_path": str(self.relay_key),
+            "slice_vm_provision_dnsmasq_hostsfile": str(lab.dnsmasq_hostsfile),
+            "slice_vm_provision_dnsmasq_leasefile": str(lab.dnsmasq_leasefile),
+            "slice_vm_provision_dnsmasq_pidfile": str(lab.dnsmasq_pidfile),
+            "slice_vm_provision_state_root": str(self.root / "slices"),
+            "slice_vm_provision_stable_dirs": [lab.stable_dir],
+            # The boundary of this machine: QEMU emulation (no usable KVM) and no VFIO
+            # passthrough (no IOMMU, no GPUs); the hostdev XML is schema-validated and
+            # defined in libvirt in test_vm_hostdev_boundary.py instead.
+            "slice_vm_provision_emulation": True,
+            "slice_vm_provision_pci_passthrough": False,
+            "slice_vm_provision_readiness_timeout": 120,
+        }
+        values.update({f"slice_vm_provision_{k}": v for k, v in overrides.items()})
+        return values
+
+    def release_vars(self, **overrides) -> dict:
+        lab = self.lab
+        values = {
+            "slice_vm_release_allocation_id": self.allocation_id,
+            "slice_vm_release_slots": self.slots,
+            "slice_vm_release_mac_address": self.mac_address,
+            "slice_vm_release_private_ip": self.private_ip,
+            "slice_vm_release_bridge": lab.bridge,
+            "slice_vm_release_dnsmasq_hostsfile": str(lab.dnsmasq_hostsfile),
+            "slice_vm_release_dnsmasq_leasefile": str(lab.dnsmasq_leasefile),
+            "slice_vm_release_dnsmasq_pidfile": str(lab.dnsmasq_pidfile),
+            "slice_vm_release_state_root": str(self.root / "slices"),
+            "slice_vm_release_stable_dirs": [lab.stable_dir],
+            "slice_vm_release_wipe_proof_dir": str(self.root / "wipe-proofs"),
+            "slice_vm_release_shutdown_timeout": 60,
+            "slice_vm_release_undefine_retry_delay": 0.5,
+        }
+        values.update({f"slice_vm_release_{k}": v for k, v in overrides.items()})
+        return values
+
+
+def make_allocation(lab: VmLab, image: GuestImage, root: Path) -> Allocation:
+    root.mkdir(parents=True, exist_ok=True)
+    key, public = lab.ssh_keypair(f"tenant-{uuid.uuid4().hex[:6]}")
+    return Allocation(lab, image, root, lab.disk(64), key, public)
+
+
 __all__ = [
+    "Allocation",
     "NetnsError",
     "PlaybookRun",
     "VmLab",
     "VmLabError",
+    "make_allocation",
     "ovs_unavailable_reason",
     "vm_lab_unavailable_reason",
 ]

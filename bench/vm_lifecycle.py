@@ -1,0 +1,296 @@
+"""Slice VM lifecycle benchmark: provision-to-ready and release-to-wiped, split by phase.
+
+Everything runs in one private lab (tests/support/vmlab.py: network + mount namespace,
+Linux bridge, NAT, dnsmasq, libvirtd, a loop device as the slot disk) with the cached tiny
+UEFI guest (tests/support/vmguest.py) under QEMU emulation, without VFIO hostdevs.
+
+1. Baseline, same run: the guest's own boot. The same domain XML our module builds is
+   defined and started with plain `virsh` on a disk cloned with plain `qemu-img`, its
+   reservation written by hand; the clock runs from `virsh start` to the SSH banner
+   (polled every 0.1 s). No Ansible, no module of ours.
+2. `playbooks/vm_provision.yml` (wall clock, and the role's own per-phase timings), then
+   the same again (the idempotent no-change run).
+3. `playbooks/vm_release.yml` (wall clock and per-task durations: stop + undefine,
+   DHCP cleanup, wipe with proof, state removal).
+4. "Our overhead" = provision wall time minus the baseline boot: everything that is not
+   the guest booting (ansible-playbook start, preflight, seed, clone, reservation,
+   define/start, readiness polling).
+5. Image clone throughput: `qemu-img convert -O raw` (the module's command) against
+   `dd bs=4M oflag=direct` of the same image onto the same loop device, discarded before
+   each run, best of two each; plus sha256 digest throughput.
+
+On a busy 2-core machine every Ansible task costs about a second of Python start-up, so
+the overhead is printed with the per-task figures it is made of.
+
+    sudo .venv/bin/python bench/vm_lifecycle.py [--image-mib 512] [--repeat 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO / ".collections"), str(REPO)]
+
+from ansible_collections.gpuaas.fleet.plugins.module_utils import (  # noqa: E402
+    vm_domain,
+    vm_image,
+    vm_seed,
+)
+
+from tests.support.vmguest import ensure_guest_image, unavailable_reason  # noqa: E402
+from tests.support.vmlab import (  # noqa: E402
+    PlaybookRun,
+    VmLab,
+    make_allocation,
+    vm_lab_unavailable_reason,
+)
+
+BASELINE_MAC = "52:54:00:5a:00:77"
+BASELINE_IP = "10.100.0.77"
+
+
+def task_seconds(run: PlaybookRun) -> list[tuple[str, float]]:
+    rows = []
+    for play in run.output.get("plays", []):
+        for task in play["tasks"]:
+            duration = task["task"]["duration"]
+            start = datetime.fromisoformat(duration["start"].replace("Z", "+00:00"))
+            end = datetime.fromisoformat(duration["end"].replace("Z", "+00:00"))
+            name = task["task"]["name"].split(" : ", 1)[-1]
+            rows.append((name, (end - start).total_seconds()))
+    return rows
+
+
+def wait_banner(lab: VmLab, ip: str, timeout: float) -> float:
+    """Seconds until `ip:22` answers with an SSH banner, probed from inside the lab."""
+    probe = (
+        "import socket, sys, time\n"
+        "deadline = time.monotonic() + float(sys.argv[2])\n"
+        "while time.monotonic() < deadline:\n"
+        "    try:\n"
+        "        with socket.create_connection((sys.argv[1], 22), timeout=1) as s:\n"
+        "            if s.recv(16).startswith(b'SSH-'):\n"
+        "                sys.exit(0)\n"
+        "    except OSError:\n"
+        "        time.sleep(0.1)\n"
+        "sys.exit(1)\n"
+    )
+    started = time.monotonic()
+    proc = lab.run(
+        [sys.executable, "-c", probe, ip, str(timeout)], check=False, timeout=timeout + 30
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"baseline guest gave no SSH banner in {timeout}s")
+    return time.monotonic() - started
+
+
+def baseline_boot(lab: VmLab, image, root: Path) -> float:
+    """The guest's own boot with plain virsh: start -> SSH banner."""
+    allocation = make_allocation(lab, image, root / "baseline")
+    subprocess.run(
+        ["qemu-img", "convert", "-n", "-f", "raw", "-O", "raw", image.path, allocation.disk.device],
+        check=True,
+    )
+    files = vm_seed.seed_files(
+        allocation.allocation_id,
+        "baseline",
+        [{"name": "gpuuser", "ssh_authorized_keys": [allocation.tenant_public_key]}],
+        BASELINE_MAC,
+    )
+    seed = root / "baseline" / "seed.iso"
+    seed.write_bytes(vm_seed.build_iso(files))
+    spec = vm_domain.DomainSpec(
+        allocation_id=allocation.allocation_id,
+        slots=vm_domain.parse_slots(allocation.slots),
+        profile=vm_domain.RuntimeProfile(vcpus=1, memory_mib=512),
+        mac_address=BASELINE_MAC,
+        bridge=lab.bridge,
+        bridge_type="linux",
+        seed_iso=str(seed),
+        console_log=str(root / "baseline" / "console.log"),
+        emulation=True,
+        pci_passthrough=False,
+        host_cpuset=vm_domain.node_cpuset([0]),
+    )
+    xml = root / "baseline" / "domain.xml"
+    xml.write_text(vm_domain.build_domain_xml(spec))
+    hosts_before = lab.dnsmasq_hostsfile.read_text()
+    lab.dnsmasq_hostsfile.write_text(hosts_before + f"{BASELINE_MAC},{BASELINE_IP},baseline\n")
+    lab.run(["kill", "-HUP", lab.dnsmasq_pidfile.read_text().strip()])
+    lab.virsh("define", str(xml))
+    try:
+        started = time.monotonic()
+        lab.virsh("start", spec.name)
+        wait_banner(lab, BASELINE_IP, 300)
+        return time.monotonic() - started
+    finally:
+        lab.virsh("destroy", spec.name, check=False)
+        lab.virsh("undefine", "--nvram", spec.name, check=False)
+        lab.dnsmasq_hostsfile.write_text(hosts_before)
+
+
+def lifecycle(lab: VmLab, image, root: Path) -> dict:
+    allocation = make_allocation(lab, image, root / "allocation")
+    figures = {}
+    provision_vars = allocation.provision_vars(readiness_poll_interval=0.2)
+    started = time.monotonic()
+    first = lab.playbook("vm_provision.yml", provision_vars)
+    figures["provision_wall"] = time.monotonic() - started
+    if first.rc != 0:
+        raise RuntimeError(f"provision failed: {first.custom_stats}")
+    evidence = first.custom_stats["gpuaas_slice_provision"]
+    figures["provision_phases"] = evidence["timings"]
+    figures["readiness"] = evidence["readiness"]["timings"]
+    figures["clone"] = evidence["clone"]
+    figures["provision_tasks"] = task_seconds(first)
+    started = time.monotonic()
+    again = lab.playbook("vm_provision.yml", provision_vars)
+    figures["provision_again_wall"] = time.monotonic() - started
+    figures["provision_again_changed"] = again.changed
+    started = time.monotonic()
+    released = lab.playbook("vm_release.yml", allocation.release_vars())
+    figures["release_wall"] = time.monotonic() - started
+    if released.rc != 0:
+        raise RuntimeError(f"release failed: {released.custom_stats}")
+    figures["release_tasks"] = task_seconds(released)
+    figures["release"] = released.custom_stats["gpuaas_slice_release"]
+    return figures
+
+
+def clone_throughput(lab: VmLab, root: Path, image_mib: int, repeat: int) -> dict:
+    image = root / "clone-image.raw"
+    block = os.urandom(4 << 20)
+    with open(image, "wb") as handle:
+        for _ in range(image_mib // 4):
+            handle.write(block)
+    disk = lab.disk(size_mib=image_mib + 64)
+    subprocess.run(["cat", str(image)], stdout=subprocess.DEVNULL, check=True)
+    digest, digest_seconds = vm_image.sha256_file(str(image))
+    results = {"qemu-img convert": [], "dd oflag=direct": []}
+    commands = {
+        "qemu-img convert": vm_image.clone_command(str(image), "raw", disk.device),
+        "dd oflag=direct": [
+            "dd",
+            f"if={image}",
+            f"of={disk.device}",
+            "bs=4M",
+            "oflag=direct",
+            "conv=fsync",
+            "status=none",
+        ],
+    }
+    for _ in range(repeat):
+        for name, argv in commands.items():
+            subprocess.run(["blkdiscard", disk.device], check=True)
+            started = time.monotonic()
+            if name.startswith("qemu-img"):
+                outcome = vm_image.run_clone(argv, timeout=600)
+                if outcome["rc"] != 0:
+                    raise RuntimeError(outcome["stderr"])
+            else:
+                subprocess.run(argv, check=True)
+            results[name].append(time.monotonic() - started)
+    return {
+        "mib": image_mib,
+        "sha256": digest,
+        "digest_mib_s": image_mib / max(digest_seconds, 1e-6),
+        "best": {name: min(times) for name, times in results.items()},
+    }
+
+
+def report(boot: float, figures: dict, clone: dict) -> None:
+    phases = figures["provision_phases"]
+    wall = figures["provision_wall"]
+    overhead = wall - boot
+    print("\n== provision-to-ready (ansible-playbook vm_provision.yml)")
+    print(f"{'phase':<28}{'seconds':>10}")
+    print(f"{'ansible-playbook start/end':<28}{wall - phases['total']:>10.2f}")
+    for phase in ("preflight", "seed", "image", "dhcp", "domain", "readiness"):
+        print(f"{phase:<28}{phases.get(phase, 0):>10.2f}")
+    print(f"{'total (wall)':<28}{wall:>10.2f}")
+    readiness = figures["readiness"]
+    print(
+        f"  readiness split: lease {readiness.get('lease', 0):.2f}s, "
+        f"ssh banner {readiness.get('ssh', 0):.2f}s, "
+        f"relay-key login {readiness.get('ssh_auth', 0):.2f}s"
+    )
+    print(f"\nguest's own boot (baseline, plain virsh start -> SSH banner): {boot:.2f} s")
+    print(f"our overhead = provision wall - guest boot:                  {overhead:.2f} s")
+    print(f"overhead / guest boot:                                       {overhead / boot:.2f}")
+    module_tasks = [(n, s) for n, s in figures["provision_tasks"] if s > 0.05]
+    print("  module tasks:", ", ".join(f"{n[:28]} {s:.2f}s" for n, s in module_tasks))
+    print(
+        f"second provision (no change, changed={figures['provision_again_changed']}): "
+        f"{figures['provision_again_wall']:.2f} s"
+    )
+
+    print("\n== release-to-wiped (ansible-playbook vm_release.yml)")
+    release = figures["release"]
+    for name, seconds in figures["release_tasks"]:
+        if seconds > 0.05:
+            print(f"{name[:60]:<62}{seconds:>8.2f}")
+    print(f"{'total (wall)':<62}{figures['release_wall']:>8.2f}")
+    proof = release["wipe_proofs"][0]
+    print(
+        f"  stop: {release['stop']['method']} in {release['stop']['seconds']:.2f}s; "
+        f"wipe: {proof['method']} {proof['duration_s']:.2f}s verified={proof['verified']}"
+    )
+
+    print(f"\n== image clone onto the same loop device ({clone['mib']} MiB, best of runs)")
+    dd = clone["best"]["dd oflag=direct"]
+    for name, seconds in clone["best"].items():
+        rate = clone["mib"] / seconds
+        print(f"{name:<20}{seconds:>8.2f} s{rate:>10.1f} MiB/s{dd / seconds:>8.2f}x dd")
+    print(
+        f"{'sha256 verify':<20}{clone['mib'] / clone['digest_mib_s']:>8.2f} s"
+        f"{clone['digest_mib_s']:>10.1f} MiB/s"
+    )
+    print(
+        f"provisioned tiny guest clone: {figures['clone']['bytes'] >> 20} MiB in "
+        f"{figures['clone']['seconds']:.3f} s ({figures['clone']['throughput_mib_s']} MiB/s)"
+    )
+    print(
+        f"\nload average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
+        f"cpus: {os.cpu_count()}, host: {socket.gethostname()}"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--image-mib", type=int, default=512)
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+    reason = vm_lab_unavailable_reason() or unavailable_reason()
+    if reason:
+        print(f"skipped: {reason}")
+        return 0
+    started = time.monotonic()
+    image = ensure_guest_image()
+    origin = f"built in {image.build_seconds:.1f}s" if image.built_now else "cached"
+    print(
+        f"guest image: {image.path} ({image.size_bytes >> 20} MiB, {origin}) "
+        f"after {time.monotonic() - started:.1f}s"
+    )
+    with tempfile.TemporaryDirectory(prefix="gpuaas-bench-vm-") as tmp:
+        root = Path(tmp)
+        started = time.monotonic()
+        with VmLab(root / "lab", bridge_type="linux") as lab:
+            print(f"lab up in {time.monotonic() - started:.1f}s")
+            boot = baseline_boot(lab, image, root)
+            figures = lifecycle(lab, image, root)
+            clone = clone_throughput(lab, root, args.image_mib, args.repeat)
+    report(boot, figures, clone)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
