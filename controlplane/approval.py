@@ -378,7 +378,11 @@ def _shared_fabric_rejections(topology: TopologyMap) -> list[Rejection]:
 def _blocker_rejections(topology: TopologyMap, slot: CandidateSlot) -> list[Rejection]:
     found: list[Rejection] = []
     for blocker in topology.blockers:
-        if blocker.code in ADVISORY_BLOCKERS or blocker.code in DISK_BLOCKERS:
+        if (
+            blocker.severity == "advisory"
+            or blocker.code in ADVISORY_BLOCKERS
+            or blocker.code in DISK_BLOCKERS
+        ):
             continue
         if blocker.slot_index is not None and blocker.slot_index != slot.slot_index:
             continue

@@ -9,6 +9,7 @@ from __future__ import annotations
 import getpass
 import json
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -537,6 +538,28 @@ def occupancy_command(
 ) -> None:
     """Node postures and aggregate availability per SKU (no PCI details)."""
     run(as_json, lambda: control_plane().occupancy(region), render_occupancy)
+
+
+@app.command("ui")
+def ui_command(
+    port: Annotated[int, typer.Option("--port", help="Loopback port of the Prefect UI.")] = 4200,
+) -> None:
+    """Start a Prefect server and worker on loopback with every deployment (Ctrl-C stops)."""
+    from flows.serve import prefect_stack
+
+    try:
+        with prefect_stack(port) as stack:
+            out.print(
+                f"Prefect UI: {stack.ui_url}  (API {stack.api_url}, data: {stack.database})\n"
+                "deployments from prefect.yaml are registered on work pool gpuaas-process; "
+                "a process worker is running. Ctrl-C stops both."
+            )
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        out.print("stopped")
+    except GpuaasError as error:
+        fail(error, False)
 
 
 @app.command("demo")

@@ -67,6 +67,7 @@ class Blocker:
     detail: str
     slot_index: int | None = None
     device: str | None = None
+    severity: str = "hard"
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,7 @@ def parse(document: Any) -> TopologyMap:
                 detail=str(item.get("detail", "")),
                 slot_index=_optional_int(item, "slot_index", f"blockers[{i}]"),
                 device=_optional_str(item, "device", f"blockers[{i}]"),
+                severity=str(item.get("severity", "hard")),
             )
         )
 

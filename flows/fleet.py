@@ -17,7 +17,14 @@ from controlplane.api import ControlPlane
 from controlplane.enums import EvidenceKind
 from controlplane.errors import GpuaasError
 from flows import artifacts
-from flows.hostwork import DISCOVER, PARITY, STORAGE_TRANSITION, HostOutcome, run_host_action
+from flows.hostwork import (
+    BOOTSTRAP,
+    DISCOVER,
+    PARITY,
+    STORAGE_TRANSITION,
+    HostOutcome,
+    run_host_action,
+)
 
 ACTOR = "flow"
 
@@ -243,3 +250,22 @@ def record_raw_disks(
         for device in result.get("devices", [])
         if device.get("status") in ("transitioned", "raw")
     ]
+
+
+@task(name="bootstrap host")
+def bootstrap(hostname: str, extravars: dict[str, Any]) -> HostOutcome:
+    return run_host_action(
+        control_plane(), BOOTSTRAP, [hostname], extravars, ACTOR, flow_run_id=current_run()
+    )[hostname]
+
+
+@flow(name="bootstrap_host")
+def bootstrap_host(hostname: str, extravars: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Host bootstrap and network baseline for the node's profile, proven by parity; the
+    parity verdict then decides whether the node is schedulable."""
+    outcome = bootstrap(hostname, extravars or {})
+    rows = apply_verdicts({hostname: outcome})
+    artifacts.table(f"bootstrap-{hostname}", f"Bootstrap of {hostname}", rows)
+    if not outcome.passed:
+        return Failed(message=outcome.failure or f"bootstrap of {hostname} failed")
+    return rows[0]

@@ -252,3 +252,9 @@ def test_parse_rejects_structural_errors():
     with pytest.raises(Exception) as excinfo:
         topology.parse({**doc, "collected_at": "yesterday"})
     assert excinfo.value.code == "topology_malformed"
+
+
+def test_blockers_the_node_plane_marks_advisory_do_not_refuse():
+    doc = clean_map()
+    doc["blockers"] = [{"code": "nat_missing", "detail": "routed mode", "severity": "advisory"}]
+    assert codes(doc) == {}

@@ -1,0 +1,156 @@
+"""`gpuaas ui`: a Prefect server and process worker on loopback, with every deployment of
+prefect.yaml registered. The server keeps its data in PostgreSQL when GPUAAS_DATABASE_URL
+points at one (database ``<name>_prefect`` on the same server), else in Prefect's SQLite.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+
+from controlplane.db import DATABASE_URL_ENV, normalize_url
+from controlplane.errors import GpuaasError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+WORK_POOL = "gpuaas-process"
+
+
+@dataclass(frozen=True)
+class PrefectStack:
+    api_url: str
+    ui_url: str
+    database: str
+
+
+def prefect_home() -> Path:
+    override = os.environ.get("PREFECT_HOME")
+    if override:
+        return Path(override)
+    base = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
+    return base / "gpuaas" / "prefect"
+
+
+def prefect_database_url() -> str | None:
+    """asyncpg URL of ``<db>_prefect`` next to the store, created if missing."""
+    url = os.environ.get(DATABASE_URL_ENV)
+    if not url:
+        return None
+    store = make_url(normalize_url(url))
+    if not store.drivername.startswith("postgresql"):
+        return None
+    import psycopg
+
+    name = f"{store.database}_prefect"
+    libpq = store.set(drivername="postgresql", database="postgres")
+    with psycopg.connect(libpq.render_as_string(hide_password=False), autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+    return store.set(drivername="postgresql+asyncpg", database=name).render_as_string(
+        hide_password=False
+    )
+
+
+def prefect_bin() -> str:
+    return str(Path(sys.executable).parent / "prefect")
+
+
+def prefect_cli(env: dict[str, str], *args: str) -> str:
+    proc = subprocess.run(
+        [prefect_bin(), *args], env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
+    if proc.returncode != 0:
+        raise GpuaasError(
+            "prefect_command_failed",
+            f"prefect {' '.join(args)} exited {proc.returncode}",
+            {"output": (proc.stdout + proc.stderr)[-4000:]},
+        )
+    return proc.stdout
+
+
+def wait_healthy(api_url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise GpuaasError("prefect_server_unhealthy", f"the Prefect server at {api_url} did not start")
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@contextmanager
+def prefect_stack(port: int = 4200, startup_timeout: float = 180.0) -> Iterator[PrefectStack]:
+    """Server, work pool, deployments and worker; everything stopped on exit."""
+    home = prefect_home()
+    home.mkdir(parents=True, exist_ok=True)
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_URL": api_url,
+        "PREFECT_SERVER_API_HOST": "127.0.0.1",
+        "PREFECT_SERVER_API_PORT": str(port),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "GPUAAS_REPO": str(REPO_ROOT),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    }
+    database = prefect_database_url()
+    if database:
+        env["PREFECT_API_DATABASE_CONNECTION_URL"] = database
+    logs = home / "logs"
+    logs.mkdir(exist_ok=True)
+    processes: list[subprocess.Popen] = []
+    try:
+        with open(logs / "server.log", "ab") as log:
+            processes.append(
+                subprocess.Popen(
+                    [prefect_bin(), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        wait_healthy(api_url, startup_timeout)
+        prefect_cli(env, "work-pool", "create", WORK_POOL, "--type", "process", "--overwrite")
+        prefect_cli(env, "--no-prompt", "deploy", "--all")
+        with open(logs / "worker.log", "ab") as log:
+            processes.append(
+                subprocess.Popen(
+                    [prefect_bin(), "worker", "start", "--pool", WORK_POOL],
+                    env=env,
+                    cwd=REPO_ROOT,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        yield PrefectStack(
+            api_url=api_url,
+            ui_url=f"http://127.0.0.1:{port}",
+            database="PostgreSQL" if database else f"SQLite in {home}",
+        )
+    finally:
+        for process in reversed(processes):
+            stop(process)

@@ -1,0 +1,71 @@
+"""`gpuaas ui`'s stack for real: server on PostgreSQL, deployments from prefect.yaml, and a
+process worker that runs a deployment to completion."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from flows.serve import REPO_ROOT, prefect_bin, prefect_stack
+
+pytestmark = [pytest.mark.slow]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_prefect_yaml_declares_every_flow_on_one_process_pool():
+    config = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
+    entrypoints = {d["entrypoint"] for d in config["deployments"]}
+    assert entrypoints == {
+        "flows/fleet.py:discover_topology",
+        "flows/fleet.py:approve_slots",
+        "flows/fleet.py:parity_sweep",
+        "flows/fleet.py:storage_transition",
+        "flows/fleet.py:bootstrap_host",
+        "flows/allocation.py:provision_allocation",
+        "flows/allocation.py:release_allocation",
+        "flows/reconcile.py:reconcile",
+    }
+    assert {d["work_pool"]["name"] for d in config["deployments"]} == {"gpuaas-process"}
+
+
+def test_stack_serves_deployments_and_the_worker_runs_them(tmp_path, monkeypatch, database_url):
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    monkeypatch.setenv("GPUAAS_DATABASE_URL", database_url)
+    monkeypatch.setenv("GPUAAS_RUNS_DIR", str(tmp_path / "runs"))
+    with prefect_stack(free_port()) as stack:
+        assert stack.database == "PostgreSQL"
+        env = {"PREFECT_API_URL": stack.api_url, "COLUMNS": "250"}
+        listed = subprocess.run(
+            [prefect_bin(), "deployment", "ls"], env=env, capture_output=True, text=True, timeout=60
+        )
+        for name in ("discover-topology", "provision-allocation", "reconcile"):
+            assert name in listed.stdout
+        started = subprocess.run(
+            [
+                prefect_bin(),
+                "deployment",
+                "run",
+                "reconcile/reconcile",
+                "--param",
+                "wipe_cleanup=false",
+                "--watch",
+                "--watch-timeout",
+                "240",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+        assert "Completed" in started.stdout
+    time.sleep(0.5)
