@@ -109,6 +109,13 @@ def test_provision_ssh_release_over_a_linux_bridge(linux_allocation):
     plain = lab.virsh("undefine", allocation.domain, check=False)
     assert plain.returncode != 0 and "nvram" in plain.stderr.lower()
 
+    preview = lab.playbook("vm_release.yml", allocation.release_vars(), check_mode=True)
+    assert preview.rc == 0, explain(preview, lab, allocation)
+    assert preview.task_result("Shut the domain down")["actions"] == ["stop", "undefine"]
+    assert allocation.domain in lab.virsh("list", "--name").stdout
+    assert allocation.mac_address in lab.dnsmasq_hostsfile.read_text()
+    assert allocation.state_dir.exists()
+
     again = provision(allocation)
     assert again.changed == 0, again.output["stats"]
     assert again.custom_stats["gpuaas_slice_provision"]["changed_phases"] == []

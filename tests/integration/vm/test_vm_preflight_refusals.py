@@ -235,3 +235,23 @@ def test_provision_refused_on_a_mounted_child_partition_writes_nothing(
         assert allocation.domain not in lab.virsh("list", "--all", "--name").stdout
     finally:
         lab.run(["umount", str(mountpoint)], check=False)
+
+
+def test_check_mode_provision_reports_and_writes_nothing(linux_allocation):
+    allocation = linux_allocation
+    lab = allocation.lab
+    hosts_before = lab.dnsmasq_hostsfile.read_text()
+    fingerprint = lab.loops.fingerprint(allocation.disk)
+    run = lab.playbook("vm_provision.yml", allocation.provision_vars(), check_mode=True)
+    assert run.rc == 0, run.stderr
+    evidence = run.custom_stats["gpuaas_slice_provision"]
+    assert evidence["status"] == "checked"
+    assert evidence["changed_phases"] == ["seed", "image", "dhcp", "domain"]
+    assert run.task_result("Define and start the domain")["actions"] == ["define", "start"]
+    assert run.task_result("Reserve the MAC to IP mapping")["diff"]["after"].endswith(
+        f"{allocation.mac_address},{allocation.private_ip},{allocation.domain}\n"
+    )
+    assert lab.dnsmasq_hostsfile.read_text() == hosts_before
+    assert lab.loops.fingerprint(allocation.disk) == fingerprint
+    assert not allocation.state_dir.exists() and not allocation.relay_key.exists()
+    assert allocation.domain not in lab.virsh("list", "--all", "--name").stdout
