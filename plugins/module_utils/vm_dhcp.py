@@ -44,7 +44,7 @@ class Reservation:
     name: str
 
     def line(self) -> str:
-        return f"{self.mac},{self.ip},{self.name}"
+        return f"{self.mac},{self.ip},{self.name}" if self.name else f"{self.mac},{self.ip}"
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,14 @@ def stale_leases(leases: list[Lease], mac: str, ip: str, state: str) -> list[Lea
     if state == "absent":
         return [lease for lease in leases if lease.mac == mac or lease.ip == ip]
     return [lease for lease in leases if (lease.mac == mac) != (lease.ip == ip)]
+
+
+def file_mode(path: str, default: int) -> int:
+    """Permission bits of an existing file (kept when it is rewritten), else `default`."""
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        return default
 
 
 def dnsmasq_pid(pidfile: str) -> int | None:
@@ -264,7 +272,7 @@ def ensure_reservation(params: dict, check_mode: bool) -> dict:
         return result
     if hosts_changed:
         text = "".join(f"{line}\n" for line in plan["lines"])
-        vm_common.atomic_write(hostsfile, text.encode(), mode=0o644)
+        vm_common.atomic_write(hostsfile, text.encode(), mode=file_mode(hostsfile, 0o644))
         if pid is not None:
             os.kill(pid, signal.SIGHUP)
             result["reloaded"] = True
@@ -282,7 +290,8 @@ def end_leases(params: dict, leases: list[Lease], pid: int | None) -> list[dict]
             if (lease.mac, lease.ip) not in {(gone.mac, gone.ip) for gone in leases}
         ]
         text = "".join(f"{lease.line()}\n" for lease in keep)
-        vm_common.atomic_write(params["leasefile"], text.encode(), mode=0o644)
+        leasefile = params["leasefile"]
+        vm_common.atomic_write(leasefile, text.encode(), mode=file_mode(leasefile, 0o644))
         return [{**asdict(lease), "method": "leasefile_rewrite"} for lease in leases]
     interface = params.get("interface")
     if not interface:
