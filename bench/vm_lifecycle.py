@@ -14,7 +14,9 @@ UEFI guest (tests/support/vmguest.py) under QEMU emulation, without VFIO hostdev
    DHCP cleanup, wipe with proof, state removal).
 4. "Our overhead" = provision wall time minus the baseline boot: everything that is not
    the guest booting (ansible-playbook start, preflight, seed, clone, reservation,
-   define/start, readiness polling).
+   define/start, readiness polling). The same module code is then run once more for a
+   second allocation in one Python process on the lab host, without Ansible, which
+   separates the modules' own work from Ansible's per-task cost.
 5. Image clone throughput: `qemu-img convert -O raw` (the module's command) against
    `dd bs=4M oflag=direct` of the same image onto the same loop device, discarded before
    each run, best of two each; plus sha256 digest throughput.
@@ -28,6 +30,7 @@ the overhead is printed with the per-task figures it is made of.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import subprocess
@@ -166,6 +169,129 @@ def lifecycle(lab: VmLab, image, root: Path) -> dict:
     return figures
 
 
+DIRECT_PROVISION = """
+import json, sys, time
+from ansible_collections.gpuaas.fleet.plugins.module_utils import (
+    vm_dhcp, vm_domain, vm_image, vm_preflight, vm_readiness, vm_seed)
+p = json.load(open(sys.argv[1]))
+timings = {}
+def phase(name, run, params):
+    started = time.monotonic()
+    result = run(params, False)
+    timings[name] = time.monotonic() - started
+    return result
+phase("preflight", vm_preflight.run, p["preflight"])
+phase("seed", vm_seed.run, p["seed"])
+phase("image", vm_image.run, p["image"])
+phase("dhcp", vm_dhcp.run, p["dhcp"])
+phase("domain", vm_domain.run, p["domain"])
+phase("readiness", vm_readiness.run, p["readiness"])
+print(json.dumps(timings))
+"""
+
+
+def direct_provision(lab: VmLab, image, root: Path) -> dict:
+    """The same module code in one Python process on the lab host, without Ansible."""
+    allocation = make_allocation(lab, image, root / "direct")
+    v = allocation.provision_vars()
+    common = {
+        "allocation_id": allocation.allocation_id,
+        "libvirt_uri": "qemu:///system",
+    }
+    slot_args = {
+        "slots": allocation.slots,
+        "mac_address": allocation.mac_address,
+        "bridge": lab.bridge,
+        "bridge_type": "linux",
+        "profile": {
+            "vcpus": 1,
+            "memory_mib": 512,
+            "hugepages": False,
+            "hugepage_size_kib": 1048576,
+        },
+        "emulation": True,
+        "pci_passthrough": False,
+    }
+    state = allocation.state_dir
+    params = {
+        "preflight": {
+            **common,
+            **slot_args,
+            "image": v["slice_vm_provision_image"],
+            "kvm_device": "/dev/kvm",
+            "stable_dirs": [lab.stable_dir],
+        },
+        "seed": {
+            "path": str(state / "seed.iso"),
+            "allocation_id": allocation.allocation_id,
+            "hostname": allocation.domain,
+            "mac_address": allocation.mac_address,
+            "users": v["slice_vm_provision_users"],
+            "terminal_key_path": str(allocation.relay_key),
+        },
+        "image": {
+            **common,
+            "image": image.path,
+            "sha256": image.sha256,
+            "device": allocation.disk.stable_path,
+            "stable_dirs": [lab.stable_dir],
+            "state_dir": str(state),
+            "verify_digest": True,
+            "timeout": 600,
+        },
+        "dhcp": {
+            "mac_address": allocation.mac_address,
+            "ip_address": allocation.private_ip,
+            "hostname": allocation.domain,
+            "state": "present",
+            "hostsfile": str(lab.dnsmasq_hostsfile),
+            "leasefile": str(lab.dnsmasq_leasefile),
+            "pidfile": str(lab.dnsmasq_pidfile),
+            "interface": lab.bridge,
+            "release_timeout": 5.0,
+        },
+        "domain": {
+            **common,
+            **slot_args,
+            "state": "running",
+            "seed_iso": str(state / "seed.iso"),
+            "console_log": str(state / "console.log"),
+        },
+        "readiness": {
+            "mac_address": allocation.mac_address,
+            "expected_ip": allocation.private_ip,
+            "leasefile": str(lab.dnsmasq_leasefile),
+            "timeout": 300,
+            "poll_interval": 0.2,
+            "ssh_port": 22,
+            "ssh_probe_user": "gpuuser",
+            "ssh_probe_key": str(allocation.relay_key),
+            "ssh_probe_command": "hostname",
+            "console_log": "",
+        },
+    }
+    path = root / "direct.json"
+    path.write_text(json.dumps(params))
+    started = time.monotonic()
+    proc = lab.run(
+        [
+            "env",
+            f"PYTHONPATH={REPO / '.collections'}",
+            sys.executable,
+            "-c",
+            DIRECT_PROVISION,
+            str(path),
+        ],
+        timeout=600,
+    )
+    wall = time.monotonic() - started
+    timings = json.loads(proc.stdout)
+    released = lab.playbook("vm_release.yml", allocation.release_vars())
+    if released.rc != 0:
+        raise RuntimeError(f"release after the direct provision failed: {released.custom_stats}")
+    return {"wall": wall, "timings": timings}
+
+
 def clone_throughput(lab: VmLab, root: Path, image_mib: int, repeat: int) -> dict:
     image = root / "clone-image.raw"
     block = os.urandom(4 << 20)
@@ -207,7 +333,7 @@ def clone_throughput(lab: VmLab, root: Path, image_mib: int, repeat: int) -> dic
     }
 
 
-def report(boot: float, figures: dict, clone: dict) -> None:
+def report(boot: float, figures: dict, direct: dict, clone: dict) -> None:
     phases = figures["provision_phases"]
     wall = figures["provision_wall"]
     overhead = wall - boot
@@ -228,6 +354,13 @@ def report(boot: float, figures: dict, clone: dict) -> None:
     print(f"overhead / guest boot:                                       {overhead / boot:.2f}")
     module_tasks = [(n, s) for n, s in figures["provision_tasks"] if s > 0.05]
     print("  module tasks:", ", ".join(f"{n[:28]} {s:.2f}s" for n, s in module_tasks))
+    direct_wall = direct["wall"]
+    print(
+        f"same module code without Ansible (one Python process): {direct_wall:.2f} s, "
+        f"overhead {direct_wall - boot:.2f} s; Ansible's share of our overhead: "
+        f"{(overhead - (direct_wall - boot)):.2f} s"
+    )
+    print("  direct phases:", ", ".join(f"{k} {v:.2f}s" for k, v in direct["timings"].items()))
     print(
         f"second provision (no change, changed={figures['provision_again_changed']}): "
         f"{figures['provision_again_wall']:.2f} s"
@@ -287,8 +420,9 @@ def main() -> int:
             print(f"lab up in {time.monotonic() - started:.1f}s")
             boot = baseline_boot(lab, image, root)
             figures = lifecycle(lab, image, root)
+            direct = direct_provision(lab, image, root)
             clone = clone_throughput(lab, root, args.image_mib, args.repeat)
-    report(boot, figures, clone)
+    report(boot, figures, direct, clone)
     return 0
 
 

@@ -22,9 +22,10 @@ properties from our XML and from libvirt's (normalized) XML, so a second run is 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 try:
     from lxml import etree
@@ -85,8 +86,6 @@ class DomainSpec:
     pci_passthrough: bool = True
     host_cpuset: str = ""
     machine: str = "q35"
-    hostname: str = ""
-    extra_metadata: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -232,8 +231,6 @@ def build_domain_xml(spec: DomainSpec) -> str:
         metadata, f"{{{METADATA_NS}}}slice", nsmap={"gpuaas": METADATA_NS}
     )
     etree.SubElement(slice_meta, f"{{{METADATA_NS}}}allocation", id=spec.uuid)
-    for key, value in sorted(spec.extra_metadata.items()):
-        etree.SubElement(slice_meta, f"{{{METADATA_NS}}}meta", name=str(key), value=str(value))
 
     profile = spec.profile
     _sub(root, "memory", profile.memory_mib, unit="MiB")
@@ -607,7 +604,7 @@ def spec_from_params(params: dict) -> DomainSpec:
             cpuset = node_cpuset(nodes)
         except VmError as exc:
             raise VmError(exc.code, exc.message, PHASE_DOMAIN) from exc
-        spec = DomainSpec(**{**spec.__dict__, "host_cpuset": cpuset})
+        spec = dataclasses.replace(spec, host_cpuset=cpuset)
     return spec
 
 
