@@ -1,0 +1,84 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpuaas fleet engineering
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Small, safe file operations for host configuration the bootstrap modules own.
+
+Files are replaced atomically (temporary file in the same directory, fsync, rename) so a
+crash never leaves half a GRUB or dnsmasq configuration; an edited file keeps its mode;
+backups are timestamped copies next to the original, as the runbook made them by hand.
+"""
+
+from __future__ import absolute_import, annotations, division, print_function
+
+__metaclass__ = type
+
+import contextlib
+import datetime
+import os
+import shutil
+import tempfile
+
+
+class HostFileError(OSError):
+    """A configuration file could not be read or written."""
+
+
+def read_text(path):
+    """File content, None when the file does not exist."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise HostFileError(f"cannot read {path}: {exc.strerror}") from exc
+
+
+def write_text(path, text, mode=None, dir_mode=0o755):
+    """Atomically replace `path`; keep its mode unless `mode` is given (new files 0644)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, mode=dir_mode, exist_ok=True)
+    if mode is None:
+        try:
+            mode = os.stat(path).st_mode & 0o7777
+        except FileNotFoundError:
+            mode = 0o644
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def backup(path, now=None):
+    """Copy `path` to `<path>.gpuaas-backup-<YYYYmmddHHMMSS>`; the copy's path."""
+    stamp = (now or datetime.datetime.now()).strftime("%Y%m%d%H%M%S")
+    target = f"{path}.gpuaas-backup-{stamp}"
+    shutil.copy2(path, target)
+    return target
+
+
+def remove(path):
+    """Delete a file; True when it existed."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def text_diff(path, before, after):
+    """An Ansible diff entry for one file (None content shown as empty)."""
+    return {
+        "before_header": path,
+        "after_header": path,
+        "before": before or "",
+        "after": after or "",
+    }
