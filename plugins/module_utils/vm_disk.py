@@ -48,8 +48,8 @@ def inspect_slot_disk(device: str, stable_dirs, conn, own_name: str, own_defined
         else:
             blocking.append(finding)
     problems = [{"code": f.code, "message": f.message} for f in blocking]
-    if report.resolved_path and not [p for p in problems if p["code"] == "not_found"]:
-        rdev = os.stat(report.resolved_path).st_rdev if report.whole_disk else 0
+    if report.whole_disk:
+        rdev = os.stat(report.resolved_path).st_rdev
         for other in vm_domain.domains_using(conn, exclude_name=own_name):
             if any(_same_device(source, rdev) for source in other["disks"]):
                 problems.append(
