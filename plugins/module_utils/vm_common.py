@@ -75,7 +75,13 @@ class VmError(Exception):
         self.details = details
 
     def to_dict(self) -> dict:
-        return {"phase": self.phase, "code": self.code, "message": self.message, **self.details}
+        """The failure record; structured details (reports, lists) stay at the top level."""
+        scalars = {
+            key: value
+            for key, value in self.details.items()
+            if value is None or isinstance(value, (str, int, float, bool))
+        }
+        return {"phase": self.phase, "code": self.code, "message": self.message, **scalars}
 
 
 class PhaseTimer:

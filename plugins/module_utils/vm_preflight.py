@@ -278,6 +278,8 @@ def run(params: dict, check_mode: bool) -> dict:
             failure["code"],
             f"preflight {failure['check']}: {failure['message']}",
             PHASE_PREFLIGHT,
+            check=failure["check"],
+            failed_checks=failure["failed_checks"],
             **{k: v for k, v in outcome.items() if k != "failure"},
         )
     return {"changed": False, **outcome}

@@ -225,6 +225,15 @@ failure:
       description: Why.
       type: str
       returned: always
+    check:
+      description: The check that failed first.
+      type: str
+      returned: always
+failed_checks:
+  description: Every check that failed, in order.
+  returned: failure
+  type: list
+  elements: str
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
