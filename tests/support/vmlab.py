@@ -19,6 +19,12 @@ MASQUERADE rule, IPv4 forwarding is on, and dnsmasq serves only static reservati
 a `--dhcp-hostsfile` (lines `MAC,IP,name`) with its own leasefile and pidfile.
 The Open vSwitch lab uses the userspace datapath (`datapath_type=netdev`), the only one
 this machine supports; libvirt attaches the VM's tap port with `ovs-vsctl` as in production.
+Mounts a test wants the modules to see must be made inside the lab (`lab.run(["mount", ...])`):
+the host's root mount is private, so later host mounts do not propagate into the lab.
+
+`Allocation` / `make_allocation` describe one slice allocation in a lab (loop disk with a
+by-id link, tenant key, MAC/IP) and render the variables of playbooks/vm_provision.yml and
+playbooks/vm_release.yml, shared by tests/integration/vm and bench/vm_lifecycle.py.
 """
 
 from __future__ import annotations
