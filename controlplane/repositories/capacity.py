@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-ELIGIBLE_SLOT_PREDICATE = """
+# Predicates on the slot row and its node row alone.
+SLOT_PREDICATE = """
     s.status = 'available'
     AND s.health_state = 'healthy'
     AND s.sharing_mechanism = 'exclusive_device'
@@ -30,21 +31,28 @@ ELIGIBLE_SLOT_PREDICATE = """
     AND s.fabric_vf_pci_address IS NOT NULL
     AND n.admin_state = 'schedulable'
     AND n.profile_intent = 'slice_vm'
-    AND NOT EXISTS (
-        SELECT 1 FROM allocation_resource_claims x
-        WHERE x.node_id = n.id AND x.state = 'active' AND x.claim_kind = 'node_exclusive')
-    AND NOT EXISTS (
-        SELECT 1 FROM allocation_resource_claims c
-        WHERE c.slot_id = s.id AND c.state = 'active')
-    AND NOT EXISTS (
-        SELECT 1 FROM node_resource_slots o
-        JOIN allocation_resource_claims c ON c.slot_id = o.id AND c.state = 'active'
-        WHERE o.node_id = s.node_id AND o.id <> s.id
-          AND (o.fabric_vf_pci_address = s.fabric_vf_pci_address
-               OR (o.fabric_device = s.fabric_device
-                   AND (o.fabric_claim_mode <> 'per_slot_vf'
-                        OR s.fabric_claim_mode <> 'per_slot_vf'))))
 """
+
+# No active claim on the node is an exclusive claim, a claim of this slot, or a claim of
+# another slot passing the same fabric device through (the VF, or in legacy metadata
+# without per-slot VFs the whole device). Driven by the claim's node, so a few index
+# entries per slot whatever the table's statistics say.
+CLAIM_FREE_PREDICATE = """
+    NOT EXISTS (
+        SELECT 1 FROM allocation_resource_claims c
+        WHERE c.node_id = s.node_id AND c.state = 'active'
+          AND (c.claim_kind = 'node_exclusive'
+               OR c.slot_id = s.id
+               OR c.slot_id IN (
+                   SELECT o.id FROM node_resource_slots o
+                   WHERE o.node_id = s.node_id AND o.id <> s.id
+                     AND (o.fabric_vf_pci_address = s.fabric_vf_pci_address
+                          OR (o.fabric_device = s.fabric_device
+                              AND (o.fabric_claim_mode <> 'per_slot_vf'
+                                   OR s.fabric_claim_mode <> 'per_slot_vf'))))))
+"""
+
+ELIGIBLE_SLOT_PREDICATE = f"{SLOT_PREDICATE} AND {CLAIM_FREE_PREDICATE}"
 
 ELIGIBLE_SLOTS_SQL = text(
     f"""

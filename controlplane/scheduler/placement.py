@@ -25,7 +25,11 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from controlplane.enums import CapacityShape
-from controlplane.repositories.capacity import ELIGIBLE_SLOT_PREDICATE
+from controlplane.repositories.capacity import (
+    CLAIM_FREE_PREDICATE,
+    ELIGIBLE_SLOT_PREDICATE,
+    SLOT_PREDICATE,
+)
 from controlplane.scheduler import ranking
 from controlplane.scheduler.ranking import BaremetalNode, Policy, SliceNode, SlotView
 
@@ -43,18 +47,24 @@ SLICE_NODE_FILTER = """
     AND (CAST(:region AS text) IS NULL OR c.region_code = CAST(:region AS text))
 """
 
+# The snapshot reads only what the trigger-kept counters and the slot and node rows say;
+# the claim predicates are re-applied, authoritatively, when the chosen node is locked.
+# The counters already exclude nodes with an exclusive claim; a node without active slot
+# claims cannot have a claim conflict, so only the others pay for that check.
 SLICE_SNAPSHOT = {
     policy: text(
         f"""
 WITH top AS (
-    SELECT c.node_id, c.busy_slots = 0 AS clean
+    SELECT c.node_id, c.busy_slots = 0 AS clean, c.slot_claims
     FROM node_capacity c
     WHERE {SLICE_NODE_FILTER} AND c.free_gpus >= :gpus
     ORDER BY {order}
     LIMIT :k OFFSET :offset)
 SELECT s.node_id, n.hostname, top.clean, s.id, s.slot_index, s.numa_node, s.gpu_count
-FROM top JOIN node_resource_slots s ON s.node_id = top.node_id JOIN nodes n ON n.id = s.node_id
-WHERE {ELIGIBLE_SLOT_PREDICATE}
+FROM top
+JOIN nodes n ON n.id = top.node_id
+JOIN node_resource_slots s ON s.node_id = top.node_id
+WHERE {SLOT_PREDICATE} AND (top.slot_claims = 0 OR {CLAIM_FREE_PREDICATE})
 """
     )
     for policy, order in _SLICE_ORDER.items()
@@ -68,12 +78,19 @@ WHERE {SLICE_NODE_FILTER}
 """
 )
 
-# The node_capacity row is the per-node placement mutex: taken with SKIP LOCKED, so a
-# client never queues behind another placement on the same node, it moves on.
+# The node_capacity row is the per-node placement mutex. The statement takes, in the
+# ranking's order, the first candidate node that no other placement holds (SKIP LOCKED)
+# and that still has the GPUs, so losing a race costs no round trip: it moves on to the
+# next candidate inside the statement.
 SLICE_LOCK = text(
     f"""
 WITH node_lock AS (
-    SELECT node_id FROM node_capacity WHERE node_id = :node FOR UPDATE SKIP LOCKED
+    SELECT node_id FROM node_capacity
+    WHERE node_id = ANY(CAST(:ranked AS uuid[])) AND free_gpus >= :gpus
+      AND exclusive_claims = 0 AND slice_schedulable
+    ORDER BY array_position(CAST(:ranked AS uuid[]), node_id)
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
 ), locked AS (
     SELECT s.id, s.slot_index
     FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id
@@ -91,20 +108,23 @@ WITH node_lock AS (
 ), alloc AS (
     INSERT INTO allocations (id, capacity_shape, sku_id, gpu_count, state, node_id,
                              region_code, project_id, requested_by)
-    SELECT :allocation, 'gpu_slice', :sku_id, :gpus, 'pending', :node,
+    SELECT :allocation, 'gpu_slice', :sku_id, :gpus, 'pending', node_lock.node_id,
            :region_code, :project, :actor
+    FROM node_lock
     WHERE EXISTS (SELECT 1 FROM reserved)
-    RETURNING id
+    RETURNING id, node_id
 ), claims AS (
     INSERT INTO allocation_resource_claims (allocation_id, node_id, slot_id, claim_kind)
-    SELECT alloc.id, :node, reserved.id, 'slot' FROM alloc CROSS JOIN reserved
-    RETURNING id, slot_id
+    SELECT alloc.id, alloc.node_id, reserved.id, 'slot' FROM alloc CROSS JOIN reserved
+    RETURNING id, slot_id, node_id
 ), event AS (
     INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-    SELECT 'allocation', alloc.id, 'allocation.placed', CAST(:event AS jsonb) FROM alloc
+    SELECT 'allocation', alloc.id, 'allocation.placed',
+           CAST(:event AS jsonb) || jsonb_build_object('node_id', alloc.node_id)
+    FROM alloc
     RETURNING id
 )
-SELECT r.id, r.slot_index, c.id FROM reserved r JOIN claims c ON c.slot_id = r.id
+SELECT c.node_id, r.id, r.slot_index, c.id FROM reserved r JOIN claims c ON c.slot_id = r.id
 ORDER BY r.slot_index
 """
 )
@@ -148,7 +168,12 @@ WHERE {BAREMETAL_NODE_FILTER}
 BAREMETAL_LOCK = text(
     """
 WITH node_lock AS (
-    SELECT node_id FROM node_capacity WHERE node_id = :node FOR UPDATE SKIP LOCKED
+    SELECT node_id FROM node_capacity
+    WHERE node_id = ANY(CAST(:ranked AS uuid[])) AND baremetal_schedulable
+      AND busy_slots = 0 AND slot_claims = 0 AND exclusive_claims = 0
+    ORDER BY array_position(CAST(:ranked AS uuid[]), node_id)
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
 ), node AS (
     SELECT n.id FROM nodes n
     WHERE n.id = (SELECT node_id FROM node_lock) AND n.admin_state = 'schedulable'
@@ -169,10 +194,12 @@ WITH node_lock AS (
     RETURNING id
 ), event AS (
     INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-    SELECT 'allocation', alloc.id, 'allocation.placed', CAST(:event AS jsonb) FROM alloc
+    SELECT 'allocation', alloc.id, 'allocation.placed',
+           CAST(:event AS jsonb) || jsonb_build_object('node_id', alloc.node_id)
+    FROM alloc
     RETURNING id
 )
-SELECT claim.id FROM claim
+SELECT alloc.node_id, claim.id FROM claim CROSS JOIN alloc
 """
 )
 
@@ -258,10 +285,8 @@ class SkuInfo:
     allowed_gpu_counts: tuple[int, ...]
 
 
-def placed_event(shape: CapacityShape, sku: SkuInfo, hostname: str, gpus: int) -> str:
-    return json.dumps(
-        {"capacity_shape": shape.value, "sku": sku.slug, "node": hostname, "gpu_count": gpus}
-    )
+def placed_event(shape: CapacityShape, sku: SkuInfo, gpus: int) -> str:
+    return json.dumps({"capacity_shape": shape.value, "sku": sku.slug, "gpu_count": gpus})
 
 
 class Scheduler:
@@ -271,7 +296,7 @@ class Scheduler:
         self,
         engine: Engine,
         policy: Policy = Policy.BEST_FIT,
-        candidate_nodes: int = 16,
+        candidate_nodes: int = 8,
         max_attempts: int = 8,
     ) -> None:
         self.engine = engine
@@ -376,13 +401,10 @@ class Scheduler:
             if not choices:
                 offset += self.candidate_nodes
                 continue
-            for choice in choices:
-                if attempts >= self.max_attempts:
-                    break
-                attempts += 1
-                placed = self._lock_slice(conn, params, choice, request, sku, attempts)
-                if placed is not None:
-                    return placed
+            attempts += 1
+            placed = self._lock_slice(conn, params, choices, request, sku, attempts)
+            if placed is not None:
+                return placed
             offset = 0
         return self._diagnose_slice(conn, params, request, attempts)
 
@@ -390,19 +412,21 @@ class Scheduler:
         self,
         conn: Connection,
         params: dict[str, Any],
-        choice: ranking.SliceChoice,
+        choices: list[ranking.SliceChoice],
         request: PlacementRequest,
         sku: SkuInfo,
         attempts: int,
     ) -> Placement | None:
-        event = placed_event(CapacityShape.GPU_SLICE, sku, choice.hostname, request.gpu_count)
+        """Reserve on the first candidate no one else holds, in ranking order."""
+        hostnames = {c.node_id: c.hostname for c in choices}
+        event = placed_event(CapacityShape.GPU_SLICE, sku, request.gpu_count)
         try:
             rows = conn.execute(
                 SLICE_LOCK,
                 {
                     **params,
-                    "node": choice.node_id,
-                    "preferred": list(choice.slot_ids),
+                    "ranked": [c.node_id for c in choices],
+                    "preferred": [slot for c in choices for slot in c.slot_ids],
                     "event": event,
                 },
             ).all()
@@ -415,15 +439,16 @@ class Scheduler:
             conn.rollback()
             return None
         conn.commit()
+        node_id = rows[0][0]
         return Placement(
             allocation_id=request.allocation_id,
             capacity_shape=CapacityShape.GPU_SLICE.value,
             sku=sku.slug,
             gpu_count=request.gpu_count,
-            node_id=choice.node_id,
-            hostname=choice.hostname,
-            slots=tuple({"slot_id": r[0], "slot_index": r[1]} for r in rows),
-            claims=tuple(r[2] for r in rows),
+            node_id=node_id,
+            hostname=hostnames[node_id],
+            slots=tuple({"slot_id": r[1], "slot_index": r[2]} for r in rows),
+            claims=tuple(r[3] for r in rows),
             attempts=attempts,
         )
 
@@ -478,32 +503,34 @@ class Scheduler:
             BAREMETAL_SNAPSHOT[self.policy], {**params, "k": self.candidate_nodes}
         ).all()
         snapshot = [BaremetalNode(r[0], r[1], r[2], r[3]) for r in rows]
+        ranked = ranking.rank_baremetal_nodes(snapshot, params["salt"], self.policy)
+        hostnames = {n.node_id: n.hostname for n in ranked}
         attempts = 0
-        for node in ranking.rank_baremetal_nodes(snapshot, params["salt"], self.policy):
-            if attempts >= self.max_attempts:
-                break
+        while ranked and attempts < self.max_attempts:
             attempts += 1
-            event = placed_event(CapacityShape.BAREMETAL, sku, node.hostname, request.gpu_count)
+            event = placed_event(CapacityShape.BAREMETAL, sku, request.gpu_count)
             try:
-                claim = conn.execute(
-                    BAREMETAL_LOCK, {**params, "node": node.node_id, "event": event}
-                ).scalar_one_or_none()
+                row = conn.execute(
+                    BAREMETAL_LOCK,
+                    {**params, "ranked": [n.node_id for n in ranked], "event": event},
+                ).one_or_none()
             except IntegrityError as exc:
                 conn.rollback()
                 if getattr(exc.orig.diag, "constraint_name", None) not in RACE_CONSTRAINTS:
                     raise
-                claim = None
-            if claim is None:
-                conn.rollback()
                 continue
+            if row is None:
+                conn.rollback()
+                break
             conn.commit()
+            node_id, claim = row
             return Placement(
                 allocation_id=request.allocation_id,
                 capacity_shape=CapacityShape.BAREMETAL.value,
                 sku=sku.slug,
                 gpu_count=request.gpu_count,
-                node_id=node.node_id,
-                hostname=node.hostname,
+                node_id=node_id,
+                hostname=hostnames[node_id],
                 slots=(),
                 claims=(claim,),
                 attempts=attempts,

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
 from itertools import combinations
+from operator import itemgetter
+from typing import NamedTuple
 
 
 class Policy(StrEnum):
@@ -25,8 +27,7 @@ class Policy(StrEnum):
     RANDOM = "random"
 
 
-@dataclass(frozen=True)
-class SlotView:
+class SlotView(NamedTuple):
     slot_id: uuid.UUID
     slot_index: int
     numa_node: int
@@ -74,8 +75,21 @@ def best_slot_set(node: SliceNode, gpus: int) -> tuple[tuple[SlotView, ...], int
     the node keeps the larger holes for larger requests), then the lowest slot indexes.
     """
     by_numa: dict[int, list[SlotView]] = defaultdict(list)
-    for slot in sorted(node.slots, key=lambda s: s.slot_index):
+    for slot in sorted(node.slots, key=itemgetter(1)):
         by_numa[slot.numa_node].append(slot)
+    if len(by_numa) == 1 or (gpus == 1 and all(s.gpu_count == 1 for s in node.slots)):
+        # One NUMA node, or one GPU: the best-fit group is the one with the fewest free.
+        numa = min(
+            by_numa,
+            key=lambda n: (
+                sum(s.gpu_count for s in by_numa[n]) < gpus,
+                len(by_numa[n]),
+                by_numa[n][0].slot_index,
+            ),
+        )
+        pool = by_numa[numa]
+        if sum(s.gpu_count for s in pool) >= gpus and all(s.gpu_count == 1 for s in pool):
+            return tuple(pool[:gpus]), 1
     free = {numa: sum(s.gpu_count for s in slots) for numa, slots in by_numa.items()}
     for span in range(1, len(by_numa) + 1):
         best: tuple[tuple[int, ...], tuple[SlotView, ...]] | None = None
