@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from controlplane import hosttrees
+from controlplane.lab.netns import NetNamespace, require_netns
 from tests.integration.discovery.discovery_helpers import REPO, VENV_BIN
-from tests.support.netns import NetNamespace, require_netns
 
 
 @pytest.fixture(scope="session")
