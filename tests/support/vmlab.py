@@ -159,7 +159,10 @@ class PlaybookRun:
 
     @property
     def custom_stats(self) -> dict:
-        return self.output.get("custom_stats", {}).get("localhost", {})
+        """This host's entries of the run-wide custom stats (what ansible-runner reports as
+        the stats event's artifact_data)."""
+        run_stats = self.output.get("global_custom_stats", {})
+        return {key: value["localhost"] for key, value in run_stats.items() if "localhost" in value}
 
 
 @dataclass
