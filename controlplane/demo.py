@@ -1,14 +1,24 @@
-"""The demo: a sample fleet on the embedded PostgreSQL, end to end.
+"""The demo: the product's main job on the embedded PostgreSQL, with no hardware.
+
+A sample fleet is registered, discovered and approved through the Prefect flows, a mix
+of allocations is placed, one GPU slice is provisioned as a real QEMU-emulated VM through
+the same flow when this machine can run one (and says why when it cannot), released with
+a wipe proof, and the occupancy and evidence trail are printed.
 
 Without ``GPUAAS_DATABASE_URL`` the demo recreates its own ``gpuaas_demo`` database in
 the embedded cluster on every run, so it is repeatable and never touches operator data.
+Flow runs go to a local Prefect database that ``gpuaas ui`` shows afterwards.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
+from collections.abc import Iterator
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -17,65 +27,42 @@ from rich.rule import Rule
 from controlplane import cli, db
 from controlplane.api import ControlPlane
 from controlplane.embedded import EmbeddedPostgres
-from controlplane.errors import GpuaasError
+from controlplane.scheduler.placement import PlacementRequest
 from controlplane.services.inventory import NodeSpec
 
 DEMO_DATABASE = "gpuaas_demo"
 ACTOR = "demo"
 SLICE = ("gpuaas-profile-slice-vm",)
 BAREMETAL = ("gpuaas-profile-baremetal",)
+REGION = "region-maas-1"
 
-# (registration, recorded topology map or None). j22u05 carries mounted share partitions
-# and one whole fabric device for every slot; j22u11 lacks NAT and half its VFs;
-# j22u15 and j22u16 are converged slice hosts; j22u17/18 are baremetal hosts.
-SAMPLE_FLEET: list[tuple[NodeSpec, str | None]] = [
-    (
-        NodeSpec(
-            "j22u05",
-            "region-maas-1",
-            maas_system_id="a4mkx3",
-            maas_tags=SLICE,
-            slice_subnet="10.100.0.0/24",
-        ),
-        "j22u05.json",
-    ),
-    (
-        NodeSpec(
-            "j22u11",
-            "region-maas-1",
-            maas_system_id="b7pq2n",
-            maas_tags=SLICE,
-            slice_subnet="10.100.0.0/24",
-        ),
-        "j22u11.json",
-    ),
-    (
-        NodeSpec(
-            "j22u15",
-            "region-maas-1",
-            maas_system_id="c9xk4r",
-            maas_tags=SLICE,
-            slice_subnet="10.100.0.0/24",
-        ),
-        "j22u15.json",
-    ),
-    (
-        NodeSpec(
-            "j22u16",
-            "region-maas-1",
-            maas_system_id="d2mw8t",
-            maas_tags=SLICE,
-            slice_subnet="10.100.0.0/24",
-        ),
-        "j22u16.json",
-    ),
-    (NodeSpec("j22u17", "region-maas-1", maas_system_id="e5ny3v", maas_tags=BAREMETAL), None),
-    (NodeSpec("j22u18", "region-maas-1", maas_system_id="f8rz6w", maas_tags=BAREMETAL), None),
+# hostname, MAAS system id, tags, host tree scenario (None: baremetal host), NAT present.
+# j22u05 carries mounted share partitions and one whole fabric device for every slot;
+# j22u11 lacks its NAT rule and half its VFs; j22u15/j22u16 are converged slice hosts.
+SAMPLE_FLEET: list[tuple[str, str, tuple[str, ...], str | None, bool]] = [
+    ("j22u05", "a4mkx3", SLICE, "h200", True),
+    ("j22u11", "b7pq2n", SLICE, "missing-vfs", False),
+    ("j22u15", "c9xk4r", SLICE, "clean", True),
+    ("j22u16", "d2mw8t", SLICE, "clean", True),
+    ("j22u17", "e5ny3v", BAREMETAL, None, True),
+    ("j22u18", "f8rz6w", BAREMETAL, None, True),
+]
+PLACEMENTS = [
+    ("h200-sxm-baremetal", 8),
+    ("h200-sxm-slice", 1),
+    ("h200-sxm-slice", 2),
+    ("h200-sxm-slice", 4),
+    ("h200-sxm-slice", 8),
+    ("h200-sxm-baremetal", 8),
+    ("h200-sxm-slice", 4),
+    ("h200-sxm-slice", 8),
 ]
 
 
-def recorded_map(name: str) -> dict[str, Any]:
-    return json.loads(resources.files("controlplane.demo_data").joinpath(name).read_text())
+def recorded_map(hostname: str) -> dict[str, Any]:
+    return json.loads(
+        resources.files("controlplane.demo_data").joinpath(f"{hostname}.json").read_text()
+    )
 
 
 def demo_control_plane(console: Console) -> ControlPlane:
@@ -87,43 +74,153 @@ def demo_control_plane(console: Console) -> ControlPlane:
     cluster.start()
     cluster.recreate_database(DEMO_DATABASE)
     console.print(f"embedded PostgreSQL in {cluster.data_dir}, database {DEMO_DATABASE} (fresh)")
+    os.environ[db.DATABASE_URL_ENV] = cluster.url(DEMO_DATABASE)
     return ControlPlane(db.engine_for(cluster.url(DEMO_DATABASE)))
 
 
+def simulation_unavailable_reason() -> str | None:
+    from controlplane.lab.netns import netns_unavailable_reason
+
+    return netns_unavailable_reason()
+
+
+@contextlib.contextmanager
+def simulated_hosts(root: Path) -> Iterator[dict[str, dict[str, Any]] | None]:
+    """Host vars of simulated slice hosts, or None when this machine cannot build them."""
+    from controlplane.lab.hosts import HostPlan, SimulatedFleet
+
+    plans = [HostPlan(h, scenario, nat) for h, _, _, scenario, nat in SAMPLE_FLEET if scenario]
+    with SimulatedFleet(root, plans) as fleet:
+        yield fleet.host_vars
+
+
+def register(cp: ControlPlane, host_vars: dict[str, dict[str, Any]] | None) -> None:
+    for hostname, maas_id, tags, scenario, _ in SAMPLE_FLEET:
+        cp.register_node(
+            NodeSpec(
+                hostname,
+                REGION,
+                maas_system_id=maas_id,
+                maas_tags=tags,
+                slice_subnet="10.100.0.0/24" if scenario else None,
+                host_vars=(host_vars or {}).get(hostname, {}),
+            )
+        )
+
+
+def discover_and_approve(cp: ControlPlane, console: Console, simulated: bool) -> None:
+    from flows.fleet import approve_slots, discover_topology
+
+    slice_hosts = [h for h, _, _, scenario, _ in SAMPLE_FLEET if scenario]
+    if simulated:
+        console.print("running the discover_topology flow on the simulated hosts ...")
+        results = discover_topology(hostnames=slice_hosts, return_state=True).result(
+            raise_on_failure=False
+        )
+        for hostname in slice_hosts:
+            outcome = results.get(hostname, {}) if isinstance(results, dict) else {}
+            if outcome.get("import"):
+                cli.render_import(outcome["import"])
+            else:
+                console.print(f"[red]{hostname}[/red]: discovery failed: {outcome.get('failure')}")
+    else:
+        for hostname in slice_hosts:
+            cli.render_import(cp.import_topology(hostname, recorded_map(hostname), ACTOR))
+    console.print(Rule("3. approve slots through the approve_slots flow (all or nothing)"))
+    for hostname in slice_hosts:
+        state = approve_slots(hostname, return_state=True)
+        if state.is_completed():
+            console.print(f"[green]{hostname}[/green]: approved slots {state.result()['approved']}")
+            continue
+        console.print(f"[red]{hostname}[/red]: {state.message}")
+        rejections = state.result(raise_on_failure=False)["error"]["details"]["rejections"]
+        by_code: dict[str, list[int]] = {}
+        for rejection in rejections:
+            by_code.setdefault(rejection["code"], []).append(rejection["slot_index"])
+        for code, slots in sorted(by_code.items()):
+            example = next(r for r in rejections if r["code"] == code)
+            indexes = sorted({s for s in slots if s is not None})
+            console.print(f"   {code} (slots {indexes}): {example['message']}")
+
+
+def place_mix(cp: ControlPlane, console: Console) -> list[dict[str, Any]]:
+    placed = []
+    for sku, gpus in PLACEMENTS:
+        result = cp.place(PlacementRequest(sku, gpus, region=REGION, requested_by=ACTOR))
+        if result["placed"]:
+            where = (
+                f"slots {[s['slot_index'] for s in result['slots']]}"
+                if result["slots"]
+                else "whole node"
+            )
+            console.print(f"placed {sku} x{gpus} on {result['node']} ({where})")
+            placed.append(result)
+        else:
+            console.print(
+                f"[yellow]unavailable[/yellow] {sku} x{gpus}: {result['code']}/"
+                f"{result['reason']}: {result['message']}"
+            )
+    return placed
+
+
+def render_trail(cp: ControlPlane, console: Console) -> None:
+    cli.table(
+        "evidence trail (newest first)",
+        ["id", "kind", "passed", "node", "summary"],
+        [
+            [e["id"], e["kind"], e["passed"], e["hostname"], e["summary"][:110]]
+            for e in cp.evidence_trail(limit=25)
+        ],
+    )
+
+
 def main() -> None:
+    from flows.serve import prefect_home
+
     console = cli.out
-    console.print(Rule("gpuaas demo: control plane on an embedded PostgreSQL"))
+    os.environ.setdefault("PREFECT_HOME", str(prefect_home()))
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    # The flows run against a temporary local Prefect server; on a busy 2-core machine it
+    # can take longer than Prefect's default 20 s to start.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    console.print(Rule("gpuaas demo: control plane on an embedded PostgreSQL, flows on Prefect"))
     cp = demo_control_plane(console)
     console.print(f"schema at revision {cp.upgrade_schema()}")
 
-    console.print(Rule("1. register the sample fleet (profile intent from MAAS tags)"))
-    for spec, _ in SAMPLE_FLEET:
-        cp.register_node(spec)
-    cli.render_nodes(cp.list_nodes())
+    reason = simulation_unavailable_reason()
+    with tempfile.TemporaryDirectory(prefix="gpuaas-demo-") as scratch:
+        Path(scratch).chmod(0o755)
+        os.environ["GPUAAS_RUNS_DIR"] = str(Path(scratch) / "runs")
+        hosts_cm = simulated_hosts(Path(scratch) / "hosts") if reason is None else None
+        with hosts_cm or contextlib.nullcontext() as host_vars:
+            console.print(Rule("1. register the sample fleet (profile intent from MAAS tags)"))
+            register(cp, host_vars)
+            cli.render_nodes(cp.list_nodes())
+            console.print(Rule("2. discover topology (candidates stay disabled)"))
+            if reason:
+                console.print(
+                    f"[yellow]simulated hosts unavailable here ({reason}); importing the "
+                    "recorded topology maps instead[/yellow]"
+                )
+            discover_and_approve(cp, console, simulated=reason is None)
 
-    console.print(Rule("2. import recorded topology maps (candidates stay disabled)"))
-    for spec, map_name in SAMPLE_FLEET:
-        if map_name:
-            cli.render_import(cp.import_topology(spec.hostname, recorded_map(map_name), ACTOR))
+            console.print(Rule("4. place baremetal and 1/2/4/8-GPU slices"))
+            place_mix(cp, console)
 
-    console.print(Rule("3. approve slots: every rule re-checked, all or nothing"))
-    for spec, map_name in SAMPLE_FLEET:
-        if not map_name:
-            continue
-        try:
-            result = cp.approve_slots(spec.hostname, None, ACTOR)
-            console.print(f"[green]{spec.hostname}[/green]: approved slots {result['approved']}")
-        except GpuaasError as refused:
-            console.print(f"[red]{spec.hostname}[/red]: {refused.message}")
-            codes: dict[str, list[int]] = {}
-            for rejection in refused.details["rejections"]:
-                codes.setdefault(rejection["code"], []).append(rejection["slot_index"])
-            for code, slots in sorted(codes.items()):
-                example = next(r for r in refused.details["rejections"] if r["code"] == code)
-                indexes = sorted({s for s in slots if s is not None})
-                console.print(f"   {code} (slots {indexes}): {example['message']}")
+            console.print(Rule("5. provision a slice VM for real, release it with a wipe proof"))
+            from controlplane.lab.demo_vm import run_vm_demo
 
-    console.print(Rule("4. slots"))
-    cli.render_slots(cp.list_slots())
-    console.print(Rule("5. occupancy"))
-    cli.render_occupancy(cp.occupancy())
+            run_vm_demo(cp, console, Path(scratch) / "vm")
+
+            console.print(Rule("6. slots and occupancy"))
+            cli.render_slots(cp.list_slots())
+            cli.render_occupancy(cp.occupancy())
+            console.print(Rule("7. evidence"))
+            render_trail(cp, console)
+    console.print(Rule("Prefect UI"))
+    console.print(
+        "The flow runs above are stored in the local Prefect database. To browse them and to "
+        "run any flow as a deployment:  [bold].venv/bin/gpuaas ui[/bold]  then open "
+        "http://127.0.0.1:4200"
+    )

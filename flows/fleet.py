@@ -108,24 +108,27 @@ def discover_topology(
 
 @task(name="approve slots")
 def approve(hostname: str, slots: list[int] | None) -> dict[str, Any]:
-    return control_plane().approve_slots(hostname, slots, ACTOR)
+    """The approval, or the refusal with every rejection (a refusal is an answer, not a
+    crash: nothing was written)."""
+    try:
+        return {"refused": False, **control_plane().approve_slots(hostname, slots, ACTOR)}
+    except GpuaasError as refused:
+        return {"refused": True, "message": refused.message, **refused.as_dict()}
 
 
 @flow(name="approve_slots")
 def approve_slots(hostname: str, slots: list[int] | None = None) -> dict[str, Any]:
     """Approve a node's candidate slots: every rule re-checked, all or nothing."""
-    try:
-        return approve(hostname, slots)
-    except GpuaasError as refused:
-        artifacts.table(
-            "approval-rejections",
-            f"Approval refused on {hostname}",
-            [
-                {"slot": r["slot_index"], "code": r["code"], "reason": r["message"]}
-                for r in refused.details.get("rejections", [])
-            ],
-        )
-        return Failed(message=refused.message, data=refused.as_dict())
+    result = approve(hostname, slots)
+    if not result["refused"]:
+        return {k: v for k, v in result.items() if k != "refused"}
+    rejections = result["error"]["details"].get("rejections", [])
+    artifacts.table(
+        "approval-rejections",
+        f"Approval refused on {hostname}",
+        [{"slot": r["slot_index"], "code": r["code"], "reason": r["message"]} for r in rejections],
+    )
+    return Failed(message=result["message"], data=result)
 
 
 @task(name="check parity on a batch of hosts", retries=2, retry_delay_seconds=5)

@@ -33,11 +33,17 @@ class PrefectStack:
 
 
 def prefect_home() -> Path:
+    """Prefect's data next to the embedded PostgreSQL's (per user), created if missing."""
     override = os.environ.get("PREFECT_HOME")
     if override:
-        return Path(override)
-    base = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
-    return base / "gpuaas" / "prefect"
+        home = Path(override)
+    elif os.geteuid() == 0:
+        home = Path("/var/lib/gpuaas/prefect")
+    else:
+        base = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
+        home = base / "gpuaas" / "prefect"
+    home.mkdir(parents=True, exist_ok=True)
+    return home
 
 
 def prefect_database_url() -> str | None:
@@ -103,7 +109,6 @@ def stop(process: subprocess.Popen) -> None:
 def prefect_stack(port: int = 4200, startup_timeout: float = 180.0) -> Iterator[PrefectStack]:
     """Server, work pool, deployments and worker; everything stopped on exit."""
     home = prefect_home()
-    home.mkdir(parents=True, exist_ok=True)
     api_url = f"http://127.0.0.1:{port}/api"
     env = {
         **os.environ,

@@ -21,7 +21,7 @@ def gpuaas(env, *args, stdin=None):
         capture_output=True,
         text=True,
         input=stdin,
-        timeout=60,
+        timeout=900,
     )
 
 
@@ -166,8 +166,8 @@ def test_unreachable_database_is_a_clear_error(tmp_path):
     assert error["code"] == "database_unavailable"
 
 
-def test_demo_runs_against_a_given_database(cli_env):
-    proc = gpuaas(cli_env, "demo")
+def test_demo_runs_against_a_given_database(cli_env, tmp_path):
+    proc = gpuaas({**cli_env, "PREFECT_HOME": str(tmp_path / "prefect")}, "demo")
     assert proc.returncode == 0, proc.stderr
     assert "j22u15: approved slots [0, 1, 2, 3, 4, 5, 6, 7]" in proc.stdout
     assert "mounted_child_partition" in proc.stdout
