@@ -25,9 +25,13 @@ TERMINAL_RELAY_KEY = "/var/lib/gpuaas/terminal/id_ed25519.pub"
 
 
 def published(outcome: HostOutcome, key: str) -> dict[str, Any]:
-    """The evidence a role published with set_stats (success or failure path)."""
+    """The evidence a role published with set_stats (success or failure path), whether it
+    is the record itself or keyed by host name."""
     stats = (outcome.module_result or {}).get("ansible_stats") or {}
-    return (stats.get("data") or {}).get(key) or {}
+    value = (stats.get("data") or {}).get(key) or {}
+    if "schema" not in value and isinstance(value.get(outcome.hostname), dict):
+        return value[outcome.hostname]
+    return value
 
 
 @task(name="place allocation", retries=2, retry_delay_seconds=2)
