@@ -159,10 +159,8 @@ class PlaybookRun:
 
     @property
     def custom_stats(self) -> dict:
-        """This host's entries of the run-wide custom stats (what ansible-runner reports as
-        the stats event's artifact_data)."""
-        run_stats = self.output.get("global_custom_stats", {})
-        return {key: value["localhost"] for key, value in run_stats.items() if "localhost" in value}
+        """The run-wide custom stats (what ansible-runner reports as artifact_data)."""
+        return self.output.get("global_custom_stats", {})
 
 
 @dataclass

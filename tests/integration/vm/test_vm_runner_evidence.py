@@ -64,7 +64,14 @@ def test_provision_failure_evidence_is_the_runner_artifact_data(tmp_path: Path):
     )
     assert run.status == "failed"
     stats = [e for e in run.events if e["event"] == "playbook_on_stats"]
-    evidence = stats[-1]["event_data"]["artifact_data"]["gpuaas_slice_provision"]["localhost"]
+    evidence = stats[-1]["event_data"]["artifact_data"]["gpuaas_slice_provision"]
+    published = [
+        e["event_data"]["res"]["ansible_stats"]["data"]["gpuaas_slice_provision"]
+        for e in run.events
+        if e["event"] == "runner_on_ok"
+        and e["event_data"].get("task_action", "").endswith("set_stats")
+    ]
+    assert published == [evidence]
     assert evidence["schema"] == "gpuaas.slice_provision/v1"
     assert evidence["status"] == "failed" and evidence["allocation_id"] == allocation_id
     assert evidence["failure"]["phase"] == "preflight"
