@@ -195,8 +195,12 @@ def read_ip_forward(path=IP_FORWARD):
         return None
 
 
-def observe(config, runner=run_command):
-    """The live state the baseline cares about, as plain data."""
+def observe(config, runner=run_command, ovs_may_be_down=False):
+    """The live state the baseline cares about, as plain data.
+
+    With `ovs_may_be_down` (check mode, where the role has not started Open vSwitch), an
+    unreachable OVS database reads as "no bridge yet" instead of failing.
+    """
     links = _links(runner)
     bridge = links.get(config.bridge)
     state = {
@@ -218,10 +222,13 @@ def observe(config, runner=run_command):
         "tmfifo_present": config.tmfifo_interface in links,
         "tmfifo_ipv4": list((links.get(config.tmfifo_interface) or {}).get("ipv4") or []),
         "tmfifo_up": bool((links.get(config.tmfifo_interface) or {}).get("up")),
+        "ovs_unreachable": None,
     }
     if config.bridge_type == "openvswitch":
         rc, _out, err = _run(runner, ["ovs-vsctl", OVS_TIMEOUT, "br-exists", config.bridge])
-        if rc not in (0, 2):
+        if rc not in (0, 2) and ovs_may_be_down:
+            state["ovs_unreachable"] = (err or "").strip() or f"ovs-vsctl exited {rc}"
+        elif rc not in (0, 2):
             raise BaselineError(
                 f"ovs-vsctl br-exists {config.bridge} exited {rc} (is ovs-vswitchd running?): "
                 f"{(err or '').strip()}"
@@ -630,7 +637,7 @@ def summarize(state):
 
 def converge(config, check_mode=False, runner=run_command):
     """Plan and (unless check mode) apply; the module's result dict."""
-    before = observe(config, runner)
+    before = observe(config, runner, ovs_may_be_down=check_mode)
     phase1 = plan_bridge(config, before)
     if phase1 and check_mode:
         rest = plan_rest(config, assumed_new_bridge(config, before))
@@ -653,7 +660,10 @@ def _result(config, before, after, actions):
         "bridge": config.bridge,
         "bridge_type": config.bridge_type,
         "gateway": config.gateway,
+        "gateway_ip": config.gateway.split("/")[0],
         "subnet": str(config.network),
+        "network_address": str(config.network.network_address),
+        "netmask": str(config.network.netmask),
         "tmfifo": (
             "not managed"
             if not config.tmfifo_address

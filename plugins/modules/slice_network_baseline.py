@@ -120,10 +120,25 @@ gateway:
   returned: always
   type: str
   sample: 10.100.0.1/24
+gateway_ip:
+  description: The gateway address without prefix length.
+  returned: always
+  type: str
+  sample: 10.100.0.1
 subnet:
   description: The slice subnet.
   returned: always
   type: str
+network_address:
+  description: The subnet's network address.
+  returned: always
+  type: str
+  sample: 10.100.0.0
+netmask:
+  description: The subnet's netmask.
+  returned: always
+  type: str
+  sample: 255.255.255.0
 tmfifo:
   description: V(present), V(absent) (no such interface here) or V(not managed).
   returned: always
@@ -169,6 +184,11 @@ def main():
         module.fail_json(msg=str(exc))
     if not module._diff:
         result.pop("diff", None)
+    if result["state"].get("ovs_unreachable"):
+        module.warn(
+            "Open vSwitch is not reachable (" + result["state"]["ovs_unreachable"] + "); the "
+            "plan assumes the bridge does not exist yet"
+        )
     module.exit_json(**result)
 
 
