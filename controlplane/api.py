@@ -282,3 +282,7 @@ class ControlPlane:
     def abandon_tasks(self, task_ids: list[str], reason: str) -> list[str]:
         with db.transaction(self.engine) as session:
             return tasks.abandon(session, task_ids, reason)
+
+    def define_sku(self, spec: inventory.SkuSpec) -> bool:
+        with db.transaction(self.engine) as session:
+            return inventory.define_sku(session, spec)

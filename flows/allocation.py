@@ -24,6 +24,11 @@ from flows.hostwork import VM_PROVISION, VM_RELEASE, HostOutcome, run_host_actio
 TERMINAL_RELAY_KEY = "/var/lib/gpuaas/terminal/id_ed25519.pub"
 
 
+def role_slots(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The slot bindings the VM roles take (the store's slot index is not theirs)."""
+    return [{k: v for k, v in slot.items() if k != "slot_index"} for slot in spec["slots"]]
+
+
 def published(outcome: HostOutcome, key: str) -> dict[str, Any]:
     """The evidence a role published with set_stats (success or failure path), whether it
     is the record itself or keyed by host name."""
@@ -66,7 +71,7 @@ def provision_vm(
 ) -> HostOutcome:
     variables = {
         "slice_vm_provision_allocation_id": spec["allocation_id"],
-        "slice_vm_provision_slots": spec["slots"],
+        "slice_vm_provision_slots": role_slots(spec),
         "slice_vm_provision_mac_address": spec["mac_address"],
         "slice_vm_provision_private_ip": spec["private_ip"],
         "slice_vm_provision_bridge": spec["bridge"],
@@ -163,7 +168,7 @@ def mark_releasing(allocation_id: str) -> dict[str, Any]:
 def release_vm(spec: dict[str, Any]) -> HostOutcome:
     variables = {
         "slice_vm_release_allocation_id": spec["allocation_id"],
-        "slice_vm_release_slots": spec["slots"],
+        "slice_vm_release_slots": role_slots(spec),
         "slice_vm_release_mac_address": spec["mac_address"],
         "slice_vm_release_private_ip": spec["private_ip"],
         "slice_vm_release_bridge": spec["bridge"],

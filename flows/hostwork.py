@@ -40,7 +40,7 @@ VM_PROVISION = HostAction(
     NodeTaskKind.VM_PROVISION, "vm_provision.yml", "set_stats", EvidenceKind.READINESS
 )
 VM_RELEASE = HostAction(
-    NodeTaskKind.VM_RELEASE, "vm_release.yml", "set_stats", EvidenceKind.WIPE_PROOF
+    NodeTaskKind.VM_RELEASE, "vm_release.yml", "set_stats", EvidenceKind.HOST_RESULT
 )
 STORAGE_TRANSITION = HostAction(
     NodeTaskKind.STORAGE_TRANSITION,

@@ -27,7 +27,7 @@ LIVE_STATES = frozenset(
     }
 )
 DISK_WIPE = HostAction(
-    NodeTaskKind.DISK_WIPE, "disk_wipe.yml", "disk_wipe", EvidenceKind.WIPE_PROOF
+    NodeTaskKind.DISK_WIPE, "disk_wipe.yml", "disk_wipe", EvidenceKind.HOST_RESULT
 )
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import netaddr
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controlplane.enums import MAAS_PROFILE_TAGS, AdminState, ProfileIntent
@@ -173,3 +174,44 @@ def apply_parity(
         node.updated_at = dt.datetime.now(dt.UTC)
     session.flush()
     return node.admin_state.value, changed
+
+
+@dataclass(frozen=True)
+class SkuSpec:
+    slug: str
+    display_name: str
+    capacity_shape: str
+    node_family: str
+    gpu_model: str
+    allowed_gpu_counts: tuple[int, ...]
+    vcpu_per_gpu: int = 24
+    memory_gib_per_gpu: int = 64
+    runtime_profile: str | None = None
+    requires_hugepages: bool = False
+
+
+def define_sku(session: Session, spec: SkuSpec) -> bool:
+    """Create or update a SKU; returns whether it was created."""
+    from controlplane.enums import CapacityShape
+    from controlplane.models import Sku
+
+    if not spec.allowed_gpu_counts or min(spec.allowed_gpu_counts) <= 0:
+        raise InvalidInput("gpu_counts_invalid", "allowed GPU counts must be positive", {})
+    if spec.vcpu_per_gpu <= 0 or spec.memory_gib_per_gpu <= 0:
+        raise InvalidInput("profile_invalid", "vCPU and memory per GPU must be positive", {})
+    sku = session.scalars(select(Sku).where(Sku.slug == spec.slug)).one_or_none()
+    created = sku is None
+    if sku is None:
+        sku = Sku(slug=spec.slug)
+        session.add(sku)
+    sku.display_name = spec.display_name
+    sku.capacity_shape = CapacityShape(spec.capacity_shape)
+    sku.node_family = spec.node_family
+    sku.gpu_model = spec.gpu_model
+    sku.allowed_gpu_counts = list(spec.allowed_gpu_counts)
+    sku.vcpu_per_gpu = spec.vcpu_per_gpu
+    sku.memory_gib_per_gpu = spec.memory_gib_per_gpu
+    sku.runtime_profile = spec.runtime_profile
+    sku.requires_hugepages = spec.requires_hugepages
+    session.flush()
+    return created

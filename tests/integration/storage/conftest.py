@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.lab.loopdev import LoopLab, require_loop
 from tests.integration.storage.storage_helpers import ansible_environment
-from tests.support.loopdev import LoopLab, require_loop
 
 
 @pytest.fixture

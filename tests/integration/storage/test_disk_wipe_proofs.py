@@ -16,8 +16,8 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils.disk_wipe import (
     write_markers,
 )
 
+from controlplane.lab.loopdev import MIB, read_direct, signatures, write_direct
 from tests.integration.storage.storage_helpers import raw_state, run_playbook
-from tests.support.loopdev import MIB, read_direct, signatures, write_direct
 
 pytestmark = pytest.mark.root
 

@@ -21,8 +21,8 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils.storage_transition im
     run_transition,
 )
 
+from controlplane.lab.loopdev import LoopDisk, LoopLab, private_mount_namespace_argv
 from tests.integration.storage.storage_helpers import run_playbook
-from tests.support.loopdev import LoopDisk, LoopLab, private_mount_namespace_argv
 
 pytestmark = pytest.mark.root
 

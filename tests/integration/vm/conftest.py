@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.vmguest import GuestImage, ensure_guest_image, unavailable_reason
-from tests.support.vmlab import (
+from controlplane.lab.vmguest import GuestImage, ensure_guest_image, unavailable_reason
+from controlplane.lab.vmlab import (
     Allocation,
     VmLab,
     make_allocation,

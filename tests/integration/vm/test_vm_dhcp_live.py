@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.netns import NetNamespace, unique_ifname
+from controlplane.lab.netns import NetNamespace, unique_ifname
 
 pytestmark = [pytest.mark.root]
 

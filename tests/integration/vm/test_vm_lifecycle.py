@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from tests.support.loopdev import signatures
-from tests.support.vmlab import PlaybookRun, VmLab
+from controlplane.lab.loopdev import signatures
+from controlplane.lab.vmlab import PlaybookRun, VmLab
 
 pytestmark = [pytest.mark.root, pytest.mark.vm, pytest.mark.slow]
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.loopdev import LoopDisk
-from tests.support.vmlab import REPO_ROOT
+from controlplane.lab.loopdev import LoopDisk
+from controlplane.lab.vmlab import REPO_ROOT
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.loopdev import LoopLab, require_loop
+from controlplane.lab.loopdev import LoopLab, require_loop
 
 
 @pytest.fixture

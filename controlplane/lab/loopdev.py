@@ -1,0 +1,401 @@
+"""Real loop-device disks for storage tests, with teardown that runs even on failure.
+
+    from controlplane.lab.loopdev import LoopLab, require_loop
+
+    require_loop()                               # pytest.skip with a reason if not possible
+    with LoopLab(tmp_path) as lab:
+        disk = lab.disk(partitions=["share"])    # sparse file + losetup -P + GPT + by-id link
+        part = disk.partitions[0]
+        lab.mkfs(part, label="share1")
+        mnt = lab.mount(part)                    # mounted in a directory under tmp_path
+        print(disk.stable_path)                  # <tmp>/by-id/nvme-eui.<hex> -> /dev/loopN
+    # leaving the block: stops holder processes, swapoff, umount, losetup -d, removes files
+
+Everything a lab builds is recorded as it is built; teardown undoes it in reverse order and
+attempts every step even when an earlier one fails. Nothing outside the lab is touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import mmap
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MIB = 1024 * 1024
+SECTOR = 512
+LOOP_CTL_REMOVE = 0x4C81
+TOOLS = ("losetup", "parted", "partx", "mkfs.ext4", "wipefs", "blkdiscard", "blkid", "mount")
+
+
+class LoopLabError(RuntimeError):
+    """A lab command failed; the message carries the command and its stderr."""
+
+
+def loop_unavailable_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root for loop devices, partitions and mounts"
+    if not os.path.exists("/dev/loop-control"):
+        return "no /dev/loop-control (loop driver missing)"
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    return f"missing tools: {', '.join(missing)}" if missing else None
+
+
+def require_loop() -> None:
+    import pytest
+
+    reason = loop_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+def run(argv: Sequence[str], check: bool = True, timeout: float = 120) -> str:
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+    if check and proc.returncode != 0:
+        raise LoopLabError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def wait_for(predicate, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise LoopLabError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def read_direct(device: str, offset: int, length: int) -> bytes:
+    """Read bypassing the page cache (the fs above a partition caches separately)."""
+    fd = os.open(device, os.O_RDONLY | os.O_DIRECT)
+    try:
+        buf = mmap.mmap(-1, length)
+        os.preadv(fd, [buf], offset)
+        return bytes(buf)
+    finally:
+        os.close(fd)
+
+
+def write_direct(device: str, offset: int, data: bytes) -> None:
+    fd = os.open(device, os.O_WRONLY | os.O_DIRECT)
+    try:
+        buf = mmap.mmap(-1, len(data))
+        buf.write(data)
+        os.pwritev(fd, [buf], offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def signatures(device: str) -> list[dict]:
+    out = run(["wipefs", "--no-act", "--json", device]).strip()
+    return json.loads(out)["signatures"] if out else []
+
+
+@dataclass
+class LoopDisk:
+    image: Path
+    device: str
+    stable_path: str
+    size_bytes: int
+    partitions: list[str] = field(default_factory=list)
+    canary_offset: int = 0
+
+    @property
+    def kernel_name(self) -> str:
+        return os.path.basename(self.device)
+
+    def partition_stable_path(self, number: int) -> str:
+        return f"{self.stable_path}-part{number}"
+
+
+@dataclass
+class Fingerprint:
+    """What a destructive bug would change: table regions, signatures, canary, share files."""
+
+    head_sha: str
+    tail_sha: str
+    signatures: list
+    files: dict
+
+
+class LoopLab:
+    """Builds loop disks under `root` and tears all of them down on exit."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.by_id = self.root / "by-id"
+        self.by_id.mkdir(parents=True, exist_ok=True)
+        self._undo: list[tuple[str, object]] = []
+
+    def __enter__(self) -> LoopLab:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cleanup()
+
+    # ------------------------------------------------------------------ building
+
+    def disk(
+        self,
+        size_mib: int = 64,
+        partitions: Sequence[str] = (),
+        partition_mib: int | None = None,
+        name: str | None = None,
+    ) -> LoopDisk:
+        """A sparse-file loop disk with a GPT of `partitions` (names) and a stable link."""
+        image = self.root / f"disk-{secrets.token_hex(4)}.img"
+        with open(image, "wb") as handle:
+            handle.truncate(size_mib * MIB)
+        self._undo.append(("file", image))
+        device = run(["losetup", "--find", "--show", "--partscan", str(image)]).strip()
+        self._undo.append(("losetup", (device, str(image))))
+        stable = self.by_id / (name or f"nvme-eui.{secrets.token_hex(8)}")
+        stable.symlink_to(device)
+        disk = LoopDisk(image, device, str(stable), size_mib * MIB)
+        if partitions:
+            self.partition(disk, partitions, partition_mib)
+        return disk
+
+    def partition(
+        self, disk: LoopDisk, names: Sequence[str], partition_mib: int | None = None
+    ) -> None:
+        """GPT with one partition per name, 1 MiB aligned, leaving a canary gap at the end."""
+        usable = disk.size_bytes // MIB - 4
+        each = partition_mib or max(1, usable // len(names))
+        argv = ["parted", "--script", disk.device, "mklabel", "gpt"]
+        start = 1
+        for part_name in names:
+            argv += ["mkpart", part_name, "ext4", f"{start}MiB", f"{start + each}MiB"]
+            start += each
+        run(argv)
+        disk.canary_offset = (start + 1) * MIB
+        disk.partitions = [f"{disk.device}p{i}" for i in range(1, len(names) + 1)]
+        for number, part in enumerate(disk.partitions, 1):
+            sys_path = Path(f"/sys/block/{disk.kernel_name}/{os.path.basename(part)}")
+            if not sys_path.exists():
+                run(["partx", "--add", "--nr", str(number), disk.device], check=False)
+            wait_for(lambda p=sys_path, d=part: p.exists() and os.path.exists(d), str(sys_path))
+            link = Path(disk.partition_stable_path(number))
+            link.symlink_to(part)
+        self.write_canary(disk)
+
+    def write_canary(self, disk: LoopDisk) -> None:
+        if disk.canary_offset:
+            write_direct(disk.device, disk.canary_offset, secrets.token_bytes(MIB))
+
+    def mkfs(self, part: str, fstype: str = "ext4", label: str | None = None) -> None:
+        if fstype == "ext4":
+            argv = ["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"]
+            argv += ["-L", label] if label else []
+        elif fstype == "vfat":
+            argv = ["mkfs.vfat"] + (["-n", label] if label else [])
+        else:
+            raise LoopLabError(f"unsupported fstype {fstype}")
+        run([*argv, part])
+
+    def mount(self, part: str, mountpoint: Path | None = None) -> Path:
+        target = mountpoint or self.root / f"mnt-{os.path.basename(part)}"
+        target.mkdir(parents=True, exist_ok=True)
+        run(["mount", "-o", "noatime", part, str(target)])
+        self._undo.append(("umount", target))
+        payload = secrets.token_bytes(64 * 1024)
+        (target / "tenant-data.bin").write_bytes(payload)
+        run(["sync", "-f", str(target / "tenant-data.bin")])
+        return target
+
+    def swapon(self, part: str) -> None:
+        run(["mkswap", "-f", part])
+        run(["swapon", part])
+        self._undo.append(("swapoff", part))
+
+    def pvcreate(self, device: str) -> None:
+        run(["pvcreate", "--yes", "--force", device])
+
+    def write_md_superblock(self, device: str) -> None:
+        """A genuine md v1.2 member superblock (mdadm --examine accepts its checksum).
+
+        The kernel here has no md driver, so `mdadm --create` cannot run; the superblock is
+        written byte for byte as mdadm would write it, at 4 KiB from the start.
+        """
+        size = int(Path(f"/sys/class/block/{os.path.basename(device)}/size").read_text()) * 512
+        sb = md_superblock_v12(size)
+        block = bytearray(4096)
+        block[: len(sb)] = sb
+        write_direct(device, 4096, bytes(block))
+
+    def hold_open(self, path: str) -> subprocess.Popen:
+        """Another process holding the device open (as a VM's QEMU would)."""
+        code = (
+            "import os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(600)\n"
+        )
+        proc = subprocess.Popen(["python3", "-c", code, path], stdout=subprocess.PIPE, text=True)
+        self._undo.append(("kill", proc))
+        if proc.stdout.readline().strip() != "ready":
+            raise LoopLabError(f"holder process for {path} did not start")
+        return proc
+
+    def stop(self, proc: subprocess.Popen) -> None:
+        _kill(proc)
+
+    def disable_discard(self, disk: LoopDisk) -> None:
+        """Make the kernel refuse BLKDISCARD on this loop device (a real EOPNOTSUPP).
+
+        The user discard limit outlives the binding, so teardown deletes the loop device
+        itself (LOOP_CTL_REMOVE) after detaching it; the next user gets a fresh one.
+        """
+        Path(f"/sys/block/{disk.kernel_name}/queue/discard_max_bytes").write_text("0")
+        position = self._undo.index(("losetup", (disk.device, str(disk.image))))
+        self._undo.insert(position, ("remove", disk.device))
+
+    # ------------------------------------------------------------------ evidence
+
+    def fingerprint(self, disk: LoopDisk, mountpoints: Sequence[Path] = ()) -> Fingerprint:
+        tail_start = disk.canary_offset or disk.size_bytes - MIB
+        tail = read_direct(disk.device, tail_start, disk.size_bytes - tail_start)
+        sigs = signatures(disk.device)
+        for part in disk.partitions:
+            if os.path.exists(part):
+                sigs += signatures(part)
+        files = {}
+        for mnt in mountpoints:
+            for path in sorted(Path(mnt).glob("*.bin")):
+                files[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+        return Fingerprint(
+            head_sha=hashlib.sha256(read_direct(disk.device, 0, MIB)).hexdigest(),
+            tail_sha=hashlib.sha256(tail).hexdigest(),
+            signatures=sigs,
+            files=files,
+        )
+
+    # ------------------------------------------------------------------ teardown
+
+    def cleanup(self) -> None:
+        errors = []
+        for kind, item in reversed(self._undo):
+            try:
+                _undo_one(kind, item)
+            except Exception as exc:  # keep tearing down; report at the end
+                errors.append(f"{kind} {item}: {exc}")
+        self._undo.clear()
+        shutil.rmtree(self.by_id, ignore_errors=True)
+        if errors:
+            raise LoopLabError("teardown incomplete: " + "; ".join(errors))
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    if proc.stdout:
+        proc.stdout.close()
+
+
+def _undo_one(kind: str, item) -> None:
+    if kind == "kill":
+        _kill(item)
+    elif kind == "swapoff":
+        if item in Path("/proc/swaps").read_text():
+            run(["swapoff", item])
+    elif kind == "umount":
+        unmounted = subprocess.run(["umount", str(item)], check=False).returncode == 0
+        if not unmounted and _is_mountpoint(item):
+            run(["umount", "--lazy", str(item)])
+    elif kind == "losetup":
+        device, image = item
+        # Only ever detach our own binding: the index may already serve someone else.
+        if _backing_file(device) == image:
+            run(["losetup", "--detach", device], check=False)
+            wait_for(lambda: _backing_file(device) != image, f"{device} detached", timeout=10)
+    elif kind == "remove":
+        remove_loop_device(item)
+    elif kind == "file":
+        Path(item).unlink(missing_ok=True)
+
+
+def remove_loop_device(device: str) -> None:
+    """LOOP_CTL_REMOVE an unbound loop device; EBUSY means someone bound it again: leave it."""
+    import fcntl
+
+    index = int(os.path.basename(device).removeprefix("loop"))
+    fd = os.open("/dev/loop-control", os.O_RDWR)
+    try:
+        fcntl.ioctl(fd, LOOP_CTL_REMOVE, index)
+    except OSError as exc:
+        if exc.errno != errno.EBUSY:
+            raise
+    finally:
+        os.close(fd)
+
+
+def _is_mountpoint(path: Path) -> bool:
+    return subprocess.run(["mountpoint", "-q", str(path)], check=False).returncode == 0
+
+
+def _backing_file(device: str) -> str | None:
+    backing = Path(f"/sys/block/{os.path.basename(device)}/loop/backing_file")
+    try:
+        return backing.read_text().strip()
+    except OSError:
+        return None
+
+
+def md_superblock_v12(device_size_bytes: int, set_name: bytes = b"gpuaas-test:0") -> bytes:
+    """struct mdp_superblock_1 (linux/raid/md_p.h) for member 0 of a 2-disk RAID1."""
+    import struct
+    import uuid
+
+    max_dev = 2
+    sb = bytearray(256 + max_dev * 2)
+    struct.pack_into("<IIII", sb, 0, 0xA92B4EFC, 1, 0, 0)  # magic, major_version, features
+    sb[16:32] = uuid.uuid4().bytes  # set_uuid
+    sb[32 : 32 + len(set_name)] = set_name
+    now = int(time.time())
+    struct.pack_into("<Q", sb, 64, now)  # ctime
+    struct.pack_into("<iI", sb, 72, 1, 0)  # level raid1, layout
+    sectors = device_size_bytes // SECTOR
+    data_offset = 2048
+    struct.pack_into("<QII", sb, 80, sectors - data_offset, 0, max_dev)  # size, chunk, disks
+    struct.pack_into("<QQQQ", sb, 128, data_offset, sectors - data_offset, 8, 0)
+    sb[168:184] = uuid.uuid4().bytes  # device_uuid
+    struct.pack_into("<QQQ", sb, 192, now, 1, 0xFFFFFFFFFFFFFFFF)  # utime, events, resync
+    struct.pack_into("<I", sb, 220, max_dev)
+    struct.pack_into("<HH", sb, 256, 0, 1)  # dev_roles
+    total = sum(struct.unpack_from(f"<{len(sb) // 4}I", sb))
+    struct.pack_into("<I", sb, 216, ((total & 0xFFFFFFFF) + (total >> 32)) & 0xFFFFFFFF)
+    return bytes(sb)
+
+
+@contextlib.contextmanager
+def loop_lab(root: Path) -> Iterator[LoopLab]:
+    lab = LoopLab(root)
+    try:
+        yield lab
+    finally:
+        lab.cleanup()
+
+
+def private_mount_namespace_argv(mounts: Sequence[tuple[str, str]], argv: Sequence[str]):
+    """argv that runs `argv` in a private mount namespace after mounting (device, target).
+
+    Used to put a test partition at /boot or /home for one command only: the host's own
+    mount table never sees it.
+    """
+    script = (
+        "set -e\n"
+        + "".join(f"mount -o noatime {dev} {target}\n" for dev, target in mounts)
+        + 'exec "$@"\n'
+    )
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", *argv]

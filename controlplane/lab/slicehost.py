@@ -1,0 +1,121 @@
+"""A slice host that can run a real (QEMU-emulated) slice VM, driven by the flows.
+
+It joins three pieces: a VmLab (bridge, NAT, dnsmasq, libvirtd in private namespaces, a
+loop device as the raw NVMe disk, visible at /dev/disk/by-id inside the lab), a recorded
+host tree describing that same disk plus one GPU and one fabric VF for discovery, and the
+host variables that point the roles at the lab. Registered as a node, it goes through
+discovery, approval, provision_allocation and release_allocation like any other host.
+
+The boundary of this machine: QEMU emulation (no usable KVM) and no VFIO, so the VM
+boots without its GPU and VF hostdevs (their XML is validated in the VM tests instead).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from controlplane import hosttrees
+from controlplane.lab.hosts import interpreter_in
+from controlplane.lab.vmguest import GuestImage, ensure_guest_image
+from controlplane.lab.vmguest import unavailable_reason as guest_unavailable_reason
+from controlplane.lab.vmlab import VmLab, vm_lab_unavailable_reason
+
+GPU = "0000:1b:00.0"
+FABRIC_PF = "0000:1a:00.0"
+
+
+def lab_host_spec(hostname: str, eui: str) -> hosttrees.HostSpec:
+    """One GPU, one fabric PF with one VF, one data disk whose EUI the lab's loop disk
+    carries; all on NUMA node 0."""
+    return hosttrees.HostSpec(
+        hostname=hostname,
+        gpus=(hosttrees.Gpu(GPU, 0),),
+        nvswitches=(),
+        fabric=(hosttrees.FabricPort(FABRIC_PF, 0, "mlx5_0", vf_count=1),),
+        disks=(
+            hosttrees.NvmeDisk(
+                controller=0,
+                pci_address="0000:31:00.0",
+                numa_node=0,
+                eui=eui,
+                model="Lab NVMe",
+                serial=eui[-12:],
+            ),
+        ),
+    )
+
+
+def unavailable_reason() -> str | None:
+    return vm_lab_unavailable_reason() or guest_unavailable_reason()
+
+
+@dataclass
+class LabSliceHost:
+    """Use as a context manager; everything is removed on exit."""
+
+    root: Path
+    hostname: str = "j22u21"
+    disk_mib: int = 64
+    lab: VmLab | None = None
+    image: GuestImage | None = None
+    host_vars: dict[str, Any] = field(default_factory=dict)
+
+    def __enter__(self) -> LabSliceHost:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.image = ensure_guest_image()
+        self.lab = VmLab(self.root / "lab", bridge_type="linux", dev_disk_by_id=True)
+        try:
+            self.lab.start()
+            # An uplink with a default route, as the runbook's hosts have.
+            self.lab.ns.add_dummy("eno8303", "192.0.2.21/24")
+            self.lab.ns.add_route("default", "eno8303", via="192.0.2.1")
+            eui = "000000000000000100a0752400" + secrets.token_hex(3)
+            assert self.lab.loops is not None
+            self.lab.loops.disk(self.disk_mib, name=f"nvme-eui.{eui}")
+            tree = hosttrees.write_tree(lab_host_spec(self.hostname, eui), self.root / "tree")
+            state = self.root / "state"
+            self.host_vars = {
+                "ansible_connection": "local",
+                "ansible_python_interpreter": str(interpreter_in(self.lab.ns, self.root)),
+                "gpuaas_topology_root": str(tree),
+                "gpuaas_node_id": self.hostname,
+                "slice_vm_provision_bridge_type": "linux",
+                "slice_vm_provision_emulation": True,
+                "slice_vm_provision_pci_passthrough": False,
+                "slice_vm_provision_readiness_timeout": 180,
+                "slice_vm_provision_state_root": str(state / "slices"),
+                "slice_vm_provision_terminal_key_path": str(state / "terminal" / "id_ed25519"),
+                "slice_vm_release_state_root": str(state / "slices"),
+                "slice_vm_release_wipe_proof_dir": str(state / "wipe-proofs"),
+                "slice_vm_release_shutdown_timeout": 60,
+                "slice_disk_wipe_proof_dir": str(state / "wipe-proofs"),
+                **{
+                    f"slice_vm_{role}_dnsmasq_{name}": str(path)
+                    for role in ("provision", "release")
+                    for name, path in (
+                        ("hostsfile", self.lab.dnsmasq_hostsfile),
+                        ("leasefile", self.lab.dnsmasq_leasefile),
+                        ("pidfile", self.lab.dnsmasq_pidfile),
+                    )
+                },
+            }
+        except BaseException:
+            self.lab.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.lab is not None:
+            self.lab.close()
+
+    @property
+    def bridge(self) -> str:
+        assert self.lab is not None
+        return self.lab.bridge
+
+    def image_spec(self) -> dict[str, str]:
+        assert self.image is not None
+        return {"path": str(self.image.path), "sha256": self.image.sha256}

@@ -1,0 +1,102 @@
+"""The product path end to end on a real VM: discovery -> approval -> provision_allocation
+(UEFI guest under QEMU emulation, lease and SSH gate) -> release_allocation (wipe proof)
+-> the slot is available again."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from sqlalchemy import text
+
+from controlplane.api import ControlPlane
+from controlplane.audit import audit
+from controlplane.lab.slicehost import LabSliceHost, unavailable_reason
+from controlplane.services.inventory import NodeSpec, SkuSpec
+from flows.allocation import provision_allocation, release_allocation
+from flows.fleet import approve_slots, discover_topology
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.root,
+    pytest.mark.vm,
+    pytest.mark.xdist_group("prefect"),
+]
+
+LAB_SKU = SkuSpec(
+    slug="lab-slice",
+    display_name="Lab slice (emulated)",
+    capacity_shape="gpu_slice",
+    node_family="lab",
+    gpu_model="lab",
+    allowed_gpu_counts=(1,),
+    vcpu_per_gpu=1,
+    memory_gib_per_gpu=1,
+)
+
+
+@pytest.fixture
+def lab_node(tmp_path, database_url, monkeypatch, prefect_harness):
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    monkeypatch.setenv("GPUAAS_DATABASE_URL", database_url)
+    monkeypatch.setenv("GPUAAS_RUNS_DIR", str(tmp_path / "runs"))
+    cp = ControlPlane.from_environment()
+    cp.define_sku(LAB_SKU)
+    with LabSliceHost(tmp_path / "host") as host:
+        cp.register_node(
+            NodeSpec(
+                host.hostname,
+                "lab",
+                node_family="lab",
+                maas_tags=("gpuaas-profile-slice-vm",),
+                gpu_count=1,
+                slice_subnet="10.100.0.0/24",
+                slice_bridge=host.bridge,
+                host_vars=host.host_vars,
+            )
+        )
+        yield cp, host
+
+
+def test_provision_then_release_a_real_slice_vm_through_the_flows(lab_node, engine):
+    cp, host = lab_node
+    discovered = discover_topology(hostnames=[host.hostname])
+    assert discovered[host.hostname]["import"]["approvable"] == [0], discovered
+    assert approve_slots(host.hostname)["approved"] == [0]
+
+    key, public = host.lab.ssh_keypair("tenant")
+    result = provision_allocation(
+        "lab-slice", 1, host.image_spec(), [{"name": "gpuuser", "ssh_authorized_keys": [public]}]
+    )
+    assert result["state"] == "active", result
+    readiness = result["readiness"]
+    assert readiness["lease_state"] == "bound" or readiness.get("actual_ip") == "10.100.0.10"
+    assert readiness["ssh_ready"] is True
+    login = host.lab.ssh("10.100.0.10", "gpuuser", key, "hostname")
+    assert login.returncode == 0, login.stderr
+
+    allocation = result["allocation_id"]
+    released = release_allocation(allocation)
+    assert [s["status"] for s in released["slots"]] == ["available"]
+    shown = cp.show_allocation(uuid.UUID(allocation))
+    assert shown["state"] == "released"
+    slot = cp.list_slots(host.hostname)[0]
+    assert slot["status"] == "available" and not slot["wipe_required"]
+    with engine.connect() as conn:
+        assert audit(conn) == []
+        proofs = conn.execute(
+            text(
+                "SELECT payload ->> 'schema', payload ->> 'verified' FROM evidence"
+                " WHERE kind = 'wipe_proof' AND passed"
+            )
+        ).all()
+        assert proofs == [("gpuaas.wipe_proof/v1", "true")]
+        kinds = {
+            row[0]
+            for row in conn.execute(
+                text("SELECT DISTINCT kind FROM node_tasks WHERE state = 'succeeded'")
+            )
+        }
+        assert {"slice.topology_discover", "slice.vm_provision", "slice.vm_release"} <= kinds
