@@ -22,9 +22,22 @@ from controlplane.lab.hosts import interpreter_in
 from controlplane.lab.vmguest import GuestImage, ensure_guest_image
 from controlplane.lab.vmguest import unavailable_reason as guest_unavailable_reason
 from controlplane.lab.vmlab import VmLab, vm_lab_unavailable_reason
+from controlplane.services.inventory import NodeSpec, SkuSpec
 
 GPU = "0000:1b:00.0"
 FABRIC_PF = "0000:1a:00.0"
+# A small profile the emulated guest boots quickly with (the H200 profile is 24 vCPU and
+# 64 GiB per GPU); lab nodes are their own family so no real SKU lands on them.
+LAB_SKU = SkuSpec(
+    slug="lab-slice",
+    display_name="Lab slice VM (QEMU emulation, no passthrough)",
+    capacity_shape="gpu_slice",
+    node_family="lab",
+    gpu_model="none",
+    allowed_gpu_counts=(1,),
+    vcpu_per_gpu=1,
+    memory_gib_per_gpu=1,
+)
 
 
 def lab_host_spec(hostname: str, eui: str) -> hosttrees.HostSpec:
@@ -110,6 +123,19 @@ class LabSliceHost:
     def __exit__(self, *exc_info) -> None:
         if self.lab is not None:
             self.lab.close()
+
+    def node_spec(self) -> NodeSpec:
+        assert self.lab is not None
+        return NodeSpec(
+            self.hostname,
+            "lab",
+            node_family=LAB_SKU.node_family,
+            maas_tags=("gpuaas-profile-slice-vm",),
+            gpu_count=1,
+            slice_subnet=self.lab.subnet,
+            slice_bridge=self.lab.bridge,
+            host_vars=self.host_vars,
+        )
 
     @property
     def bridge(self) -> str:

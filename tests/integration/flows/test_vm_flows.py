@@ -11,8 +11,7 @@ from sqlalchemy import text
 
 from controlplane.api import ControlPlane
 from controlplane.audit import audit
-from controlplane.lab.slicehost import LabSliceHost, unavailable_reason
-from controlplane.services.inventory import NodeSpec, SkuSpec
+from controlplane.lab.slicehost import LAB_SKU, LabSliceHost, unavailable_reason
 from flows.allocation import provision_allocation, release_allocation
 from flows.fleet import approve_slots, discover_topology
 
@@ -22,17 +21,6 @@ pytestmark = [
     pytest.mark.vm,
     pytest.mark.xdist_group("prefect"),
 ]
-
-LAB_SKU = SkuSpec(
-    slug="lab-slice",
-    display_name="Lab slice (emulated)",
-    capacity_shape="gpu_slice",
-    node_family="lab",
-    gpu_model="lab",
-    allowed_gpu_counts=(1,),
-    vcpu_per_gpu=1,
-    memory_gib_per_gpu=1,
-)
 
 
 @pytest.fixture
@@ -45,18 +33,7 @@ def lab_node(tmp_path, database_url, monkeypatch, prefect_harness):
     cp = ControlPlane.from_environment()
     cp.define_sku(LAB_SKU)
     with LabSliceHost(tmp_path / "host") as host:
-        cp.register_node(
-            NodeSpec(
-                host.hostname,
-                "lab",
-                node_family="lab",
-                maas_tags=("gpuaas-profile-slice-vm",),
-                gpu_count=1,
-                slice_subnet="10.100.0.0/24",
-                slice_bridge=host.bridge,
-                host_vars=host.host_vars,
-            )
-        )
+        cp.register_node(host.node_spec())
         yield cp, host
 
 
