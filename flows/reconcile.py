@@ -26,6 +26,9 @@ LIVE_STATES = frozenset(
         StateType.CANCELLING,
     }
 )
+HOST_STATE = HostAction(
+    NodeTaskKind.RECONCILE, "host_state.yml", "slice_host_state", EvidenceKind.HOST_RESULT, 300
+)
 DISK_WIPE = HostAction(
     NodeTaskKind.DISK_WIPE, "disk_wipe.yml", "disk_wipe", EvidenceKind.HOST_RESULT
 )
@@ -112,6 +115,43 @@ def wipe_cleanup_slots(grace_seconds: float) -> list[dict[str, Any]]:
     return rows
 
 
+@task(name="compare hosts with the store", retries=1, retry_delay_seconds=5)
+def compare_hosts() -> list[dict[str, Any]]:
+    """Domains, reservations and leases each host really has, against live allocations."""
+    cp = control_plane()
+    hosts = cp.nodes_to_probe()
+    if not hosts:
+        return []
+    rows: list[dict[str, Any]] = []
+
+    def record(host: str, task_id: uuid.UUID, result) -> int | None:
+        observed = result.module_result(host, HOST_STATE.module) or {}
+        cp.complete_task(
+            task_id,
+            succeeded=True,
+            output={k: observed.get(k) for k in ("domains", "reservations", "leases")},
+            summary={"domains": len(observed.get("domains", []))},
+            artifact_dir=result.artifact_dir,
+            error=None,
+            evidence_kind=EvidenceKind.HOST_RESULT,
+            evidence_summary=f"host state of {host}",
+            actor=ACTOR,
+        )
+        for item in cp.record_host_drift(host, observed, ACTOR, task_id):
+            rows.append({"node": host, **item})
+        return None
+
+    outcomes = run_host_action(
+        cp, HOST_STATE, hosts, {}, ACTOR, flow_run_id=current_run(), record=record
+    )
+    rows.extend(
+        {"node": host, "code": "probe_failed", "detail": o.failure}
+        for host, o in outcomes.items()
+        if not o.passed
+    )
+    return rows
+
+
 @task(name="close abandoned node tasks")
 def close_abandoned_tasks(grace_seconds: float, stale_after_seconds: float) -> list[str]:
     cp = control_plane()
@@ -125,17 +165,23 @@ def close_abandoned_tasks(grace_seconds: float, stale_after_seconds: float) -> l
 
 @flow(name="reconcile")
 def reconcile(
-    grace_seconds: float = 300.0, stale_after_seconds: float = 7200.0, wipe_cleanup: bool = True
+    grace_seconds: float = 300.0,
+    stale_after_seconds: float = 7200.0,
+    wipe_cleanup: bool = True,
+    compare_with_hosts: bool = True,
 ) -> dict[str, Any]:
-    """Compare the store with the runs that should be driving it and finish what a crashed
-    run left: stuck provisioning ends ``failed`` (slots cleanup_blocked), stuck pending or
-    releasing allocations are released (slots wait for a proof), slots in cleanup are wiped
-    with proof, abandoned node tasks are closed."""
+    """Compare the store with the runs that should be driving it and with the hosts, and
+    finish what a crashed run left: stuck provisioning ends ``failed`` (slots
+    cleanup_blocked), stuck pending or releasing allocations are released (slots wait for
+    a proof), slots in cleanup are wiped with proof, abandoned node tasks are closed, and
+    host drift (orphan domains, VMs not running, stale DHCP reservations) is recorded."""
     logger = get_run_logger()
     finished = finish_dead_runs(grace_seconds, stale_after_seconds)
     tasks_closed = close_abandoned_tasks(grace_seconds, stale_after_seconds)
     wiped = wipe_cleanup_slots(grace_seconds) if wipe_cleanup else []
+    drift = compare_hosts() if compare_with_hosts else []
     artifacts.table("reconcile-allocations", "Allocations finished by reconcile", finished)
+    artifacts.table("reconcile-drift", "Drift between the store and the hosts", drift)
     artifacts.table("reconcile-slots", "Slots wiped or blocked by reconcile", wiped)
     logger.info(
         "reconciled %d allocations, %d node tasks, %d slots",
@@ -143,4 +189,4 @@ def reconcile(
         len(tasks_closed),
         len(wiped),
     )
-    return {"allocations": finished, "node_tasks": tasks_closed, "slots": wiped}
+    return {"allocations": finished, "node_tasks": tasks_closed, "slots": wiped, "drift": drift}

@@ -14,6 +14,7 @@ from controlplane.audit import audit
 from controlplane.lab.slicehost import LAB_SKU, LabSliceHost, unavailable_reason
 from flows.allocation import provision_allocation, release_allocation
 from flows.fleet import approve_slots, discover_topology
+from flows.reconcile import reconcile
 
 pytestmark = [
     pytest.mark.slow,
@@ -55,6 +56,16 @@ def test_provision_then_release_a_real_slice_vm_through_the_flows(lab_node, engi
     assert login.returncode == 0, login.stderr
 
     allocation = result["allocation_id"]
+    # The host matches the store: reconcile finds no drift.
+    assert reconcile(grace_seconds=3600)["drift"] == []
+    # The VM dies behind the control plane's back: reconcile sees it and degrades the slot.
+    domain = "gpuaas-slice-" + uuid.UUID(allocation).hex
+    host.lab.virsh("destroy", domain)
+    drift = reconcile(grace_seconds=3600)["drift"]
+    assert [(d["code"], d["allocation_id"]) for d in drift] == [("domain_not_running", allocation)]
+    assert cp.list_slots(host.hostname)[0]["health_state"] == "degraded"
+    host.lab.virsh("start", domain)
+
     released = release_allocation(allocation)
     assert [s["status"] for s in released["slots"]] == ["available"]
     shown = cp.show_allocation(uuid.UUID(allocation))
