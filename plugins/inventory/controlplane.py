@@ -77,7 +77,7 @@ class InventoryModule(BaseInventoryPlugin):
             raise AnsibleParserError(
                 "the gpuaas.fleet.controlplane inventory needs the gpuaas-fleet Python "
                 "package (controlplane) on the controller: %s" % exc
-            )
+            ) from exc
         url = self.get_option("database_url")
         plane = ControlPlane(engine_for(normalize_url(url))) if url else None
         try:
@@ -89,7 +89,7 @@ class InventoryModule(BaseInventoryPlugin):
                 profile_intent=self.get_option("profile_intent"),
             )
         except Exception as exc:
-            raise AnsibleParserError("cannot read nodes from the control plane: %s" % exc)
+            raise AnsibleParserError("cannot read nodes from the control plane: %s" % exc) from exc
         for host, variables in data["all"]["hosts"].items():
             self.inventory.add_host(host)
             for key, value in variables.items():
