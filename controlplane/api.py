@@ -312,7 +312,7 @@ class ControlPlane:
                 passed=not drift,
                 summary=(
                     f"{hostname}: "
-                    + (", ".join(sorted({d['code'] for d in drift})) if drift else "no drift")
+                    + (", ".join(sorted({d["code"] for d in drift})) if drift else "no drift")
                 ),
                 recorded_by=actor,
                 payload={"drift": drift, "observed": observed},
