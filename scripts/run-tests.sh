@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 export ANSIBLE_CONFIG="$PWD/ansible.cfg"
 
-pytest -n "${GPUAAS_TEST_WORKERS:-2}" tests
+pytest -n "${GPUAAS_TEST_WORKERS:-2}" --dist loadgroup tests
 scripts/sanity.sh
