@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controlplane.errors import GpuaasError
+from controlplane.paths import data_dir
 
 DATABASE_NAME = "gpuaas"
 SUPERUSER = "postgres"
@@ -45,13 +46,7 @@ def find_pg_bindir() -> Path:
 
 
 def default_data_dir() -> Path:
-    override = os.environ.get("GPUAAS_PGDATA")
-    if override:
-        return Path(override)
-    if os.geteuid() == 0:
-        return Path("/var/lib/gpuaas/embedded-postgres")
-    base = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
-    return base / "gpuaas" / "embedded-postgres"
+    return data_dir("embedded-postgres", "GPUAAS_PGDATA")
 
 
 @dataclass

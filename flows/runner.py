@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controlplane.paths import state_dir
 from controlplane.secrets import scrub
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -33,13 +34,7 @@ PLUMBING = ("_ansible_", "ansible_facts_discovered", "warnings", "deprecations")
 
 def runs_dir() -> Path:
     """Where private data directories live (kept: they are the evidence's artifacts)."""
-    override = os.environ.get("GPUAAS_RUNS_DIR")
-    if override:
-        return Path(override)
-    if os.geteuid() == 0:
-        return Path("/var/lib/gpuaas/runs")
-    base = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
-    return base / "gpuaas" / "runs"
+    return state_dir("runs", "GPUAAS_RUNS_DIR")
 
 
 def new_private_dir(playbook: str) -> Path:

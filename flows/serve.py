@@ -20,6 +20,7 @@ from sqlalchemy.engine import make_url
 
 from controlplane.db import DATABASE_URL_ENV, normalize_url
 from controlplane.errors import GpuaasError
+from controlplane.paths import data_dir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORK_POOL = "gpuaas-process"
@@ -34,14 +35,7 @@ class PrefectStack:
 
 def prefect_home() -> Path:
     """Prefect's data next to the embedded PostgreSQL's (per user), created if missing."""
-    override = os.environ.get("PREFECT_HOME")
-    if override:
-        home = Path(override)
-    elif os.geteuid() == 0:
-        home = Path("/var/lib/gpuaas/prefect")
-    else:
-        base = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
-        home = base / "gpuaas" / "prefect"
+    home = data_dir("prefect", "PREFECT_HOME")
     home.mkdir(parents=True, exist_ok=True)
     return home
 

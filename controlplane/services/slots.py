@@ -381,6 +381,24 @@ def approve(
     return result
 
 
+def _record_operator_action(
+    session: Session, node: Node, row: NodeResourceSlot, action: str, reason: str, actor: str
+) -> None:
+    _touch(row, dt.datetime.now(dt.UTC))
+    session.flush()
+    evidence_repo.add(
+        session,
+        kind=EvidenceKind.OPERATOR_ACTION,
+        passed=True,
+        summary=f"slot {row.slot_index} of {node.hostname}: {action} -> {row.status.value}: "
+        f"{reason}",
+        recorded_by=actor,
+        payload={"action": action, "reason": reason, "status": row.status.value},
+        node_id=node.id,
+        slot_id=row.id,
+    )
+
+
 def disable(session: Session, hostname: str, slot_index: int, reason: str, actor: str) -> bool:
     if not reason.strip():
         raise InvalidInput("reason_required", "disabling a slot needs a reason", {})
@@ -401,18 +419,7 @@ def disable(session: Session, hostname: str, slot_index: int, reason: str, actor
         return False
     row.status = SlotStatus.DISABLED
     row.health_detail = f"disabled: {reason}"
-    _touch(row, dt.datetime.now(dt.UTC))
-    session.flush()
-    evidence_repo.add(
-        session,
-        kind=EvidenceKind.OPERATOR_ACTION,
-        passed=True,
-        summary=f"slot {slot_index} of {hostname} disabled: {reason}",
-        recorded_by=actor,
-        payload={"action": "disable", "reason": reason},
-        node_id=node.id,
-        slot_id=row.id,
-    )
+    _record_operator_action(session, node, row, "disable", reason, actor)
     return True
 
 
@@ -438,16 +445,5 @@ def repair(session: Session, hostname: str, slot_index: int, reason: str, actor:
     row.status = target
     row.health_state = HealthState.UNKNOWN
     row.health_detail = f"repaired: {reason}"
-    _touch(row, dt.datetime.now(dt.UTC))
-    session.flush()
-    evidence_repo.add(
-        session,
-        kind=EvidenceKind.OPERATOR_ACTION,
-        passed=True,
-        summary=f"slot {slot_index} of {hostname} repaired to {target.value}: {reason}",
-        recorded_by=actor,
-        payload={"action": "repair", "reason": reason, "status": target.value},
-        node_id=node.id,
-        slot_id=row.id,
-    )
+    _record_operator_action(session, node, row, "repair", reason, actor)
     return target.value
