@@ -123,15 +123,23 @@ def _netns_inode(pid):
         return None
 
 
+def _running(pid):
+    """True until the process is a zombie or gone.
+
+    An exiting process loses its namespaces before its files are released (the kernel
+    defers that to task work), so "not in our namespace any more" does not mean its
+    sockets are free yet; only the zombie state does.
+    """
+    state = _read(f"/proc/{pid}/stat") or ""
+    return bool(state) and ") Z " not in state and ") X " not in state
+
+
 def pid_matches(pid, comm):
     """True when `pid` is alive, is called `comm` and shares our network namespace."""
     if pid is None or pid <= 0:
         return False
     name = (_read(f"/proc/{pid}/comm") or "").strip()
-    if name != comm:
-        return False
-    state = _read(f"/proc/{pid}/stat") or ""
-    if ") Z " in state or ") X " in state:
+    if name != comm or not _running(pid):
         return False
     return _netns_inode(pid) == _netns_inode("self")
 
@@ -211,7 +219,7 @@ def direct_stop(spec, clock=time.monotonic, sleep=time.sleep):
         except ProcessLookupError:
             pid = None
         deadline = clock() + spec.stop_timeout
-        while pid is not None and pid_matches(pid, spec.comm):
+        while pid is not None and _running(pid):
             if clock() > deadline:
                 try:
                     os.kill(pid, signal.SIGKILL)
