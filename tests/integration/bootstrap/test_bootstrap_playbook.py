@@ -1,0 +1,172 @@
+"""playbooks/bootstrap.yml by profile, and the deploy-time cloud-init bootstrap, on a real
+target (the slice-vm path runs in molecule/slice_host_bootstrap)."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import subprocess
+from pathlib import Path
+
+import jinja2
+import pytest
+import yaml
+
+from tests.integration.bootstrap.conftest import REPO_ROOT, VENV_BIN
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+PLAYBOOK = str(REPO_ROOT / "playbooks" / "bootstrap.yml")
+TEMPLATE = REPO_ROOT / "scripts" / "maas" / "cloud-init" / "gpuaas-slice-deploy.yaml.j2"
+GRUB = 'GRUB_CMDLINE_LINUX="console=ttyS0"\n'
+# Tooling this machine already has, so APT proves the step without downloading.
+BAREMETAL_VARS = {
+    "gpuaas_hosts": "target",
+    "slice_host_bootstrap_baremetal_packages": ["nvme-cli"],
+    "slice_host_bootstrap_apt_update_cache": False,
+}
+
+
+def task_names(output: dict) -> list[str]:
+    return [t["task"]["name"] for play in output["plays"] for t in play["tasks"]]
+
+
+@pytest.fixture(scope="module")
+def grub(target):
+    target.run("sh", "-c", f"mkdir -p /etc/default && printf '{GRUB}' > /etc/default/grub")
+    return target
+
+
+def test_baremetal_hosts_get_only_baremetal_safe_parts(grub) -> None:
+    target = grub
+    rc, output, stderr = target.playbook(
+        PLAYBOOK, {**BAREMETAL_VARS, "gpuaas_profile": "baremetal"}
+    )
+    assert rc == 0, stderr
+    names = task_names(output)
+    assert any("Install the packages of the baremetal profile" in n for n in names)
+    assert not any("IOMMU" in n or "libvirt" in n or "parity" in n.lower() for n in names)
+    assert target.run("cat", "/etc/default/grub").stdout == GRUB
+    assert target.run("ip", "link", "show", "ovsbr0", check=False).returncode != 0
+    assert not target.exists("/etc/modules-load.d/gpuaas-vfio.conf")
+
+
+@pytest.mark.parametrize(
+    ("extra", "found"),
+    [
+        ({}, "[]"),
+        (
+            {"gpuaas_profile": "slice-vm", "gpuaas_maas_tags": ["gpuaas-profile-baremetal"]},
+            "['slice-vm', 'baremetal']",
+        ),
+        ({"gpuaas_profile": "gpu-farm"}, "['gpu-farm']"),
+    ],
+)
+def test_hosts_without_exactly_one_profile_are_refused_before_changes(grub, extra, found) -> None:
+    target = grub
+    rc, output, _stderr = target.playbook(PLAYBOOK, {**BAREMETAL_VARS, **extra})
+    assert rc != 0
+    failed = [
+        host
+        for play in output["plays"]
+        for task in play["tasks"]
+        for host in task["hosts"].values()
+        if host.get("failed")
+    ]
+    assert len(failed) == 1 and found in failed[0]["msg"]
+    assert not any("Install the packages" in n for n in task_names(output))
+
+
+@pytest.fixture(scope="module")
+def collection_tarball(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("collection")
+    subprocess.run(
+        [
+            str(VENV_BIN / "ansible-galaxy"),
+            "collection",
+            "build",
+            "--output-path",
+            str(out),
+            str(REPO_ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return next(out.glob("gpuaas-fleet-*.tar.gz"))
+
+
+def render_user_data(tarball: Path, profile: str, bootstrap_vars: dict) -> dict:
+    template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(
+        TEMPLATE.read_text()
+    )
+    text = template.render(
+        gpuaas_profile=profile,
+        gpuaas_collection_url=str(tarball),
+        gpuaas_collection_sha256=hashlib.sha256(tarball.read_bytes()).hexdigest(),
+        gpuaas_bootstrap_vars=bootstrap_vars,
+    )
+    assert text.startswith("#cloud-config\n")
+    return yaml.safe_load(text)
+
+
+def test_user_data_is_valid_and_its_script_passes_shellcheck(tmp_path: Path) -> None:
+    tarball = tmp_path / "gpuaas-fleet-0.1.0.tar.gz"
+    tarball.write_bytes(b"stand-in")
+    data = render_user_data(tarball, "slice-vm", {"x": "it's"})
+    files = {f["path"]: f for f in data["write_files"]}
+    assert data["runcmd"] == [["/usr/local/sbin/gpuaas-deploy-bootstrap"]]
+    assert "GPUAAS_PROFILE='slice-vm'" in files["/etc/gpuaas/bootstrap.env"]["content"]
+    assert yaml.safe_load(files["/etc/gpuaas/bootstrap-vars.json"]["content"]) == {"x": "it's"}
+    script = tmp_path / "gpuaas-deploy-bootstrap"
+    script.write_text(files["/usr/local/sbin/gpuaas-deploy-bootstrap"]["content"])
+    shellcheck = subprocess.run(
+        ["shellcheck", "-s", "sh", str(script)], capture_output=True, text=True
+    )
+    assert shellcheck.returncode == 0, shellcheck.stdout
+
+
+def test_deploy_bootstrap_installs_the_collection_and_runs_once_at_a_time(
+    grub, collection_tarball: Path, tmp_path: Path
+) -> None:
+    target = grub
+    data = render_user_data(
+        collection_tarball,
+        "baremetal",
+        {
+            "slice_host_bootstrap_baremetal_packages": ["nvme-cli"],
+            "slice_host_bootstrap_apt_update_cache": False,
+        },
+    )
+    files = {f["path"]: f["content"] for f in data["write_files"]}
+    # The files cloud-init would write, staged where the overrides below point.
+    for path, content in files.items():
+        (tmp_path / Path(path).name).write_text(content)
+    prefix = tmp_path / "prefix"
+    lock = tmp_path / "bootstrap.lock"
+    log = tmp_path / "bootstrap.log"
+    env_args = [
+        f"GPUAAS_BOOTSTRAP_ENV={tmp_path / 'bootstrap.env'}",
+        f"GPUAAS_BOOTSTRAP_VARS={tmp_path / 'bootstrap-vars.json'}",
+        f"GPUAAS_BOOTSTRAP_PREFIX={prefix}",
+        f"GPUAAS_BOOTSTRAP_VENV={REPO_ROOT / '.venv'}",
+        f"GPUAAS_BOOTSTRAP_LOCK={lock}",
+        f"GPUAAS_BOOTSTRAP_LOG={log}",
+        "GPUAAS_BOOTSTRAP_LOCK_WAIT=1",
+        f"PATH={VENV_BIN}:/usr/sbin:/usr/bin:/sbin:/bin",
+    ]
+    script = tmp_path / "gpuaas-deploy-bootstrap"
+    script.chmod(0o755)
+    with open(lock, "w") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        blocked = target.run("env", *env_args, "sh", str(script), check=False)
+    assert blocked.returncode == 75 and "another bootstrap still holds" in blocked.stderr
+    assert not log.exists() or "start" not in log.read_text()
+    done = target.run("env", *env_args, "sh", str(script), check=False, timeout=600)
+    text = log.read_text()
+    assert done.returncode == 0, text[-3000:]
+    assert (
+        prefix / "collections/ansible_collections/gpuaas/fleet/playbooks/bootstrap.yml"
+    ).exists()
+    assert "profile=baremetal" in text and "gpuaas-deploy-bootstrap: done" in text
+    assert "failed=0" in text
