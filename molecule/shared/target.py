@@ -16,6 +16,8 @@ There is no container engine here, so a target is built from kernel primitives:
     target.py create  STATE_DIR [--tmfifo]      # builds it, writes STATE_DIR/target.json
     target.py destroy STATE_DIR                 # stops everything in it by pid, removes it
     target.py exec    STATE_DIR -- CMD...       # runs CMD in the target
+    target.py disks   STATE_DIR --shares N --raw M  # loop disks: host shares (mounted in
+                                                # the target, in its fstab) and raw disks
     target.py check-network STATE_DIR --bridge ovsbr0 --bridge-type openvswitch \
         --slot MAC=IP --slot MAC=IP --unapproved-mac MAC   # behaviour checks, JSON out
     target.py record-udp LOG_PATH PORT          # (world namespace) logs UDP peers, echoes
@@ -42,7 +44,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
-from tests.support.netns import NetNamespace, NetnsError  # noqa: E402
+from controlplane.lab.loopdev import LoopLab  # noqa: E402
+from controlplane.lab.netns import NetNamespace, NetnsError  # noqa: E402
 
 VENV_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
 OVERLAID = ("/etc", "/var", "/usr/local")
@@ -51,6 +54,8 @@ UPLINK_WORLD = "192.0.2.254/24"
 TMFIFO_PEER = "192.168.100.2/30"
 RECORDER_PORT = 9999
 STATE_FILE = "target.json"
+DISKS_FILE = "disks.json"
+SHARE_ROOT = "/var/lib/gpuaas-molecule"
 UDHCPC_SCRIPT = """#!/bin/sh
 case "$1" in
   bound|renew)
@@ -174,6 +179,68 @@ def create(state_dir: Path, tmfifo: bool) -> dict:
     return state
 
 
+def _blkid(device: str, tag: str) -> str:
+    return _run(["blkid", "-p", "-s", tag, "-o", "value", device]).stdout.strip()
+
+
+def create_disks(state_dir: Path, shares: int, raw: int) -> list[dict]:
+    """Loop disks for the storage roles: `shares` host-share disks (one ext4 partition,
+    mounted inside the target and listed in its /etc/fstab by UUID) and `raw` raw disks.
+    Stable identities live in STATE_DIR/disks/by-id; disks.json records every loop device
+    so destroy can detach exactly these."""
+    state = load_state(state_dir)
+    lab = LoopLab(state_dir / "disks")
+    record: list[dict] = []
+    try:
+        for index in range(shares + raw):
+            share = index < shares
+            disk = lab.disk(size_mib=64, partitions=["share"] if share else ())
+            entry = {
+                "stable_path": disk.stable_path,
+                "device": disk.device,
+                "image": str(disk.image),
+                "share": share,
+                "mountpoint": None,
+            }
+            record.append(entry)
+            if share:
+                part = disk.partitions[0]
+                lab.mkfs(part, label=f"share{index + 1}")
+                mountpoint = f"{SHARE_ROOT}/share{index + 1}"
+                prefix = nsenter_prefix(state)
+                _run([*prefix, "mkdir", "-p", mountpoint])
+                _run([*prefix, "mount", part, mountpoint])
+                _run([*prefix, "sh", "-c", f"echo 'share{index + 1}' > {mountpoint}/owner"])
+                line = f"UUID={_blkid(part, 'UUID')} {mountpoint} ext4 defaults,nofail 0 2"
+                _run([*prefix, "sh", "-c", f"echo '{line}' >> /etc/fstab"])
+                entry["mountpoint"] = mountpoint
+    finally:
+        (state_dir / DISKS_FILE).write_text(
+            json.dumps({"by_id": str(lab.by_id), "disks": record}, indent=2)
+        )
+    return record
+
+
+def _detach_disks(state_dir: Path) -> list[str]:
+    try:
+        disks = json.loads((state_dir / DISKS_FILE).read_text())["disks"]
+    except (OSError, ValueError, KeyError):
+        return []
+    errors = []
+    for disk in disks:
+        device, image = disk["device"], disk["image"]
+        backing = Path(f"/sys/block/{os.path.basename(device)}/loop/backing_file")
+        deadline = time.monotonic() + 10
+        # Only our own binding: the index may already serve someone else.
+        while backing.exists() and backing.read_text().strip() == image:
+            _run(["losetup", "--detach", device], check=False)
+            if time.monotonic() > deadline:
+                errors.append(f"{device} still bound to {image}")
+                break
+            time.sleep(0.1)
+    return errors
+
+
 def destroy(state_dir: Path) -> list[str]:
     """Stop everything inside the target's namespaces and remove them; the errors."""
     errors: list[str] = []
@@ -185,6 +252,8 @@ def destroy(state_dir: Path) -> list[str]:
         name = state.get(key)
         if name and (Path("/run/netns") / name).exists():
             errors += NetNamespace(name=name, created=True).close()
+    # The target's mounts went with its mount namespace; its loop disks are free now.
+    errors += _detach_disks(state_dir)
     shutil.rmtree(state_dir, ignore_errors=True)
     return errors
 
@@ -366,6 +435,10 @@ def main(argv: list[str] | None = None) -> int:
     p_create.add_argument("--tmfifo", action="store_true")
     p_destroy = sub.add_parser("destroy")
     p_destroy.add_argument("state_dir", type=Path)
+    p_disks = sub.add_parser("disks")
+    p_disks.add_argument("state_dir", type=Path)
+    p_disks.add_argument("--shares", type=int, default=0)
+    p_disks.add_argument("--raw", type=int, default=0)
     p_exec = sub.add_parser("exec")
     p_exec.add_argument("state_dir", type=Path)
     p_exec.add_argument("argv", nargs=argparse.REMAINDER)
@@ -394,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
         if errors:
             print("; ".join(errors), file=sys.stderr)
             return 1
+        return 0
+    if args.command == "disks":
+        print(json.dumps(create_disks(args.state_dir, args.shares, args.raw)))
         return 0
     if args.command == "check-network":
         slots = [tuple(item.split("=", 1)) for item in args.slot]
