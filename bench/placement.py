@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, text
 
-from controlplane import migrate
+from controlplane import db, migrate
 from controlplane.api import ControlPlane
 from controlplane.audit import audit
 from controlplane.embedded import EmbeddedPostgres
@@ -69,7 +69,7 @@ class Cluster:
         ) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             conn.execute(f'CREATE DATABASE "{name}"')
-        engine = create_engine(self.pg.url(name), pool_size=20, max_overflow=10)
+        engine = db.create(self.pg.url(name), pool_size=20, max_overflow=10)
         migrate.upgrade(engine)
         create_fleet(engine, fleet)
         return engine

@@ -296,7 +296,7 @@ class Scheduler:
         self,
         engine: Engine,
         policy: Policy = Policy.BEST_FIT,
-        candidate_nodes: int = 8,
+        candidate_nodes: int = 16,
         max_attempts: int = 8,
     ) -> None:
         self.engine = engine
