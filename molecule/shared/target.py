@@ -18,6 +18,9 @@ There is no container engine here, so a target is built from kernel primitives:
     target.py exec    STATE_DIR -- CMD...       # runs CMD in the target
     target.py disks   STATE_DIR --shares N --raw M  # loop disks: host shares (mounted in
                                                 # the target, in its fstab) and raw disks
+    target.py create-vmlab STATE_DIR [--bridge-type linux]  # a slice host for the VM roles:
+        # controlplane.lab.vmlab's lab (bridge, NAT, dnsmasq, libvirtd, a slot disk) and one
+        # allocation's role variables in STATE_DIR/allocation.json
     target.py check-network STATE_DIR --bridge ovsbr0 --bridge-type openvswitch \
         --slot MAC=IP --slot MAC=IP --unapproved-mac MAC   # behaviour checks, JSON out
     target.py record-udp LOG_PATH PORT          # (world namespace) logs UDP peers, echoes
@@ -46,6 +49,8 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from controlplane.lab.loopdev import LoopLab  # noqa: E402
 from controlplane.lab.netns import NetNamespace, NetnsError  # noqa: E402
+from controlplane.lab.vmguest import ensure_guest_image  # noqa: E402
+from controlplane.lab.vmlab import VmLab, VmLabError, make_allocation  # noqa: E402
 
 VENV_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
 OVERLAID = ("/etc", "/var", "/usr/local")
@@ -54,6 +59,7 @@ UPLINK_WORLD = "192.0.2.254/24"
 TMFIFO_PEER = "192.168.100.2/30"
 RECORDER_PORT = 9999
 STATE_FILE = "target.json"
+ALLOCATION_FILE = "allocation.json"
 DISKS_FILE = "disks.json"
 SHARE_ROOT = "/var/lib/gpuaas-molecule"
 UDHCPC_SCRIPT = """#!/bin/sh
@@ -165,9 +171,12 @@ def create(state_dir: Path, tmfifo: bool) -> dict:
         recorder_address=f"{UPLINK_WORLD.split('/')[0]}:{RECORDER_PORT}",
         uplink_address=UPLINK_TARGET,
         tmfifo_peer=TMFIFO_PEER.split("/")[0] if tmfifo else None,
-        python=str(state_dir / "target-python"),
-        exec=str(state_dir / "target-exec"),
     )
+    _write_wrappers(state_dir, state)
+    return state
+
+
+def _write_wrappers(state_dir: Path, state: dict) -> None:
     prefix = " ".join(nsenter_prefix(state))
     wrapper = state_dir / "target-python"
     wrapper.write_text(f'#!/bin/sh\nexec {prefix} {VENV_PYTHON} "$@"\n')
@@ -175,8 +184,66 @@ def create(state_dir: Path, tmfifo: bool) -> dict:
     runner = state_dir / "target-exec"
     runner.write_text(f'#!/bin/sh\nexec {prefix} "$@"\n')
     runner.chmod(0o755)
+    state.update(python=str(wrapper), exec=str(runner))
     (state_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
+
+
+def create_vmlab(state_dir: Path, bridge_type: str) -> dict:
+    """A slice host for the VM roles, left running for later Molecule steps."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    image = ensure_guest_image()
+    lab = VmLab(state_dir / "lab", bridge_type=bridge_type)
+    state = {"kind": "vmlab", "netns": lab.ns.name, "state_dir": str(state_dir)}
+    (state_dir / STATE_FILE).write_text(json.dumps(state))
+    lab.start()
+    allocation = make_allocation(lab, image, state_dir / "allocation")
+    disk = allocation.disk
+    (state_dir / DISKS_FILE).write_text(
+        json.dumps(
+            {
+                "by_id": lab.stable_dir,
+                "disks": [
+                    {
+                        "stable_path": disk.stable_path,
+                        "device": disk.device,
+                        "image": str(disk.image),
+                        "share": False,
+                        "mountpoint": None,
+                    }
+                ],
+            }
+        )
+    )
+    (state_dir / ALLOCATION_FILE).write_text(
+        json.dumps(
+            {
+                "provision": allocation.provision_vars(),
+                "release": allocation.release_vars(),
+                "domain": allocation.domain,
+                "private_ip": allocation.private_ip,
+                "mac_address": allocation.mac_address,
+                "tenant_key": str(allocation.tenant_key),
+                "hostsfile": str(lab.dnsmasq_hostsfile),
+                "leasefile": str(lab.dnsmasq_leasefile),
+            },
+            indent=2,
+        )
+    )
+    # Role inputs as files include_vars can load (one per role).
+    (state_dir / "provision-vars.json").write_text(json.dumps(allocation.provision_vars()))
+    (state_dir / "release-vars.json").write_text(json.dumps(allocation.release_vars()))
+    state["holder_pid"] = lab.ns.holder_pid
+    state["bridge"] = lab.bridge
+    _write_wrappers(state_dir, state)
     return state
+
+
+def _remove_domains(state: dict) -> None:
+    virsh = [*nsenter_prefix(state), "virsh", "-c", "qemu:///system"]
+    listed = _run([*virsh, "list", "--all", "--name"], check=False)
+    for name in listed.stdout.split():
+        _run([*virsh, "destroy", name], check=False)
+        _run([*virsh, "undefine", "--nvram", name], check=False)
 
 
 def _blkid(device: str, tag: str) -> str:
@@ -248,6 +315,8 @@ def destroy(state_dir: Path) -> list[str]:
         state = load_state(state_dir)
     except (OSError, ValueError):
         state = {}
+    if state.get("kind") == "vmlab" and state.get("holder_pid"):
+        _remove_domains(state)
     for key in ("netns", "world_netns"):
         name = state.get(key)
         if name and (Path("/run/netns") / name).exists():
@@ -435,6 +504,9 @@ def main(argv: list[str] | None = None) -> int:
     p_create.add_argument("--tmfifo", action="store_true")
     p_destroy = sub.add_parser("destroy")
     p_destroy.add_argument("state_dir", type=Path)
+    p_vmlab = sub.add_parser("create-vmlab")
+    p_vmlab.add_argument("state_dir", type=Path)
+    p_vmlab.add_argument("--bridge-type", choices=["linux", "openvswitch"], default="linux")
     p_disks = sub.add_parser("disks")
     p_disks.add_argument("state_dir", type=Path)
     p_disks.add_argument("--shares", type=int, default=0)
@@ -467,6 +539,15 @@ def main(argv: list[str] | None = None) -> int:
         if errors:
             print("; ".join(errors), file=sys.stderr)
             return 1
+        return 0
+    if args.command == "create-vmlab":
+        try:
+            state = create_vmlab(args.state_dir, args.bridge_type)
+        except (VmLabError, NetnsError, OSError, subprocess.CalledProcessError) as exc:
+            errors = destroy(args.state_dir)
+            print(f"create-vmlab failed: {exc}; teardown errors: {errors}", file=sys.stderr)
+            return 1
+        print(json.dumps(state))
         return 0
     if args.command == "disks":
         print(json.dumps(create_disks(args.state_dir, args.shares, args.raw)))
