@@ -12,7 +12,7 @@ import jinja2
 import pytest
 import yaml
 
-from tests.integration.bootstrap.conftest import REPO_ROOT, VENV_BIN
+from tests.integration.bootstrap.conftest import REPO_ROOT, VENV_BIN, Target, target_module
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -25,6 +25,38 @@ BAREMETAL_VARS = {
     "slice_host_bootstrap_baremetal_packages": ["nvme-cli"],
     "slice_host_bootstrap_apt_update_cache": False,
 }
+
+
+# What the slice-vm path needs on this machine: its installed slice packages, the userspace
+# OVS datapath, one approved reservation, parity reported instead of failing the host.
+SLICE_VARS = {
+    "gpuaas_hosts": "target",
+    "gpuaas_maas_tags": ["gpuaas-profile-slice-vm", "unrelated-tag"],
+    "slice_host_bootstrap_packages": [
+        "qemu-system-x86",
+        "libvirt-daemon-system",
+        "openvswitch-switch",
+        "dnsmasq-base",
+        "ovmf",
+    ],
+    "slice_host_bootstrap_apt_update_cache": False,
+    "slice_network_baseline_ovs_datapath_type": "netdev",
+    "slice_network_baseline_reservations": [{"mac": "52:54:00:3f:a2:10", "ip": "10.100.0.10"}],
+    "gpuaas_bootstrap_parity_fail_on_failures": False,
+}
+# Checks that can pass on this machine, and those that cannot (no VFIO modules, no IOMMU,
+# no IPoIB fabric): the latter must fail with a remediation.
+CAN_PASS = {
+    "kvm",
+    "bridge",
+    "dnsmasq",
+    "libvirt",
+    "nat",
+    "ip_forward",
+    "tmfifo",
+    "historical_network_service",
+}
+CANNOT_PASS = {"vfio", "iommu", "ipoib_netplan", "fabric_address", "fabric_route"}
 
 
 def task_names(output: dict) -> list[str]:
@@ -170,3 +202,32 @@ def test_deploy_bootstrap_installs_the_collection_and_runs_once_at_a_time(
     ).exists()
     assert "profile=baremetal" in text and "gpuaas-deploy-bootstrap: done" in text
     assert "failed=0" in text
+
+
+def test_slice_vm_bootstrap_then_parity_passes_what_can_exist_here(tmp_path: Path) -> None:
+    """The operator path end to end on a fresh target tagged slice-vm (MAAS tag)."""
+    state = target_module.create(tmp_path / "slice-target", tmfifo=True)
+    try:
+        target = Target(state)
+        target.run("sh", "-c", f"mkdir -p /etc/default && printf '{GRUB}' > /etc/default/grub")
+        rc, output, stderr = target.playbook(PLAYBOOK, SLICE_VARS)
+        assert rc == 0, stderr
+        parity_runs = [
+            host
+            for play in output["plays"]
+            for task in play["tasks"]
+            if "Run the slice parity checks" in task["task"]["name"]
+            for host in task["hosts"].values()
+        ]
+        assert len(parity_runs) == 1
+        status = {r["check"]: r for r in parity_runs[0]["results"]}
+        assert {c for c, r in status.items() if r["status"] == "PASS"} == CAN_PASS
+        for check in CANNOT_PASS:
+            assert status[check]["status"] == "FAIL" and status[check]["remediation"]
+        assert status["api_topology"]["status"] == "WARN"
+        vendor = "intel" if "GenuineIntel" in Path("/proc/cpuinfo").read_text() else "amd"
+        staged = target.run("cat", "/etc/default/grub").stdout
+        assert f'GRUB_CMDLINE_LINUX="console=ttyS0 {vendor}_iommu=on iommu=pt"' in staged
+    finally:
+        errors = target_module.destroy(tmp_path / "slice-target")
+        assert not errors, errors
