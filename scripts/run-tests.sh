@@ -8,3 +8,4 @@ export ANSIBLE_CONFIG="$PWD/ansible.cfg"
 
 pytest -n "${GPUAAS_TEST_WORKERS:-2}" --dist loadgroup tests
 scripts/sanity.sh
+scripts/molecule.sh
