@@ -20,7 +20,7 @@ fi
 command -v molecule >/dev/null || { echo "molecule: not installed; run scripts/setup.sh" >&2; exit 1; }
 
 # Longest first, so two workers finish together.
-all=(slice_host_bootstrap slice_vm_release slice_network_baseline slice_vm_provision
+all=(slice_network_baseline slice_vm_provision slice_vm_release slice_host_bootstrap
      slice_parity slice_disk_wipe slice_storage_transition)
 for dir in molecule/*/molecule.yml; do
   name=$(basename "$(dirname "$dir")")

@@ -55,8 +55,10 @@ from controlplane.lab.vmlab import VmLab, VmLabError, make_allocation  # noqa: E
 VENV_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
 OVERLAID = ("/etc", "/var", "/usr/local")
 UPLINK_TARGET = "192.0.2.1/24"
-UPLINK_WORLD = "192.0.2.254/24"
-TMFIFO_PEER = "192.168.100.2/30"
+UPLINK_WORLD_IP = "192.0.2.254"
+UPLINK_WORLD = f"{UPLINK_WORLD_IP}/24"
+TMFIFO_PEER_IP = "192.168.100.2"
+TMFIFO_PEER = f"{TMFIFO_PEER_IP}/30"
 RECORDER_PORT = 9999
 STATE_FILE = "target.json"
 ALLOCATION_FILE = "allocation.json"
@@ -146,7 +148,7 @@ def create(state_dir: Path, tmfifo: bool) -> dict:
     target.link_up("uplink0")
     world.add_address("eth0", UPLINK_WORLD)
     world.link_up("eth0")
-    target.add_route("default", "uplink0", via=UPLINK_WORLD.split("/")[0])
+    target.add_route("default", "uplink0", via=UPLINK_WORLD_IP)
     if tmfifo:
         _veth(target, "tmfifo_net0", world, "rshim0")
         world.add_address("rshim0", TMFIFO_PEER)
@@ -168,9 +170,9 @@ def create(state_dir: Path, tmfifo: bool) -> dict:
         holder_pid=holder.pid,
         recorder_pid=recorder.pid,
         recorder_log=str(recorder_log),
-        recorder_address=f"{UPLINK_WORLD.split('/')[0]}:{RECORDER_PORT}",
+        recorder_address=f"{UPLINK_WORLD_IP}:{RECORDER_PORT}",
         uplink_address=UPLINK_TARGET,
-        tmfifo_peer=TMFIFO_PEER.split("/")[0] if tmfifo else None,
+        tmfifo_peer=TMFIFO_PEER_IP if tmfifo else None,
     )
     _write_wrappers(state_dir, state)
     return state
@@ -457,7 +459,7 @@ def check_network(
                 entry = json.loads(line)
                 if entry["payload"] == token:
                     sources.append(entry["source"])
-        uplink = state["uplink_address"].split("/")[0]
+        uplink = state["uplink_address"].split("/", maxsplit=1)[0]
         record("egress answered through NAT", echoed, f"UDP echo from {host}:{port}")
         record(
             "uplink sees the translated source",
@@ -497,7 +499,7 @@ def record_udp(log_path: Path, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_create = sub.add_parser("create")
     p_create.add_argument("state_dir", type=Path)

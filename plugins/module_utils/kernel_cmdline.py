@@ -80,7 +80,7 @@ def conflicting_keys(vendor):
 
 
 def _key(arg):
-    return arg.split("=", 1)[0]
+    return arg.split("=", maxsplit=1)[0]
 
 
 def merge_args(current, groups, remove_keys=()):

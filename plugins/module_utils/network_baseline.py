@@ -660,7 +660,7 @@ def _result(config, before, after, actions):
         "bridge": config.bridge,
         "bridge_type": config.bridge_type,
         "gateway": config.gateway,
-        "gateway_ip": config.gateway.split("/")[0],
+        "gateway_ip": config.gateway.split("/", maxsplit=1)[0],
         "subnet": str(config.network),
         "network_address": str(config.network.network_address),
         "netmask": str(config.network.netmask),
