@@ -62,7 +62,7 @@ def no_racadm(_name):
 
 
 @pytest.fixture
-def tree(tmp_path: Path):
+def dmar_tree(tmp_path: Path):
     def build(spec: hosttrees.HostSpec, **extra: str) -> Path:
         files = {**spec.extra_files, **DMAR, **extra}
         return hosttrees.write_tree(
@@ -84,8 +84,8 @@ def test_racadm_output_parsing() -> None:
     }
 
 
-def test_read_only_by_default_reports_disabled_settings(tree) -> None:
-    root = tree(hosttrees.clean_host("j22u05"))
+def test_read_only_by_default_reports_disabled_settings(dmar_tree) -> None:
+    root = dmar_tree(hosttrees.clean_host("j22u05"))
     racadm = Racadm(PROC_DISABLED, DEVICES_DISABLED)
     results, evidence = fp.collect(str(root), runner=racadm, which=which_racadm)
     checks = by_check(results)
@@ -97,8 +97,8 @@ def test_read_only_by_default_reports_disabled_settings(tree) -> None:
     assert fp.maas_status(results) == fp.MAAS_FAILED
 
 
-def test_apply_stages_missing_settings_and_queues_a_power_cycle(tree) -> None:
-    root = tree(hosttrees.clean_host("j22u05"))
+def test_apply_stages_missing_settings_and_queues_a_power_cycle(dmar_tree) -> None:
+    root = dmar_tree(hosttrees.clean_host("j22u05"))
     racadm = Racadm(PROC_PENDING, DEVICES_DISABLED)
     results, _evidence = fp.collect(str(root), runner=racadm, apply=True, which=which_racadm)
     assert racadm.writes == [
@@ -110,16 +110,16 @@ def test_apply_stages_missing_settings_and_queues_a_power_cycle(tree) -> None:
     assert by_check(results)["bios_proc_virtualization"]["status"] == parity.WARN
 
 
-def test_apply_with_everything_enabled_changes_nothing(tree) -> None:
-    root = tree(hosttrees.clean_host("j22u05"))
+def test_apply_with_everything_enabled_changes_nothing(dmar_tree) -> None:
+    root = dmar_tree(hosttrees.clean_host("j22u05"))
     racadm = Racadm(PROC_ENABLED, DEVICES_ENABLED)
     results, _evidence = fp.collect(str(root), runner=racadm, apply=True, which=which_racadm)
     assert racadm.writes == []
     assert by_check(results)["bios_apply"]["status"] == parity.PASS
 
 
-def test_a_refused_racadm_set_fails_without_queueing_a_job(tree) -> None:
-    root = tree(hosttrees.clean_host("j22u05"))
+def test_a_refused_racadm_set_fails_without_queueing_a_job(dmar_tree) -> None:
+    root = dmar_tree(hosttrees.clean_host("j22u05"))
     racadm = Racadm(PROC_DISABLED, DEVICES_ENABLED, fail_on="BIOS.ProcSettings.LogicalProc")
     results, _evidence = fp.collect(str(root), runner=racadm, apply=True, which=which_racadm)
     assert not any(call[:2] == ["jobqueue", "create"] for call in racadm.writes)
@@ -133,8 +133,10 @@ def test_racadm_is_installed_only_from_the_signed_repository() -> None:
     assert not any("allow-unauthenticated" in c or "trusted=yes" in c for c in commands)
 
 
-def test_a_recorded_tree_never_installs_anything(tree) -> None:
-    root = tree(hosttrees.clean_host("j22u05"), **{"sys/class/dmi/id/sys_vendor": "Dell Inc.\n"})
+def test_a_recorded_tree_never_installs_anything(dmar_tree) -> None:
+    root = dmar_tree(
+        hosttrees.clean_host("j22u05"), **{"sys/class/dmi/id/sys_vendor": "Dell Inc.\n"}
+    )
     calls = []
     results, _evidence = fp.collect(
         str(root), runner=lambda argv: calls.append(argv), which=no_racadm
@@ -143,8 +145,8 @@ def test_a_recorded_tree_never_installs_anything(tree) -> None:
     assert by_check(results)["bios_settings"]["status"] == parity.WARN
 
 
-def test_device_and_disk_visibility_of_a_clean_host(tree) -> None:
-    root = tree(hosttrees.clean_host("j22u15"))
+def test_device_and_disk_visibility_of_a_clean_host(dmar_tree) -> None:
+    root = dmar_tree(hosttrees.clean_host("j22u15"))
     results, _evidence = fp.collect(
         str(root), runner=Racadm(PROC_ENABLED, DEVICES_ENABLED), which=which_racadm, expected_gpus=8
     )
@@ -162,8 +164,8 @@ def test_device_and_disk_visibility_of_a_clean_host(tree) -> None:
     assert fp.maas_status(results) == fp.MAAS_PASSED
 
 
-def test_mounted_child_partitions_are_shown_per_disk(tree) -> None:
-    root = tree(hosttrees.h200_xe9680l("j22u05"))
+def test_mounted_child_partitions_are_shown_per_disk(dmar_tree) -> None:
+    root = dmar_tree(hosttrees.h200_xe9680l("j22u05"))
     results, _evidence = fp.collect(
         str(root), runner=Racadm(PROC_ENABLED, DEVICES_ENABLED), which=which_racadm
     )
@@ -176,13 +178,13 @@ def test_mounted_child_partitions_are_shown_per_disk(tree) -> None:
     assert fp.maas_status(results) == fp.MAAS_DEGRADED
 
 
-def test_sriov_and_gpu_count_problems(tree) -> None:
+def test_sriov_and_gpu_count_problems(dmar_tree) -> None:
     no_sriov = dataclasses.replace(
         hosttrees.clean_host("j22u07"),
         fabric=(hosttrees.FabricPort("0000:1a:00.0", 0, "mlx5_0", total_vfs=0),),
     )
     results, _evidence = fp.collect(
-        str(tree(no_sriov)),
+        str(dmar_tree(no_sriov)),
         runner=Racadm(PROC_ENABLED, DEVICES_ENABLED),
         which=which_racadm,
         expected_gpus=4,
@@ -193,12 +195,12 @@ def test_sriov_and_gpu_count_problems(tree) -> None:
     assert checks["gpu_visibility"]["status"] == parity.FAIL
 
 
-def test_firmware_iommu_decides_while_kernel_iommu_is_informational(tree) -> None:
+def test_firmware_iommu_decides_while_kernel_iommu_is_informational(dmar_tree) -> None:
     off = dataclasses.replace(
         hosttrees.clean_host("j22u09"), iommu_enabled=False, cmdline_iommu=False
     )
     results, _evidence = fp.collect(
-        str(tree(off)), runner=Racadm(PROC_ENABLED, DEVICES_ENABLED), which=which_racadm
+        str(dmar_tree(off)), runner=Racadm(PROC_ENABLED, DEVICES_ENABLED), which=which_racadm
     )
     checks = by_check(results)
     assert checks["iommu"]["status"] == parity.FAIL
