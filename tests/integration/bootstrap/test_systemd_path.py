@@ -58,6 +58,13 @@ VARS = {
     "slice_network_baseline_bridge_type": "linux",
     "slice_network_baseline_reservations": [{"mac": "52:54:00:3f:a2:10", "ip": "10.100.0.10"}],
     "gpuaas_bootstrap_parity_fail_on_failures": False,
+    # The opt-in tuning profile, limited to sysctls a network namespace has its own copy of
+    # (net.core buffer limits and the backlog belong to the machine).
+    "slice_network_baseline_tuning": True,
+    "slice_network_baseline_tuning_sysctls": {
+        "net.ipv4.tcp_rmem": "4096 87380 67108864",
+        "net.ipv4.tcp_wmem": "4096 65536 67108864",
+    },
 }
 
 
@@ -115,6 +122,19 @@ def test_units_are_driven_through_systemctl(systemd_target) -> None:
     # Without systemd the roles would have run dnsmasq and libvirtd themselves.
     assert not target.exists("/run/dnsmasq/dnsmasq.pid")
     assert not target.exists("/run/libvirtd.pid")
+    # The tuning profile is on disk and applied (in the target's namespace only).
+    assert target.run("sysctl", "-n", "net.ipv4.tcp_rmem").stdout.split() == [
+        "4096",
+        "87380",
+        "67108864",
+    ]
+    assert (
+        "memlock    unlimited"
+        in target.run("cat", "/etc/security/limits.d/90-gpuaas-memlock.conf").stdout
+    )
+    assert (
+        "send_queue_size=8192" in target.run("cat", "/etc/modprobe.d/gpuaas-ib-ipoib.conf").stdout
+    )
 
 
 def test_the_unit_is_valid_and_the_second_run_changes_nothing(systemd_target) -> None:
@@ -135,3 +155,17 @@ def test_the_unit_is_valid_and_the_second_run_changes_nothing(systemd_target) ->
     assert rc == 0, stderr
     assert calls(target) == before, "a converged host got systemctl changes"
     assert output["stats"]["target"]["changed"] == 0
+
+
+def test_turning_the_tuning_profile_off_removes_its_files(systemd_target) -> None:
+    target = systemd_target
+    rc, _output, stderr = target.playbook(
+        PLAYBOOK, {**VARS, "slice_network_baseline_tuning": False}
+    )
+    assert rc == 0, stderr
+    for path in (
+        "/etc/sysctl.d/61-gpuaas-slice-network-tuning.conf",
+        "/etc/modprobe.d/gpuaas-ib-ipoib.conf",
+        "/etc/security/limits.d/90-gpuaas-memlock.conf",
+    ):
+        assert not target.exists(path), path
