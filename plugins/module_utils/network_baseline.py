@@ -108,9 +108,9 @@ def load_config(values):
             errors.append(f"{key} {getattr(config, key)!r} is not a valid interface name")
     try:
         network = config.network
-        if network.version != 4 or network.prefixlen > 29:
+        if network.version != 4 or network.prefixlen > 28:
             errors.append(
-                f"subnet {config.subnet} must be IPv4 with room for slots (/29 or larger)"
+                f"subnet {config.subnet} must be IPv4 with room for slots (/28 or larger)"
             )
     except ValueError as exc:
         errors.append(f"subnet {config.subnet!r} is not a network address: {exc}")

@@ -361,7 +361,15 @@ def ensure(
     if manager == SYSTEMD and request.daemon_reload and not check_mode:
         _systemctl(runner, "daemon-reload")
     before = status(service, manager, runner)
-    actions = plan(service, manager, request, before)
+    note = None
+    try:
+        actions = plan(service, manager, request, before)
+    except ServiceError as exc:
+        # In check mode an earlier task (a package install) may be what provides the unit.
+        if not check_mode or before["present"]:
+            raise
+        actions = [{"restarted": "restart", "reloaded": "start"}.get(request.state, "start")]
+        note = f"{exc}; assuming an earlier task installs it"
     result = {
         "name": service.name,
         "unit": service.unit,
@@ -373,7 +381,9 @@ def ensure(
         "after": before,
     }
     if manager == DIRECT and request.enabled is not None:
-        result["note"] = "no service manager: daemons run now and are not started at boot"
+        note = note or "no service manager: daemons run now and are not started at boot"
+    if note:
+        result["note"] = note
     if check_mode or not actions:
         return result
     apply(service, manager, actions, runner)

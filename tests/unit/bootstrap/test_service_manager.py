@@ -187,3 +187,14 @@ def test_direct_without_a_command_cannot_start(tmp_path: Path) -> None:
 def test_process_names_are_compared_as_the_kernel_truncates_them() -> None:
     assert sm.DirectSpec(process_name="nvidia-persistenced").comm == "nvidia-persiste"
     assert sm.DirectSpec(argv=["/usr/sbin/libvirtd", "-d"]).comm == "libvirtd"
+
+
+def test_check_mode_assumes_a_missing_unit_comes_from_an_earlier_task() -> None:
+    result = sm.ensure(
+        sm.Service("dnsmasq"),
+        sm.Request(state="started", enabled=True),
+        check_mode=True,
+        manager=sm.SYSTEMD,
+        runner=Systemctl(SHOW_MISSING),
+    )
+    assert result["actions"] == ["start"] and "earlier task" in result["note"]
