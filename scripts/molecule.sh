@@ -30,6 +30,9 @@ scenarios=("${@:-${all[@]}}")
 workers=${GPUAAS_MOLECULE_WORKERS:-2}
 logs=$root/build/molecule
 mkdir -p "$logs"
+# Scenario state lives in Molecule's per-scenario directories: one run at a time.
+exec 9>"$root/build/molecule.lock"
+flock 9
 started=$SECONDS
 
 run_one() {
