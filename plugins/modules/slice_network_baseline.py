@@ -10,7 +10,7 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 ---
 module: slice_network_baseline
-short_description: Converge a GPU slice node's bridge, gateway address, NAT, forwarding and isolation
+short_description: Converge a GPU slice node's bridge, gateway, NAT, forwarding and isolation
 version_added: "0.1.0"
 description:
   - Observes the live network state in the host's network namespace, plans the changes,
