@@ -77,18 +77,11 @@ def best_slot_set(node: SliceNode, gpus: int) -> tuple[tuple[SlotView, ...], int
     by_numa: dict[int, list[SlotView]] = defaultdict(list)
     for slot in sorted(node.slots, key=itemgetter(1)):
         by_numa[slot.numa_node].append(slot)
-    if len(by_numa) == 1 or (gpus == 1 and all(s.gpu_count == 1 for s in node.slots)):
-        # One NUMA node, or one GPU: the best-fit group is the one with the fewest free.
-        numa = min(
-            by_numa,
-            key=lambda n: (
-                sum(s.gpu_count for s in by_numa[n]) < gpus,
-                len(by_numa[n]),
-                by_numa[n][0].slot_index,
-            ),
-        )
-        pool = by_numa[numa]
-        if sum(s.gpu_count for s in pool) >= gpus and all(s.gpu_count == 1 for s in pool):
+    if all(s.gpu_count == 1 for s in node.slots):
+        # Whole-GPU slots (v1): the single NUMA group with the fewest free that still fits.
+        fitting = [slots for slots in by_numa.values() if len(slots) >= gpus]
+        if fitting:
+            pool = min(fitting, key=lambda slots: (len(slots), slots[0].slot_index))
             return tuple(pool[:gpus]), 1
     free = {numa: sum(s.gpu_count for s in slots) for numa, slots in by_numa.items()}
     for span in range(1, len(by_numa) + 1):
