@@ -13,6 +13,12 @@
 
 Everything a lab builds is recorded as it is built; teardown undoes it in reverse order and
 attempts every step even when an earlier one fails. Nothing outside the lab is touched.
+
+Lab mounts are shared mounts (the lab root is bind-mounted on itself and made shared before
+the first mount, as / is on a systemd host; this machine's / is private). A mount namespace
+that another test creates meanwhile (`ip netns exec`, `unshare --propagation slave`) then
+holds slave copies, which every umount here removes too. Were they private copies, the
+filesystem would stay mounted there after the umount here and keep the loop device busy.
 """
 
 from __future__ import annotations
@@ -23,9 +29,12 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import secrets
+import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -136,6 +145,7 @@ class LoopLab:
         self.by_id = self.root / "by-id"
         self.by_id.mkdir(parents=True, exist_ok=True)
         self._undo: list[tuple[str, object]] = []
+        self._mount_tree_shared = False
 
     def __enter__(self) -> LoopLab:
         return self
@@ -203,10 +213,25 @@ class LoopLab:
             raise LoopLabError(f"unsupported fstype {fstype}")
         run([*argv, part])
 
+    def share_mount_tree(self) -> None:
+        """Bind the lab root on itself as a shared mount (once, before the first mount).
+
+        Mounts made below it are shared from their first instant, so no namespace can copy
+        one as a private mount; the bind is undone last.
+        """
+        if self._mount_tree_shared:
+            return
+        run(["mount", "--bind", str(self.root), str(self.root)])
+        self._undo.insert(0, ("umount", self.root))
+        run(["mount", "--make-shared", str(self.root)])
+        self._mount_tree_shared = True
+
     def mount(self, part: str, mountpoint: Path | None = None) -> Path:
         target = mountpoint or self.root / f"mnt-{os.path.basename(part)}"
         target.mkdir(parents=True, exist_ok=True)
-        run(["mount", "-o", "noatime", part, str(target)])
+        self.share_mount_tree()
+        # --make-shared matters only for a mountpoint outside the lab root
+        run(["mount", "-o", "noatime", "--make-shared", part, str(target)])
         self._undo.append(("umount", target))
         payload = secrets.token_bytes(64 * 1024)
         (target / "tenant-data.bin").write_bytes(payload)
@@ -245,6 +270,21 @@ class LoopLab:
         self._undo.append(("kill", proc))
         if proc.stdout.readline().strip() != "ready":
             raise LoopLabError(f"holder process for {path} did not start")
+        return proc
+
+    def hold_mount_namespace(self, private: bool) -> subprocess.Popen:
+        """A mount namespace copied from ours now, held by a process until teardown.
+
+        Its copies of mounts are slaves, as `ip netns exec` makes them: each goes away when
+        the mount is unmounted here. With `private`, the copies of this lab's mounts are
+        private instead, as after `unshare --mount`: they keep the filesystems mounted, and
+        the disks busy, until the namespace ends. Other tests' mounts stay slave copies, so
+        this never holds on to anything of theirs.
+        """
+        if private:
+            self.share_mount_tree()
+        proc = start_mount_namespace([self.root] if private else [])
+        self._undo.append(("kill", proc))
         return proc
 
     def stop(self, proc: subprocess.Popen) -> None:
@@ -317,12 +357,130 @@ def _undo_one(kind: str, item) -> None:
         device, image = item
         # Only ever detach our own binding: the index may already serve someone else.
         if _backing_file(device) == image:
-            run(["losetup", "--detach", device], check=False)
-            wait_for(lambda: _backing_file(device) != image, f"{device} detached", timeout=10)
+            detach_loop_device(device, image)
     elif kind == "remove":
         remove_loop_device(item)
     elif kind == "file":
         Path(item).unlink(missing_ok=True)
+
+
+def start_mount_namespace(private_mounts: Sequence[Path] = ()) -> subprocess.Popen:
+    """`sleep` in a new mount namespace (slave copies, but `private_mounts` made private)."""
+    own = os.readlink("/proc/self/ns/mnt")
+    script = "".join(f"mount --make-rprivate {shlex.quote(str(p))}\n" for p in private_mounts)
+    unshare = ["unshare", "--mount", "--propagation", "slave", "--"]
+    proc = subprocess.Popen([*unshare, "sh", "-e", "-c", script + "exec sleep 600"])
+
+    def ready() -> bool:  # `sleep` runs once the namespace is set up
+        if proc.poll() is not None:
+            raise LoopLabError(f"mount namespace holder exited {proc.returncode}")
+        with contextlib.suppress(OSError):
+            comm = Path(f"/proc/{proc.pid}/comm").read_text().strip()
+            return comm == "sleep" and os.readlink(f"/proc/{proc.pid}/ns/mnt") != own
+        return False
+
+    try:
+        wait_for(ready, f"mount namespace holder {proc.pid}")
+    except BaseException:
+        _kill(proc)
+        raise
+    return proc
+
+
+def detach_loop_device(device: str, image: str) -> None:
+    """Detach a lab loop device, first unmounting what still mounts it in any namespace.
+
+    A busy loop device is not detached by `losetup --detach`: the kernel only marks it to
+    detach itself on last close. So every mount of it or its partitions left anywhere
+    (typically a private copy of a lab mount in a namespace created while it was mounted)
+    is lazily unmounted first; if it still stays bound, the error names what holds it.
+    """
+    failures = [
+        f"umount {mountpoint} in {namespace}: {error}"
+        for namespace, mountpoint, error in release_mounts(device)
+        if error
+    ]
+    run(["losetup", "--detach", device], check=False)
+    try:
+        wait_for(lambda: _backing_file(device) != image, f"{device} detached", timeout=10)
+    except LoopLabError:
+        held = [*failures, *users_of(device)] or ["no holder found"]
+        raise LoopLabError(
+            f"{device} stays attached (the kernel detaches it on last close): " + "; ".join(held)
+        ) from None
+
+
+def _device_numbers(device: str) -> set[str]:
+    """major:minor of a loop device and of each of its partitions."""
+    name = os.path.basename(device)
+    nodes = [Path("/sys/block", name), *Path("/sys/block", name).glob(f"{name}p*")]
+    return {(node / "dev").read_text().strip() for node in nodes if (node / "dev").exists()}
+
+
+def _mount_namespaces() -> list[tuple[str, str]]:
+    """(namespace, pid) of every mount namespace, ours first, each once."""
+    found = [(os.readlink("/proc/self/ns/mnt"), "self")]
+    seen = {found[0][0]}
+    for pid in sorted(p for p in os.listdir("/proc") if p.isdigit()):
+        with contextlib.suppress(OSError):
+            namespace = os.readlink(f"/proc/{pid}/ns/mnt")
+            if namespace not in seen:
+                seen.add(namespace)
+                found.append((namespace, pid))
+    return found
+
+
+def _mounts_of(numbers: set[str]) -> list[tuple[str, str, str]]:
+    """(namespace, pid, mountpoint) of every mount of these major:minor numbers."""
+    mounts = []
+    for namespace, pid in _mount_namespaces():
+        try:
+            lines = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 4 and fields[2] in numbers:
+                mountpoint = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4])
+                mounts.append((namespace, pid, mountpoint))
+    return mounts
+
+
+def release_mounts(device: str) -> list[tuple[str, str, str]]:
+    """Lazily unmount every mount of a lab device, here or in another mount namespace.
+
+    Returns (namespace, mountpoint, error) for each; error is empty on success.
+    """
+    results = []
+    # deepest first, so a mount inside another comes off before it
+    for namespace, pid, mountpoint in sorted(
+        _mounts_of(_device_numbers(device)), key=lambda m: -m[2].count("/")
+    ):
+        enter = [] if pid == "self" else ["nsenter", f"--target={pid}", "--mount", "--"]
+        proc = subprocess.run(
+            [*enter, "umount", "--lazy", mountpoint], capture_output=True, text=True, check=False
+        )
+        results.append((namespace, mountpoint, proc.stderr.strip() if proc.returncode else ""))
+    return results
+
+
+def users_of(device: str) -> list[str]:
+    """What keeps a lab loop device open: mounts in any namespace, openers, holders."""
+    numbers = _device_numbers(device)
+    users = [f"mounted at {mp} in {ns} (pid {pid})" for ns, pid, mp in _mounts_of(numbers)]
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        with contextlib.suppress(OSError):
+            st = fd.stat()
+            number = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+            if stat.S_ISBLK(st.st_mode) and number in numbers:
+                pid = fd.parent.parent.name
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                users.append(f"open by pid {pid} ({comm})")
+    name = os.path.basename(device)
+    sys_dir = Path("/sys/block", name)
+    for holder in [*sys_dir.glob("holders/*"), *sys_dir.glob(f"{name}p*/holders/*")]:
+        users.append(f"held by /dev/{holder.name}")
+    return users
 
 
 def remove_loop_device(device: str) -> None:
@@ -388,14 +546,15 @@ def loop_lab(root: Path) -> Iterator[LoopLab]:
 
 
 def private_mount_namespace_argv(mounts: Sequence[tuple[str, str]], argv: Sequence[str]):
-    """argv that runs `argv` in a private mount namespace after mounting (device, target).
+    """argv that runs `argv` in its own mount namespace after mounting (device, target).
 
     Used to put a test partition at /boot or /home for one command only: the host's own
-    mount table never sees it.
+    mount table never sees it. The namespace is a slave, not private: its copies of other
+    tests' lab mounts go away when those tests unmount them, as they would on a host.
     """
     script = (
         "set -e\n"
         + "".join(f"mount -o noatime {dev} {target}\n" for dev, target in mounts)
         + 'exec "$@"\n'
     )
-    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", *argv]
+    return ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", script, "sh", *argv]

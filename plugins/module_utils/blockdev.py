@@ -4,10 +4,16 @@
 """Live block-device inspection: is this stable path safe to use or destroy?
 
 Shared by storage transition, disk wipe and VM provision preflight. Everything is read
-from the running kernel (sysfs, /proc/self/mountinfo, /proc/swaps, /proc/*/fd) and from
+from the running kernel (sysfs, /proc/self/mountinfo and every other mount namespace's
+/proc/<pid>/mountinfo, /proc/swaps, /proc/*/fd) and from
 `wipefs -n`/`blkid -p`, never from names alone: mounts are matched by major:minor, the
 children partitions and the holders (dm/md) of a disk are walked, and a stable path is
 resolved at run time because kernel names (`/dev/nvme4n1`) change across reboots.
+
+A mount namespace created while a filesystem was mounted (`ip netns exec`, `unshare -m`, a
+container) holds its own copy of that mount. Unmounting here removes such a copy only when
+mount propagation carries the umount there (the copy is a peer or a slave of our mount);
+any other copy keeps the filesystem, and so the disk, in use: OTHER_NAMESPACE_MOUNT.
 
     report = inspect_device("/dev/disk/by-id/nvme-eui.0001", ["/dev/disk/by-id"])
     if report.verdict == "refuse":
@@ -60,6 +66,7 @@ SWAP = "swap"
 MOUNTED = "mounted"
 CHILD_MOUNTED = "child_mounted"
 NESTED_MOUNT = "nested_mount"
+OTHER_NAMESPACE_MOUNT = "other_namespace_mount"
 DM_HOLDER = "dm_holder"
 MD_MEMBER = "md_member"
 LVM_MEMBER = "lvm_member"
@@ -101,6 +108,18 @@ class Signature:
 
 
 @dataclass(frozen=True)
+class NamespaceMount:
+    """A mount of the device in another mount namespace, found through one of its pids."""
+
+    device: str
+    mountpoint: str
+    namespace: str
+    pid: int
+    command: str
+    reached_by_umount: bool
+
+
+@dataclass(frozen=True)
 class Holder:
     name: str
     kind: str
@@ -138,6 +157,7 @@ class DeviceReport:
     identities: dict = field(default_factory=dict)
     partitions: list = field(default_factory=list)
     mounts: list = field(default_factory=list)
+    namespace_mounts: list = field(default_factory=list)
     swaps: list = field(default_factory=list)
     holders: list = field(default_factory=list)
     signatures: list = field(default_factory=list)
@@ -340,6 +360,7 @@ def size_bytes(kernel_name: str, sys_block: str = SYS_BLOCK) -> int:
 
 
 def read_mountinfo(path: str = os.path.join(PROC, "self", "mountinfo")) -> list[dict]:
+    """Mounts with their propagation: `peer_group` (shared:N), `master_group` (master:N)."""
     entries = []
     with open(path, encoding="utf-8", errors="replace") as handle:
         for line in handle:
@@ -354,9 +375,69 @@ def read_mountinfo(path: str = os.path.join(PROC, "self", "mountinfo")) -> list[
                     "mountpoint": unescape_octal(fields[4]),
                     "fstype": tail[0],
                     "source": unescape_octal(tail[1]),
+                    "peer_group": _propagation_group(fields[6:], "shared"),
+                    "master_group": _propagation_group(fields[6:], "master"),
                 }
             )
     return entries
+
+
+def _propagation_group(optional_fields: list[str], tag: str) -> int | None:
+    for optional in optional_fields:
+        name, sep, value = optional.partition(":")
+        if sep and name == tag and value.isdigit():
+            return int(value)
+    return None
+
+
+def mount_namespace(pid: str = "self") -> str | None:
+    """The mount namespace of a process (`mnt:[4026531840]`), None when it is gone."""
+    try:
+        return os.readlink(os.path.join(PROC, pid, "ns", "mnt"))
+    except OSError:
+        return None
+
+
+def other_namespace_mounts() -> list[tuple[str, int, list[dict]]]:
+    """(namespace, pid, mountinfo entries) of every mount namespace but ours, each once."""
+    seen = {mount_namespace()}
+    found = []
+    for pid in listdir(PROC):
+        if not pid.isdigit():
+            continue
+        namespace = mount_namespace(pid)
+        if namespace is None or namespace in seen:
+            continue
+        try:
+            entries = read_mountinfo(os.path.join(PROC, pid, "mountinfo"))
+        except OSError:
+            continue  # exited meanwhile; another process may still show this namespace
+        seen.add(namespace)
+        found.append((namespace, int(pid), entries))
+    return found
+
+
+def umount_reaches(own_entries: list[dict], other_entries: list[dict]) -> set[int]:
+    """Peer groups an umount of `own_entries` propagates to: the shared groups of our own
+    mounts and, transitively, every group that is a slave of one of them."""
+    reached = {e["peer_group"] for e in own_entries if e["peer_group"] is not None}
+    masters = {
+        e["peer_group"]: e["master_group"]
+        for e in [*own_entries, *other_entries]
+        if e["peer_group"] is not None and e["master_group"] is not None
+    }
+    grown = True
+    while grown:
+        grown = False
+        for group, master in masters.items():
+            if master in reached and group not in reached:
+                reached.add(group)
+                grown = True
+    return reached
+
+
+def is_reached(entry: dict, reached_groups: set[int]) -> bool:
+    return entry["peer_group"] in reached_groups or entry["master_group"] in reached_groups
 
 
 def source_devnum(source: str) -> int | None:
@@ -600,7 +681,9 @@ def inspect_device(
             closure_nums[num] = name
 
     report.findings.extend(holder_findings(report.holders, path))
-    _inspect_mounts(report, path, closure, closure_nums, system_mountpoints)
+    own_mounts = read_mountinfo()
+    _inspect_mounts(report, path, closure, closure_nums, own_mounts, system_mountpoints)
+    _inspect_other_namespaces(report, path, closure, closure_nums, own_mounts)
     _inspect_swaps(report, path, closure, closure_nums)
     _inspect_users(report, path, closure_nums)
     if probe_content:
@@ -625,13 +708,18 @@ def holder_findings(holders, path: str) -> list[Finding]:
     return findings
 
 
-def _inspect_mounts(report, path, closure, closure_nums, system_mountpoints) -> None:
-    all_mounts = read_mountinfo()
+def mounted_devnum(entry: dict, devnums) -> int | None:
+    """The device of `devnums` a mountinfo entry mounts (by major:minor, else its source)."""
+    if entry["devnum"] in devnums:
+        return entry["devnum"]
+    num = source_devnum(entry["source"])
+    return num if num in devnums else None
+
+
+def _inspect_mounts(report, path, closure, closure_nums, all_mounts, system_mountpoints) -> None:
     for entry in all_mounts:
-        num = entry["devnum"]
-        if num not in closure_nums:
-            num = source_devnum(entry["source"])
-        if num not in closure_nums:
+        num = mounted_devnum(entry, closure_nums)
+        if num is None:
             continue
         name = closure_nums[num]
         report.mounts.append(
@@ -654,6 +742,58 @@ def _inspect_mounts(report, path, closure, closure_nums, system_mountpoints) -> 
         elif role == "partition":
             report.findings.append(Finding(CHILD_MOUNTED, where, USAGE, path))
     _inspect_nested_mounts(report, path, all_mounts, system_mountpoints)
+
+
+def _inspect_other_namespaces(report, path, closure, closure_nums, own_mounts) -> None:
+    """Copies of the device's mounts in other mount namespaces that our umount cannot reach."""
+    ours = [e for e in own_mounts if mounted_devnum(e, closure_nums) is not None]
+    theirs = [
+        (namespace, pid, entry)
+        for namespace, pid, entries in other_namespace_mounts()
+        for entry in entries
+        if mounted_devnum(entry, closure_nums) is not None
+    ]
+    reached = umount_reaches(ours, [entry for _namespace, _pid, entry in theirs])
+    for namespace, pid, entry in theirs:
+        name = closure_nums[mounted_devnum(entry, closure_nums)]
+        mount = NamespaceMount(
+            device=f"/dev/{name}",
+            mountpoint=entry["mountpoint"],
+            namespace=namespace,
+            pid=pid,
+            command=_comm(str(pid)),
+            reached_by_umount=is_reached(entry, reached),
+        )
+        report.namespace_mounts.append(mount)
+        if not mount.reached_by_umount:
+            report.findings.append(
+                Finding(
+                    OTHER_NAMESPACE_MOUNT,
+                    f"/dev/{name} ({closure[name]}) is mounted at {mount.mountpoint} in "
+                    f"another mount namespace ({namespace}, pid {pid} {mount.command}); "
+                    "unmounting it here would not reach that copy",
+                    USAGE,
+                    path,
+                )
+            )
+
+
+def where_mounted(kernel_name: str) -> list[str]:
+    """Every mount of a disk or its partitions, here and in every other mount namespace."""
+    devnums = {}
+    for name in [kernel_name, *partition_names(kernel_name)]:
+        num = device_number(name)
+        if num is not None:
+            devnums[num] = name
+    namespaces = [("", 0, read_mountinfo()), *other_namespace_mounts()]
+    places = []
+    for namespace, pid, entries in namespaces:
+        where = f" in mount namespace {namespace} (pid {pid} {_comm(str(pid))})" if pid else ""
+        for entry in entries:
+            num = mounted_devnum(entry, devnums)
+            if num is not None:
+                places.append(f"/dev/{devnums[num]} at {entry['mountpoint']}{where}")
+    return places
 
 
 def _inspect_nested_mounts(report, path, all_mounts, system_mountpoints) -> None:
@@ -717,7 +857,8 @@ def _inspect_users(report: DeviceReport, path: str, closure_nums: dict) -> None:
                 path,
             )
         )
-    explained = report.mounts or report.holders or report.swaps or report.users
+    elsewhere = [m for m in report.namespace_mounts if not m.reached_by_umount]
+    explained = report.mounts or elsewhere or report.holders or report.swaps or report.users
     if report.exclusive_open_busy and not explained:
         report.findings.append(
             Finding(

@@ -4,10 +4,11 @@
 """Convert infra-approved whole disks from host-share use to slice-owned raw disks.
 
 Validate every device first (nothing is touched if any one is refused), then:
-back up fstab, unmount the child mounts, comment their fstab entries with the
-`gpuaas-slice-storage-disabled` marker, claim each disk exclusively, wipefs the children and
-the parent, blkdiscard (zeroing fallback when discard is unsupported), re-read the partition
-table, verify nothing is left, and write a JSON manifest of everything done.
+back up fstab, unmount the child mounts, claim each disk exclusively (proof that nothing,
+in any mount namespace, still uses it), comment their fstab entries with the
+`gpuaas-slice-storage-disabled` marker, wipefs the children and the parent, blkdiscard
+(zeroing fallback when discard is unsupported), re-read the partition table, verify nothing
+is left, and write a JSON manifest of everything done.
 
 Python stdlib only: this runs on target hosts.
 """
@@ -367,11 +368,15 @@ def _unmount(plan: DevicePlan, actions: list) -> None:
             raise RuntimeError(result.error)
 
 
-def _claim(path: str) -> int:
+def _claim(report: blockdev.DeviceReport) -> int:
+    path = report.resolved_path
     try:
         return os.open(path, os.O_RDWR | os.O_EXCL | os.O_CLOEXEC)
     except OSError as exc:
-        why = "still in use" if exc.errno == errno.EBUSY else exc.strerror
+        why = exc.strerror
+        if exc.errno == errno.EBUSY:
+            where = blockdev.where_mounted(report.kernel_name)
+            why = "still in use" + (f", still mounted: {'; '.join(where)}" if where else "")
         raise RuntimeError(f"cannot claim {path} exclusively: {why}") from exc
 
 
@@ -432,6 +437,12 @@ def apply_plans(request: TransitionRequest, plans: list[DevicePlan], fstab_text:
             state["fstab_backup"] = backup
         for plan in active:
             _unmount(plan, state["devices"][plan.device])
+        # Claim before rewriting fstab: a disk still held (e.g. by a copy of its mount in a
+        # mount namespace created after the plan) stops the run with fstab untouched.
+        wiping = [p for p in active if p.needs_wipe]
+        for plan in wiping:
+            claims[plan.device] = _claim(plan.report)
+            _record(state["devices"][plan.device], "claim_exclusive", plan.report.resolved_path)
         if lines:
             atomic_write(
                 request.fstab_path,
@@ -453,10 +464,6 @@ def apply_plans(request: TransitionRequest, plans: list[DevicePlan], fstab_text:
                     "discard": {"status": "not_needed"},
                     "after": _verify_raw(plan),
                 }
-        wiping = [p for p in active if p.needs_wipe]
-        for plan in wiping:
-            claims[plan.device] = _claim(plan.report.resolved_path)
-            _record(state["devices"][plan.device], "claim_exclusive", plan.report.resolved_path)
         for plan in wiping:
             actions = state["devices"][plan.device]
             discard = _wipe_device(plan, claims[plan.device], request.discard, actions)

@@ -89,7 +89,8 @@ attributes:
 notes:
   - "Refusal codes: C(not_stable_identity), C(not_found), C(not_block_device),
     C(partition_not_whole_disk), C(stacked_device), C(os_disk), C(system_mount), C(swap),
-    C(mounted), C(child_mounted), C(nested_mount), C(md_member) (active array),
+    C(mounted), C(child_mounted), C(nested_mount), C(other_namespace_mount) (mounted in
+    another mount namespace), C(md_member) (active array),
     C(dm_holder), C(device_busy), C(read_only), C(approval_required)."
 """
 

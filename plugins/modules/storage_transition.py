@@ -27,13 +27,17 @@ description:
     labels), since disabling them could drop the host's own mounts.
   - Mounts are matched by major:minor from C(/proc/self/mountinfo), so a mounted child
     partition is found even when the parent disk itself is not mounted.
-  - With O(apply=true) it backs up O(fstab_path), unmounts the child mounts, comments out
-    their fstab entries with the C(gpuaas-slice-storage-disabled) marker (matched by
-    device path, C(UUID=), C(LABEL=), C(PARTUUID=), C(PARTLABEL=) and the
-    C(/dev/disk/by-*) forms), claims each disk exclusively, runs C(wipefs --all) on the
-    children then the parent, re-reads the partition table, runs C(blkdiscard) (falling
-    back to C(blkdiscard --zeroout) when discard is unsupported, and recording it),
-    verifies that no signature and no partition is left, and writes a JSON manifest.
+  - Copies of those mounts in other mount namespaces (read from C(/proc/<pid>/mountinfo))
+    are refused with C(other_namespace_mount) unless mount propagation carries the umount
+    to them (a peer or slave copy); any other copy keeps the disk in use after the umount.
+  - With O(apply=true) it backs up O(fstab_path), unmounts the child mounts, claims each
+    disk exclusively (a disk still in use stops the run before fstab is rewritten),
+    comments out their fstab entries with the C(gpuaas-slice-storage-disabled) marker
+    (matched by device path, C(UUID=), C(LABEL=), C(PARTUUID=), C(PARTLABEL=) and the
+    C(/dev/disk/by-*) forms), runs C(wipefs --all) on the children then the parent,
+    re-reads the partition table, runs C(blkdiscard) (falling back to
+    C(blkdiscard --zeroout) when discard is unsupported, and recording it), verifies that
+    no signature and no partition is left, and writes a JSON manifest.
   - fstab is rewritten atomically (temporary file, fsync, rename); the backup is taken first.
   - Disks that are already raw (no partitions, no signatures, no mounts, no fstab entry)
     are left alone, so a second run changes nothing.
@@ -96,8 +100,8 @@ attributes:
 notes:
   - "Refusal codes: C(not_stable_identity), C(not_found), C(not_block_device),
     C(partition_not_whole_disk), C(stacked_device), C(os_disk), C(system_mount), C(swap),
-    C(nested_mount), C(lvm_member), C(md_member), C(dm_holder), C(device_busy),
-    C(read_only), C(duplicate_device), C(not_approved), C(approval_required),
+    C(nested_mount), C(other_namespace_mount), C(lvm_member), C(md_member), C(dm_holder),
+    C(device_busy), C(read_only), C(duplicate_device), C(not_approved), C(approval_required),
     C(ambiguous_fstab_entry), C(inspection_failed), C(no_devices)."
 """
 

@@ -137,6 +137,13 @@ def filesystem_mounted_inside(lab):
     return Scenario([disk.stable_path], [disk, other], [mnt, inner])
 
 
+def mounted_in_a_private_namespace(lab):
+    """unshare -m after the mount: unmounting here would leave the filesystem mounted there."""
+    disk, mnt = share_disk(lab)
+    lab.hold_mount_namespace(private=True)
+    return Scenario([disk.stable_path], [disk], [mnt])
+
+
 def label_shared_with_another_disk(lab):
     """fstab says LABEL=data; the host has a second filesystem labelled data elsewhere."""
     disk, mnt = share_disk(lab, "data")
@@ -169,6 +176,7 @@ TRANSITION_REFUSALS = [
     ("md_member", md_member),
     ("device_busy", open_by_a_vm),
     ("nested_mount", filesystem_mounted_inside),
+    ("other_namespace_mount", mounted_in_a_private_namespace),
     ("ambiguous_fstab_entry", label_shared_with_another_disk),
     ("device_busy", one_good_one_refused),
 ]
@@ -231,6 +239,7 @@ WIPE_REFUSALS = [
     ("approval_required", missing_approval),
     ("swap", active_swap),
     ("device_busy", open_by_a_vm),
+    ("other_namespace_mount", mounted_in_a_private_namespace),
 ]
 
 

@@ -8,6 +8,7 @@ Plan, check mode, apply (with diff), then a second apply that changes nothing.
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 from pathlib import Path
 
@@ -29,12 +30,19 @@ def blkid(part: str, tag: str) -> str:
 
 @pytest.fixture
 def host_shares(lab, tmp_path):
-    """Three host-share disks, their mounts, and a test fstab that names them four ways."""
+    """Three host-share disks, their mounts, and a test fstab that names them four ways.
+
+    Labels are unique to this run: the module rightly refuses a LABEL= entry that also
+    names a filesystem of another test running meanwhile (share2 is a popular label).
+    """
     share_a = lab.disk(partitions=["share1", "share2"])
     share_b = lab.disk(partitions=["share3"])
     leftover = lab.disk(partitions=["old"])
-    for number, part in enumerate([*share_a.partitions, *share_b.partitions, *leftover.partitions]):
-        lab.mkfs(part, label=f"share{number + 1}")
+    labels = [f"share-{secrets.token_hex(4)}" for _ in range(4)]
+    for label, part in zip(
+        labels, [*share_a.partitions, *share_b.partitions, *leftover.partitions], strict=True
+    ):
+        lab.mkfs(part, label=label)
     mounts = [lab.mount(p) for p in (*share_a.partitions, *share_b.partitions)]
     lab.disable_discard(leftover)
     fstab = tmp_path / "fstab"
@@ -42,7 +50,7 @@ def host_shares(lab, tmp_path):
         "# /etc/fstab: static file system information.\n"
         "UUID=9a8b7c6d-0000-4000-8000-000000000001 / ext4 errors=remount-ro 0 1\n"
         f"UUID={blkid(share_a.partitions[0], 'UUID')} {mounts[0]} ext4 defaults,nofail 0 2\n"
-        f"LABEL=share2 {mounts[1]} ext4 defaults,nofail 0 2\n"
+        f"LABEL={labels[1]} {mounts[1]} ext4 defaults,nofail 0 2\n"
         f"PARTUUID={blkid(share_b.partitions[0], 'PART_ENTRY_UUID')} {mounts[2]} ext4 nofail 0 2\n"
         f"{leftover.partitions[0]} /share-old ext4 noauto 0 2\n"
         "tmpfs /scratch tmpfs defaults 0 0\n"

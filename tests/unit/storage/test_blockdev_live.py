@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils.blockdev import (
@@ -96,6 +97,32 @@ def test_boot_mounted_in_a_private_namespace_makes_an_os_disk(lab):
     assert json.loads(out) == ["os_disk", "system_mount"]
     # the host's own mount table never saw it
     assert codes(lab, disk.stable_path) == []
+
+
+def test_mount_copies_in_other_namespaces(lab):
+    """A namespace created while a share is mounted holds a copy of the mount: a slave copy
+    (ip netns exec) goes away with our umount, a private one (unshare -m) keeps it busy."""
+    disk = lab.disk(partitions=["share"])
+    lab.mkfs(disk.partitions[0])
+    mnt = lab.mount(disk.partitions[0])
+    slave = lab.hold_mount_namespace(private=False)
+    report = inspect_device(disk.stable_path, [str(lab.by_id)])
+    assert report.codes == ["child_mounted"]
+    copy = next(m for m in report.namespace_mounts if m.pid == slave.pid)
+    assert (copy.device, copy.mountpoint, copy.command) == (disk.partitions[0], str(mnt), "sleep")
+    assert copy.reached_by_umount
+
+    private = lab.hold_mount_namespace(private=True)
+    report = inspect_device(disk.stable_path, [str(lab.by_id)])
+    assert report.codes == ["child_mounted", "other_namespace_mount"]
+    finding = next(f for f in report.findings if f.code == "other_namespace_mount")
+    assert f"pid {private.pid} sleep" in finding.message and str(mnt) in finding.message
+    assert [m.pid for m in report.namespace_mounts if not m.reached_by_umount] == [private.pid]
+
+    run(["umount", str(mnt)])
+    assert str(mnt) not in Path(f"/proc/{slave.pid}/mountinfo").read_text()
+    assert str(mnt) in Path(f"/proc/{private.pid}/mountinfo").read_text()
+    assert codes(lab, disk.stable_path) == ["other_namespace_mount"]
 
 
 def test_active_swap_partition_and_swap_file(lab):

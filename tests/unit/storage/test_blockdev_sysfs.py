@@ -12,9 +12,11 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils.blockdev import (
     MD_MEMBER,
     holder_findings,
     holders_of,
+    is_reached,
     read_mountinfo,
     read_swaps,
     resolve_stable_path,
+    umount_reaches,
 )
 
 
@@ -60,6 +62,37 @@ def test_mountinfo_decodes_escapes_and_keeps_major_minor(tmp_path):
     assert entries[1]["mountpoint"] == "/share 1"
     assert entries[1]["devnum"] == os.makedev(259, 3)
     assert entries[2]["source"] == "/dev/nvme5n1p2" and entries[2]["fstype"] == "btrfs"
+
+
+def test_mountinfo_keeps_peer_and_master_groups(tmp_path):
+    path = tmp_path / "mountinfo"
+    path.write_text(
+        MOUNTINFO + "42 22 259:4 / /slave rw master:20 - ext4 /dev/nvme2n1p2 rw\n"
+        "43 22 259:5 / /both rw shared:30 master:20 propagate_from:1 - ext4 /dev/sdb1 rw\n"
+        "44 22 259:6 / /private rw - ext4 /dev/sdc1 rw\n"
+    )
+    groups = [(e["peer_group"], e["master_group"]) for e in read_mountinfo(str(path))]
+    assert groups == [(1, None), (20, None), (21, None), (None, 20), (30, 20), (None, None)]
+
+
+def mount_entry(peer=None, master=None) -> dict:
+    return {"peer_group": peer, "master_group": master}
+
+
+def test_umount_reaches_peers_and_slaves_down_the_chain_not_private_copies():
+    """Which copies in other mount namespaces our umount of a shared mount takes away."""
+    ours = [mount_entry(peer=20)]
+    slave = mount_entry(master=20)  # ip netns exec / unshare --propagation slave
+    peer = mount_entry(peer=20)  # unshare --propagation unchanged
+    relay = mount_entry(peer=31, master=20)  # a shared slave, made so in a namespace
+    slave_of_relay = mount_entry(master=31)  # a namespace cloned from that one
+    private = mount_entry()  # unshare --mount (private): our umount never gets there
+    unrelated = mount_entry(master=99)
+    theirs = [slave, peer, relay, slave_of_relay, private, unrelated]
+    reached = umount_reaches(ours, theirs)
+    assert [is_reached(e, reached) for e in theirs] == [True, True, True, True, False, False]
+    # our own mount private: nothing propagates, every copy elsewhere stays
+    assert not any(is_reached(e, umount_reaches([mount_entry()], theirs)) for e in theirs)
 
 
 def test_swaps_parsing(tmp_path):
