@@ -10,6 +10,7 @@ Everything else is real: the bridge, iptables, files, the unit checked by
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -68,14 +69,14 @@ VARS = {
 }
 
 
-@pytest.fixture(scope="module")
-def systemd_target(tmp_path_factory: pytest.TempPathFactory):
+@pytest.fixture
+def systemd_target(tmp_path: Path):
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed")
-    state_dir = tmp_path_factory.mktemp("systemd-target")
+    state_dir = tmp_path / "systemd-target"
     try:
         target = Target(target_module.create(state_dir, tmfifo=False))
-        fake = state_dir / "systemctl"
+        fake = tmp_path / "systemctl"
         fake.write_text(FAKE_SYSTEMCTL)
         target.run("install", "-m", "0755", str(fake), "/usr/local/bin/systemctl")
         target.run("mkdir", "-p", "/run/systemd/system", STATE, "/etc/default")
@@ -98,7 +99,7 @@ def calls(target: Target) -> list[str]:
     return [line for line in text.splitlines() if not line.startswith("show ")]
 
 
-def test_units_are_driven_through_systemctl(systemd_target) -> None:
+def test_systemd_hosts_converge_through_systemctl_and_stay_converged(systemd_target) -> None:
     target = systemd_target
     rc, _output, stderr = target.playbook(PLAYBOOK, VARS)
     assert rc == 0, stderr
@@ -123,22 +124,13 @@ def test_units_are_driven_through_systemctl(systemd_target) -> None:
     assert not target.exists("/run/dnsmasq/dnsmasq.pid")
     assert not target.exists("/run/libvirtd.pid")
     # The tuning profile is on disk and applied (in the target's namespace only).
-    assert target.run("sysctl", "-n", "net.ipv4.tcp_rmem").stdout.split() == [
-        "4096",
-        "87380",
-        "67108864",
-    ]
-    assert (
-        "memlock    unlimited"
-        in target.run("cat", "/etc/security/limits.d/90-gpuaas-memlock.conf").stdout
-    )
-    assert (
-        "send_queue_size=8192" in target.run("cat", "/etc/modprobe.d/gpuaas-ib-ipoib.conf").stdout
-    )
+    rmem = target.run("sysctl", "-n", "net.ipv4.tcp_rmem").stdout.split()
+    assert rmem == ["4096", "87380", "67108864"]
+    limits = target.run("cat", "/etc/security/limits.d/90-gpuaas-memlock.conf").stdout
+    assert "memlock    unlimited" in limits
+    ipoib = target.run("cat", "/etc/modprobe.d/gpuaas-ib-ipoib.conf").stdout
+    assert "send_queue_size=8192" in ipoib
 
-
-def test_the_unit_is_valid_and_the_second_run_changes_nothing(systemd_target) -> None:
-    target = systemd_target
     unit = target.run("cat", "/etc/systemd/system/gpuaas-slice-network-baseline.service").stdout
     assert "ExecStart=/usr/local/sbin/gpuaas-slice-network-baseline --no-service-management" in unit
     assert "ExecStartPost=/bin/systemctl restart dnsmasq.service" in unit
@@ -150,15 +142,12 @@ def test_the_unit_is_valid_and_the_second_run_changes_nothing(systemd_target) ->
         check=False,
     )
     assert verify.returncode == 0, verify.stderr
-    before = calls(target)
+
     rc, output, stderr = target.playbook(PLAYBOOK, VARS)
     assert rc == 0, stderr
-    assert calls(target) == before, "a converged host got systemctl changes"
+    assert calls(target) == made, "a converged host got systemctl changes"
     assert output["stats"]["target"]["changed"] == 0
 
-
-def test_turning_the_tuning_profile_off_removes_its_files(systemd_target) -> None:
-    target = systemd_target
     rc, _output, stderr = target.playbook(
         PLAYBOOK, {**VARS, "slice_network_baseline_tuning": False}
     )
