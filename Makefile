@@ -4,7 +4,7 @@ VENV := $(CURDIR)/.venv
 export PATH := $(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup demo test lint unit integration sanity molecule bench clean
+.PHONY: setup demo test lint sanity maas-script bench clean
 
 setup:
 	@scripts/setup.sh
@@ -17,6 +17,9 @@ test: setup lint
 
 sanity: setup
 	scripts/sanity.sh
+
+maas-script: setup
+	python scripts/maas/build_commissioning_script.py
 
 lint: setup
 	ruff check .

@@ -2,7 +2,7 @@
 
 There is no container engine here, so a target is built from kernel primitives:
 
-- a uniquely named network namespace (tests/support/netns.py) with an uplink veth to a
+- a uniquely named network namespace (controlplane/lab/netns.py) with an uplink veth to a
   "world" namespace (192.0.2.254, the default route) and, when asked, a `tmfifo_net0`
   veth whose peer in the world namespace is the BF3 side (192.168.100.2/30);
 - a private mount namespace, held by a `sleep` process, in which /etc, /var and

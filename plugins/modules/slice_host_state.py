@@ -44,6 +44,7 @@ attributes:
     support: none
   platform:
     description: Linux slice hosts.
+    support: full
     platforms: posix
 """
 

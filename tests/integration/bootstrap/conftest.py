@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.netns import netns_unavailable_reason
+from controlplane.lab.netns import netns_unavailable_reason
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 VENV_BIN = REPO_ROOT / ".venv" / "bin"
