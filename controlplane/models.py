@@ -1,7 +1,8 @@
 """The control-plane store: typed SQLAlchemy 2 models.
 
 Invariants that must hold even if application code is wrong live in the database:
-partial unique indexes and an exclusion constraint on claims, composite foreign keys
+partial unique indexes on claims, a check that keeps slot and node_exclusive claims
+off one node (on the trigger-kept node counters), composite foreign keys
 that pin a claim to its slot's node and its allocation's node, fleet-wide MAC and
 per-node IP/VF/GPU/disk uniqueness, checked enumerations, a slot that needs a wipe
 can never be ``available``, and ``evidence`` is append-only (see the migrations).
@@ -38,7 +39,6 @@ from sqlalchemy.dialects.postgresql import (
     JSONB,
     MACADDR,
     UUID,
-    ExcludeConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -191,6 +191,8 @@ class NodeCapacity(Base):
             " AND exclusive_claims >= 0",
             name="counters_nonnegative",
         ),
+        # Never a slot claim beside a node_exclusive claim on the same node (migration 0006).
+        CheckConstraint("slot_claims = 0 OR exclusive_claims = 0", name="claim_kinds_apart"),
         Index(
             "ix_node_capacity_slice_rank",
             "node_family",
@@ -404,14 +406,6 @@ class AllocationResourceClaim(Base):
             "node_id",
             unique=True,
             postgresql_where=text("state = 'active' AND claim_kind = 'node_exclusive'"),
-        ),
-        # Never a slot claim beside a node_exclusive claim on the same node (btree_gist).
-        ExcludeConstraint(
-            ("node_id", "="),
-            ("claim_kind", "<>"),
-            where=text("state = 'active'"),
-            using="gist",
-            name="ex_allocation_resource_claims_kind_mix",
         ),
         Index("ix_allocation_resource_claims_allocation_id", "allocation_id"),
         Index(

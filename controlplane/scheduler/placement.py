@@ -210,7 +210,7 @@ SKU_QUERY = text(
 # Constraints whose violation means another transaction won the same capacity.
 RACE_CONSTRAINTS = frozenset(
     {
-        "ex_allocation_resource_claims_kind_mix",
+        "ck_node_capacity_claim_kinds_apart",
         "uq_allocation_resource_claims_active_exclusive_node",
         "uq_allocation_resource_claims_active_slot",
     }

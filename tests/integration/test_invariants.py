@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import pytest
@@ -135,7 +136,7 @@ def test_no_slot_claim_beside_an_exclusive_claim(engine, fleet):
         sl = allocation(conn, fleet["a"])
         claim(conn, sl, fleet["a"], fleet["slots_a"][1])
 
-    refused(engine, slice_claim, "ex_allocation_resource_claims_kind_mix")
+    refused(engine, slice_claim, "ck_node_capacity_claim_kinds_apart")
 
 
 def test_no_exclusive_claim_beside_a_slot_claim(engine, fleet):
@@ -147,7 +148,39 @@ def test_no_exclusive_claim_beside_a_slot_claim(engine, fleet):
         bm = allocation(conn, fleet["a"], "baremetal")
         claim(conn, bm, fleet["a"], kind="node_exclusive")
 
-    refused(engine, exclusive, "ex_allocation_resource_claims_kind_mix")
+    refused(engine, exclusive, "ck_node_capacity_claim_kinds_apart")
+
+
+def test_opposite_claim_kinds_racing_on_one_node(engine, fleet):
+    """Two open transactions claim one node both ways: the one that commits second fails.
+
+    The check lives on the trigger-kept counter row, so the second claimer waits for the
+    first's row lock and then sees its committed claim (no snapshot can hide it).
+    """
+    slice_conn = engine.connect()
+    slice_tx = slice_conn.begin()
+    sl = allocation(slice_conn, fleet["a"])
+    claim(slice_conn, sl, fleet["a"], fleet["slots_a"][1])
+    outcome: list[BaseException | None] = []
+
+    def exclusive_claimer() -> None:
+        try:
+            with engine.begin() as conn:
+                bm = allocation(conn, fleet["a"], "baremetal")
+                claim(conn, bm, fleet["a"], kind="node_exclusive")
+            outcome.append(None)
+        except IntegrityError as exc:
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=exclusive_claimer)
+    waiter.start()
+    waiter.join(timeout=1.0)
+    assert waiter.is_alive(), "the second claimer must wait for the first's counter row"
+    slice_tx.commit()
+    slice_conn.close()
+    waiter.join(timeout=30)
+    assert len(outcome) == 1 and isinstance(outcome[0], IntegrityError)
+    assert outcome[0].orig.diag.constraint_name == "ck_node_capacity_claim_kinds_apart"
 
 
 def test_claim_cannot_span_nodes(engine, fleet):
