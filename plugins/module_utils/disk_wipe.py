@@ -29,10 +29,9 @@ import socket
 import time
 from dataclasses import dataclass, field
 
-from ansible_collections.gpuaas.fleet.plugins.module_utils import blockdev
+from ansible_collections.gpuaas.fleet.plugins.module_utils import blockdev, hostfile
 from ansible_collections.gpuaas.fleet.plugins.module_utils.storage_transition import (
     APPROVAL_REQUIRED,
-    atomic_write,
     iso,
     utc_now,
 )
@@ -339,7 +338,9 @@ def load_proof(path: str) -> dict | None:
 
 def store_proof(path: str, proof: dict) -> None:
     os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
-    atomic_write(path, (json.dumps(proof, indent=2, sort_keys=True) + "\n").encode())
+    hostfile.write_bytes(
+        path, (json.dumps(proof, indent=2, sort_keys=True) + "\n").encode(), mode=0o600
+    )
 
 
 def reusable_proof(request: WipeRequest, report: blockdev.DeviceReport) -> dict | None:

@@ -34,10 +34,18 @@ def read_text(path):
         raise HostFileError(f"cannot read {path}: {exc.strerror}") from exc
 
 
-def write_text(path, text, mode=None, dir_mode=0o755):
-    """Atomically replace `path`; keep its mode unless `mode` is given (new files 0644)."""
+def write_bytes(path, data, mode=None, dir_mode=0o755, like=None):
+    """Atomically replace `path` and make the rename durable.
+
+    Permissions: `mode` when given; else those (and the owner) of the file `like`; else
+    those of the file being replaced; a new file gets 0644.
+    """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, mode=dir_mode, exist_ok=True)
+    owner = None
+    if mode is None and like is not None and os.path.exists(like):
+        st = os.stat(like)
+        mode, owner = st.st_mode & 0o7777, (st.st_uid, st.st_gid)
     if mode is None:
         try:
             mode = os.stat(path).st_mode & 0o7777
@@ -45,16 +53,28 @@ def write_text(path, text, mode=None, dir_mode=0o755):
             mode = 0o644
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, mode)
+        if owner is not None:
+            os.chown(tmp, *owner)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory_fd)
+    finally:
+        os.close(directory_fd)
+
+
+def write_text(path, text, mode=None, dir_mode=0o755):
+    """`write_bytes` for UTF-8 text."""
+    write_bytes(path, text.encode("utf-8"), mode=mode, dir_mode=dir_mode)
 
 
 def backup(path, now=None):

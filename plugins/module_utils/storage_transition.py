@@ -21,10 +21,9 @@ import json
 import os
 import re
 import socket
-import tempfile
 from dataclasses import dataclass, field
 
-from ansible_collections.gpuaas.fleet.plugins.module_utils import blockdev
+from ansible_collections.gpuaas.fleet.plugins.module_utils import blockdev, hostfile
 
 MARKER = "gpuaas-slice-storage-disabled"
 MANIFEST_SCHEMA = "gpuaas.storage_transition/v1"
@@ -189,35 +188,6 @@ def disable_lines(text: str, line_numbers) -> str:
             body = line.rstrip("\n")
             lines[index] = f"# {MARKER} {body}\n"
     return "".join(lines)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str, data: bytes, like: str | None = None) -> None:
-    """Write a temp file beside `path`, fsync, rename over it: never a partial file."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".gpuaas-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if like and os.path.exists(like):
-            st = os.stat(like)
-            os.chmod(tmp, st.st_mode & 0o7777)
-            os.chown(tmp, st.st_uid, st.st_gid)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(directory)
 
 
 def unique_path(base: str, suffix: str = "") -> str:
@@ -433,7 +403,7 @@ def apply_plans(request: TransitionRequest, plans: list[DevicePlan], fstab_text:
         lines = sorted({line["line"] for p in active for line in p.fstab_lines})
         if lines:
             backup = unique_path(request.fstab_path + BACKUP_INFIX + stamp.strftime("%Y%m%d%H%M%S"))
-            atomic_write(backup, fstab_text.encode(), like=request.fstab_path)
+            hostfile.write_bytes(backup, fstab_text.encode(), like=request.fstab_path)
             state["fstab_backup"] = backup
         for plan in active:
             _unmount(plan, state["devices"][plan.device])
@@ -444,7 +414,7 @@ def apply_plans(request: TransitionRequest, plans: list[DevicePlan], fstab_text:
             claims[plan.device] = _claim(plan.report)
             _record(state["devices"][plan.device], "claim_exclusive", plan.report.resolved_path)
         if lines:
-            atomic_write(
+            hostfile.write_bytes(
                 request.fstab_path,
                 disable_lines(fstab_text, lines).encode(),
                 like=request.fstab_path,
@@ -493,7 +463,9 @@ def write_manifest(manifest_dir: str, manifest: dict, stamp: datetime.datetime) 
     os.makedirs(manifest_dir, mode=0o750, exist_ok=True)
     base = os.path.join(manifest_dir, MANIFEST_PREFIX + stamp.strftime("%Y%m%d%H%M%S"))
     path = unique_path(base, ".json")
-    atomic_write(path, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    hostfile.write_bytes(
+        path, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode(), mode=0o600
+    )
     return path
 
 

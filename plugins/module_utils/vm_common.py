@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import re
-import tempfile
 import time
 import uuid
 
@@ -140,24 +139,6 @@ def parse_pci_address(address: str) -> tuple[int, int, int, int]:
 def normalize_pci_address(address: str) -> str:
     domain, bus, slot, function = parse_pci_address(address)
     return f"{domain:04x}:{bus:02x}:{slot:02x}.{function:x}"
-
-
-def atomic_write(path: str, data: bytes, mode: int = 0o644, dir_mode: int = 0o755) -> None:
-    """Write via a temp file in the same directory, fsync, rename: never a partial file."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, mode=dir_mode, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def read_json(path: str):

@@ -29,7 +29,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 
-from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common
+from ansible_collections.gpuaas.fleet.plugins.module_utils import hostfile, vm_common
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import PHASE_DHCP, VmError
 
 DHCP_SERVER_PORT = 67
@@ -272,7 +272,7 @@ def ensure_reservation(params: dict, check_mode: bool) -> dict:
         return result
     if hosts_changed:
         text = "".join(f"{line}\n" for line in plan["lines"])
-        vm_common.atomic_write(hostsfile, text.encode(), mode=file_mode(hostsfile, 0o644))
+        hostfile.write_bytes(hostsfile, text.encode(), mode=file_mode(hostsfile, 0o644))
         if pid is not None:
             os.kill(pid, signal.SIGHUP)
             result["reloaded"] = True
@@ -291,7 +291,7 @@ def end_leases(params: dict, leases: list[Lease], pid: int | None) -> list[dict]
         ]
         text = "".join(f"{lease.line()}\n" for lease in keep)
         leasefile = params["leasefile"]
-        vm_common.atomic_write(leasefile, text.encode(), mode=file_mode(leasefile, 0o644))
+        hostfile.write_bytes(leasefile, text.encode(), mode=file_mode(leasefile, 0o644))
         return [{**asdict(lease), "method": "leasefile_rewrite"} for lease in leases]
     interface = params.get("interface")
     if not interface:

@@ -22,7 +22,7 @@ import re
 import subprocess
 import time
 
-from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common, vm_disk
+from ansible_collections.gpuaas.fleet.plugins.module_utils import hostfile, vm_common, vm_disk
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import PHASE_IMAGE, VmError
 
 HASH_CHUNK = 8 << 20
@@ -204,7 +204,7 @@ def clone_image(
         "progress": outcome["progress"],
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    vm_common.atomic_write(record_path, json.dumps(record, indent=2).encode(), mode=0o600)
+    hostfile.write_bytes(record_path, json.dumps(record, indent=2).encode(), mode=0o600)
     return {"changed": True, "plan": plan, "digest": digest, "record": record}
 
 

@@ -33,7 +33,7 @@ except ImportError as exc:  # reported by the module with missing_required_lib
     HAS_PYCDLIB = False
     PYCDLIB_IMPORT_ERROR = exc
 
-from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common
+from ansible_collections.gpuaas.fleet.plugins.module_utils import hostfile, vm_common
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import PHASE_SEED, VmError
 
 VOLUME_LABEL = "cidata"
@@ -215,7 +215,7 @@ def ensure_seed(path: str, files: dict, check_mode: bool) -> dict:
         },
     }
     if changed and not check_mode:
-        vm_common.atomic_write(path, build_iso(files), mode=0o640, dir_mode=0o750)
+        hostfile.write_bytes(path, build_iso(files), mode=0o640, dir_mode=0o750)
     return result
 
 

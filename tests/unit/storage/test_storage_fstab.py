@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import stat
-
 import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils.storage_transition import (
     MARKER,
-    atomic_write,
     device_identities,
     disable_lines,
     match_fstab,
@@ -95,27 +91,3 @@ def test_disable_lines_comments_with_marker_and_keeps_everything_else():
     # disabled lines no longer match: a second pass changes nothing
     assert match_fstab(after, [PART]) == []
     assert disable_lines(after, []) == after
-
-
-def test_atomic_write_replaces_whole_file_and_keeps_mode(tmp_path):
-    target = tmp_path / "fstab"
-    target.write_text("old\n")
-    os.chmod(target, 0o640)
-    atomic_write(str(target), b"new contents\n", like=str(target))
-    assert target.read_text() == "new contents\n"
-    assert stat.S_IMODE(target.stat().st_mode) == 0o640
-    assert [p.name for p in tmp_path.iterdir()] == ["fstab"]
-
-
-def test_atomic_write_failure_leaves_original(tmp_path, monkeypatch):
-    target = tmp_path / "fstab"
-    target.write_text("original\n")
-
-    def broken_replace(src, dst):
-        raise OSError("disk full")
-
-    monkeypatch.setattr(os, "replace", broken_replace)
-    with pytest.raises(OSError):
-        atomic_write(str(target), b"partial", like=str(target))
-    assert target.read_text() == "original\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["fstab"]
