@@ -31,6 +31,8 @@ from controlplane.repositories import slots as slot_repo
 from controlplane.secrets import scrub
 
 WIPE_PROOF_SCHEMA = "gpuaas.wipe_proof/v1"
+# How far a host's clock may run ahead of the control plane's when it stamps a proof.
+PROOF_CLOCK_SKEW = dt.timedelta(minutes=5)
 
 RELEASE_CLAIMS = text(
     """
@@ -125,6 +127,14 @@ def _proof_time(proof: dict[str, Any]) -> dt.datetime:
         ) from exc
     if stamp.tzinfo is None:
         raise InvalidInput("proof_malformed", "finished_at must carry a time zone", {})
+    latest = dt.datetime.now(dt.UTC) + PROOF_CLOCK_SKEW
+    if stamp > latest:
+        raise InvalidInput(
+            "proof_from_the_future",
+            f"the proof finished at {stamp.isoformat()}, later than this clock allows "
+            f"({latest.isoformat()}); check the host's clock",
+            {"finished_at": stamp.isoformat()},
+        )
     return stamp
 
 

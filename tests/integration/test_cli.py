@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 import sys
@@ -218,7 +219,7 @@ def test_alloc_create_show_list_release_and_wipe_proof(registered, engine, tmp_p
                     "device": device,
                     "method": "blkdiscard",
                     "verified": True,
-                    "finished_at": "2099-01-01T00:00:00+00:00",
+                    "finished_at": (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)).isoformat(),
                 },
             }
         )

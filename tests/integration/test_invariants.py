@@ -366,3 +366,163 @@ def test_evidence_is_append_only(engine, fleet):
         )
     with engine.connect() as conn:
         assert conn.execute(text("SELECT passed FROM evidence")).scalar_one() is True
+
+
+@pytest.mark.parametrize(
+    ("statement", "constraint"),
+    [
+        (
+            "INSERT INTO skus (slug, display_name, capacity_shape, node_family, gpu_model,"
+            " allowed_gpu_counts) VALUES ('x', 'x', 'gpu_partition', 'f', 'm', '{1}')",
+            "ck_skus_capacity_shape",
+        ),
+        ("UPDATE nodes SET slice_network_mode = 'public'", "ck_nodes_slice_network_mode"),
+        (
+            "INSERT INTO node_tasks (node_id, kind) SELECT id, 'slice.reboot' FROM nodes",
+            "ck_node_tasks_node_task_kind",
+        ),
+        (
+            "INSERT INTO node_tasks (node_id, kind, state) SELECT id, 'host.parity', 'done'"
+            " FROM nodes",
+            "ck_node_tasks_node_task_state",
+        ),
+        (
+            "INSERT INTO evidence (kind, passed, summary, recorded_by)"
+            " VALUES ('hunch', true, 's', 'test')",
+            "ck_evidence_evidence_kind",
+        ),
+        (
+            "INSERT INTO os_images (slug, status) VALUES ('img', 'published')",
+            "ck_os_images_image_status",
+        ),
+        (
+            "INSERT INTO os_images (slug, driver_strategy) VALUES ('img', 'magic')",
+            "ck_os_images_driver_strategy",
+        ),
+        (
+            "INSERT INTO node_image_cache (node_id, image_id, status)"
+            " SELECT n.id, i.id, 'warm' FROM nodes n, os_images i LIMIT 1",
+            "ck_node_image_cache_image_cache_status",
+        ),
+    ],
+    ids=[
+        "sku_shape",
+        "network_mode",
+        "task_kind",
+        "task_state",
+        "evidence_kind",
+        "image_status",
+        "driver_strategy",
+        "cache_status",
+    ],
+)
+def test_enumerations_of_tasks_evidence_and_images_are_checked(
+    engine, fleet, statement, constraint
+):
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO os_images (slug) VALUES ('seeded')"))
+    refused(engine, lambda c: c.execute(text(statement)), constraint)
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "DELETE FROM node_capacity WHERE node_id = :n",
+        "UPDATE node_capacity SET slot_claims = 0 WHERE node_id = :n",
+        "INSERT INTO node_capacity (node_id) VALUES (gen_random_uuid())",
+        "TRUNCATE node_capacity",
+    ],
+    ids=["delete_row", "zero_counter", "insert_row", "truncate"],
+)
+def test_node_counters_cannot_be_written_by_hand(engine, fleet, attack):
+    """The claim-kind rule reads these counters: forging them would let kinds mix."""
+    with engine.begin() as conn:
+        sl = allocation(conn, fleet["a"])
+        claim(conn, sl, fleet["a"], fleet["slots_a"][1])
+    refused(
+        engine,
+        lambda c: c.execute(text(attack), {"n": fleet["a"]}),
+        "node_capacity is kept by triggers",
+        DBAPIError,
+    )
+
+    def exclusive(conn):
+        bm = allocation(conn, fleet["a"], "baremetal")
+        claim(conn, bm, fleet["a"], kind="node_exclusive")
+
+    refused(engine, exclusive, "ck_node_capacity_claim_kinds_apart")
+    with engine.connect() as conn:
+        counters = conn.execute(
+            text("SELECT slot_claims, exclusive_claims FROM node_capacity WHERE node_id = :n"),
+            {"n": fleet["a"]},
+        ).one()
+    assert tuple(counters) == (1, 0)
+
+
+def _awaiting_wipe(conn, slot_id) -> None:
+    conn.execute(
+        text(
+            "UPDATE node_resource_slots SET status = 'cleanup', wipe_required = true WHERE id = :s"
+        ),
+        {"s": slot_id},
+    )
+
+
+def _evidence(conn, slot_id, kind: str = "wipe_proof", passed: bool = True) -> int:
+    return conn.execute(
+        text(
+            "INSERT INTO evidence (kind, passed, summary, recorded_by, slot_id)"
+            " VALUES (:k, :p, 'wipe', 'test', :s) RETURNING id"
+        ),
+        {"k": kind, "p": passed, "s": slot_id},
+    ).scalar_one()
+
+
+@pytest.mark.parametrize(
+    "proof",
+    ["none", "failed", "other_slot", "other_kind"],
+)
+def test_wipe_required_clears_only_with_a_passed_proof_for_the_slot(engine, fleet, proof):
+    target, other = fleet["slots_a"][0], fleet["slots_a"][1]
+    with engine.begin() as conn:
+        _awaiting_wipe(conn, target)
+        proof_id = {
+            "none": None,
+            "failed": lambda: _evidence(conn, target, passed=False),
+            "other_slot": lambda: _evidence(conn, other),
+            "other_kind": lambda: _evidence(conn, target, kind="parity"),
+        }[proof]
+        proof_id = proof_id() if proof_id else None
+    refused(
+        engine,
+        lambda c: c.execute(
+            text(
+                "UPDATE node_resource_slots SET wipe_required = false, status = 'available',"
+                " last_wipe_proof_id = :p WHERE id = :s"
+            ),
+            {"s": target, "p": proof_id},
+        ),
+        "needs a new passed wipe_proof",
+        DBAPIError,
+    )
+    with engine.begin() as conn:
+        good = _evidence(conn, target)
+        conn.execute(
+            text(
+                "UPDATE node_resource_slots SET wipe_required = false, status = 'available',"
+                " last_wipe_proof_id = :p WHERE id = :s"
+            ),
+            {"s": target, "p": good},
+        )
+    # The same proof cannot clear the next tenant's wipe.
+    with engine.begin() as conn:
+        _awaiting_wipe(conn, target)
+    refused(
+        engine,
+        lambda c: c.execute(
+            text("UPDATE node_resource_slots SET wipe_required = false WHERE id = :s"),
+            {"s": target},
+        ),
+        "needs a new passed wipe_proof",
+        DBAPIError,
+    )

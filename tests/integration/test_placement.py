@@ -216,6 +216,10 @@ def test_release_moves_slots_to_cleanup_and_only_a_proof_makes_them_available(cp
     with pytest.raises(GpuaasError) as excinfo:
         cp.record_wipe_proof(placed["node"], first, old, "t")
     assert excinfo.value.code == "proof_predates_release"
+    future = proof_for(cp, placed["node"], first, finished_at="2099-01-01T00:00:00+00:00")
+    with pytest.raises(GpuaasError) as excinfo:
+        cp.record_wipe_proof(placed["node"], first, future, "t")
+    assert excinfo.value.code == "proof_from_the_future"
     with pytest.raises(GpuaasError) as excinfo:
         cp.record_wipe_proof(placed["node"], first, {"schema": "other"}, "t")
     assert excinfo.value.code == "proof_schema"
