@@ -570,5 +570,28 @@ def demo_command() -> None:
     demo.main()
 
 
-def main() -> None:
-    app()
+def usage_error(exc: typer.TyperException, argv: list[str]) -> int:
+    """Report a command-line mistake; with ``--json``, in the error contract."""
+    if "--json" not in argv:
+        exc.show()
+        return exc.exit_code
+    context = getattr(exc, "ctx", None)
+    details = {"command": context.command_path if context else "gpuaas"}
+    param = getattr(exc, "param", None)
+    if param is not None:
+        details["parameter"] = param.name
+    error = GpuaasError("usage", exc.format_message(), details)
+    print(json.dumps(error.as_dict(), indent=2, default=str))
+    return exc.exit_code
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        code = app(args=args, prog_name="gpuaas", standalone_mode=False)
+    except typer.TyperException as exc:
+        sys.exit(usage_error(exc, args))
+    except typer.Abort:
+        Console(stderr=True).print("aborted")
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -6,6 +6,23 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine
 
+from controlplane.errors import GpuaasError
+
+# Oldest server the store is tested for: partial unique indexes, statement triggers with
+# transition tables, gen_random_uuid() in core.
+MINIMUM_SERVER = (14,)
+
+
+def require_supported_server(version: tuple[int, ...]) -> None:
+    """Refuse a PostgreSQL older than the store needs, before any migration runs."""
+    if tuple(version[: len(MINIMUM_SERVER)]) < MINIMUM_SERVER:
+        raise GpuaasError(
+            "postgres_unsupported",
+            f"PostgreSQL {'.'.join(map(str, version))} is too old; the store needs "
+            f"{'.'.join(map(str, MINIMUM_SERVER))} or newer",
+            {"server_version": list(version)},
+        )
+
 
 def alembic_config(engine: Engine) -> Config:
     config = Config()
@@ -18,6 +35,7 @@ def alembic_config(engine: Engine) -> Config:
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     with engine.begin() as connection:
+        require_supported_server(tuple(connection.dialect.server_version_info or ()))
         config = alembic_config(engine)
         config.attributes["connection"] = connection
         command.upgrade(config, revision)

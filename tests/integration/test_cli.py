@@ -142,6 +142,28 @@ def test_bad_input_gives_a_clear_error_and_writes_nothing(registered, engine, tm
     assert counts(engine) == before
 
 
+@pytest.mark.parametrize(
+    ("args", "parameter"),
+    [
+        (("alloc", "create", "--gpus", "2"), "sku"),
+        (("alloc", "create", "--sku", "h200-sxm-slice", "--gpus", "two"), "gpus"),
+        (("slots", "approve", "--node", "j22u15", "--bogus"), None),
+        (("nodes", "list"), None),
+    ],
+    ids=["missing_option", "not_an_integer", "unknown_option", "unknown_command"],
+)
+def test_usage_errors_follow_the_error_contract(registered, engine, args, parameter):
+    before = counts(engine)
+    proc = gpuaas(registered, *args, "--json")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    error = json.loads(proc.stdout)["error"]
+    assert error["code"] == "usage" and error["message"]
+    assert error["details"].get("parameter") == parameter
+    human = gpuaas(registered, *args)
+    assert human.returncode == 2 and human.stdout == "" and "Error" in human.stderr
+    assert counts(engine) == before
+
+
 def test_rejected_approval_exits_nonzero_with_reasons(registered, engine):
     env = registered
     ok_json(
