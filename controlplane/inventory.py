@@ -1,27 +1,101 @@
 """Ansible inventory from the store: what the flows and the dynamic inventory plugin use.
 
 Hosts are grouped by region, profile intent and derived posture; each carries the host
-variables the roles need (node id, slice subnet and bridge, network mode) plus the node's
-own non-secret ``host_vars``. ``ansible_host`` is the management address when known.
+variables the roles need: node id, profile (``gpuaas_profile``, what playbooks/bootstrap.yml
+sorts hosts by), slice subnet, bridge and network mode, the approved slots' DHCP
+reservations and VFIO devices, and when topology evidence exists, the time its newest map
+was collected and its blockers (parity's freshness check). Then the node's own non-secret
+``host_vars``; ``ansible_host`` is the management address when known.
 """
 
 from __future__ import annotations
 
 import re
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from controlplane.enums import EvidenceKind, FabricClaimMode, ProfileIntent, SlotStatus
+from controlplane.models import Evidence, Node, NodeResourceSlot
 from controlplane.repositories import capacity
 from controlplane.repositories import nodes as node_repo
 from controlplane.services.occupancy import derive_posture
+
+# The profile names playbooks/bootstrap.yml and the MAAS tags use.
+BOOTSTRAP_PROFILES = {ProfileIntent.SLICE_VM: "slice-vm", ProfileIntent.BAREMETAL: "baremetal"}
 
 
 def group_name(prefix: str, value: str) -> str:
     return f"{prefix}_{re.sub(r'[^A-Za-z0-9_]', '_', value)}"
 
 
-def host_variables(node) -> dict[str, Any]:
+@dataclass
+class ApprovedSlots:
+    """What a node's approved slots ask of the host: DHCP reservations and VFIO devices."""
+
+    reservations: list[dict[str, str]] = field(default_factory=list)
+    vfio_devices: list[str] = field(default_factory=list)
+
+
+def reservation_name(hostname: str, slot_index: int) -> str:
+    return f"{hostname.split('.')[0]}-slot{slot_index}"
+
+
+def approved_slots(session: Session, node_ids: list[uuid.UUID]) -> dict[uuid.UUID, ApprovedSlots]:
+    """Every slot that went through approval and was not disabled since keeps its
+    reservation and devices: a slot in use or awaiting cleanup still has its VM."""
+    found: dict[uuid.UUID, ApprovedSlots] = defaultdict(ApprovedSlots)
+    if not node_ids:
+        return found
+    rows = session.execute(
+        select(NodeResourceSlot, Node.hostname)
+        .join(Node, Node.id == NodeResourceSlot.node_id)
+        .where(
+            NodeResourceSlot.node_id.in_(node_ids),
+            NodeResourceSlot.status != SlotStatus.DISABLED,
+            NodeResourceSlot.approved_at.is_not(None),
+        )
+        .order_by(NodeResourceSlot.node_id, NodeResourceSlot.slot_index)
+    ).all()
+    for slot, hostname in rows:
+        approved = found[slot.node_id]
+        if slot.mac_address is not None and slot.private_ip is not None:
+            approved.reservations.append(
+                {
+                    "mac": str(slot.mac_address),
+                    "ip": str(slot.private_ip).split("/")[0],
+                    "name": reservation_name(hostname, slot.slot_index),
+                }
+            )
+        devices = [slot.gpu_pci_address]
+        if slot.fabric_claim_mode == FabricClaimMode.PER_SLOT_VF:
+            devices.append(slot.fabric_vf_pci_address)
+        approved.vfio_devices.extend(d for d in devices if d and d not in approved.vfio_devices)
+    return found
+
+
+def newest_topology_evidence(
+    session: Session, node_ids: list[uuid.UUID]
+) -> dict[uuid.UUID, dict[str, Any]]:
+    """node id -> payload of its newest topology evidence (collected_at, blockers)."""
+    if not node_ids:
+        return {}
+    rows = session.execute(
+        select(Evidence.node_id, Evidence.payload)
+        .where(Evidence.node_id.in_(node_ids), Evidence.kind == EvidenceKind.TOPOLOGY)
+        .order_by(Evidence.node_id, Evidence.id.desc())
+        .distinct(Evidence.node_id)
+    ).all()
+    return {node_id: payload or {} for node_id, payload in rows}
+
+
+def host_variables(
+    node: Node, approved: ApprovedSlots, topology: dict[str, Any] | None
+) -> dict[str, Any]:
     variables: dict[str, Any] = {
         "gpuaas_node_id": str(node.id),
         "gpuaas_region": node.region_code,
@@ -29,9 +103,16 @@ def host_variables(node) -> dict[str, Any]:
         "gpuaas_admin_state": node.admin_state.value,
         "gpuaas_slice_bridge": node.slice_bridge,
         "gpuaas_network_mode": node.slice_network_mode.value,
+        "gpuaas_slot_reservations": approved.reservations,
+        "gpuaas_vfio_devices": sorted(approved.vfio_devices),
     }
+    if node.profile_intent in BOOTSTRAP_PROFILES:
+        variables["gpuaas_profile"] = BOOTSTRAP_PROFILES[node.profile_intent]
     if node.slice_subnet is not None:
         variables["gpuaas_slice_subnet"] = str(node.slice_subnet)
+    if topology and topology.get("collected_at"):
+        variables["gpuaas_topology_collected_at"] = topology["collected_at"]
+        variables["gpuaas_topology_blockers"] = topology.get("blockers") or []
     if node.management_address:
         variables["ansible_host"] = node.management_address
     variables.update(node.host_vars or {})
@@ -48,14 +129,21 @@ def build_inventory(
     postures = {
         row["hostname"]: derive_posture(row).value for row in capacity.node_occupancy_rows(session)
     }
+    selected = [
+        node
+        for node in node_repo.list_nodes(session, region)
+        if (hostnames is None or node.hostname in hostnames)
+        and (not profile_intent or node.profile_intent.value == profile_intent)
+    ]
+    node_ids = [node.id for node in selected]
+    slots = approved_slots(session, node_ids)
+    topologies = newest_topology_evidence(session, node_ids)
     hosts: dict[str, Any] = {}
     groups: dict[str, dict[str, Any]] = {}
-    for node in node_repo.list_nodes(session, region):
-        if hostnames is not None and node.hostname not in hostnames:
-            continue
-        if profile_intent and node.profile_intent.value != profile_intent:
-            continue
-        hosts[node.hostname] = host_variables(node)
+    for node in selected:
+        hosts[node.hostname] = host_variables(
+            node, slots.get(node.id, ApprovedSlots()), topologies.get(node.id)
+        )
         for group in (
             group_name("region", node.region_code),
             group_name("intent", node.profile_intent.value),

@@ -18,6 +18,14 @@ description:
   - Every host carries the variables the roles need (C(gpuaas_node_id),
     C(gpuaas_slice_subnet), C(gpuaas_slice_bridge), C(gpuaas_network_mode), ...), the node's
     non-secret host variables, and C(ansible_host) when a management address is known.
+  - C(gpuaas_profile) (C(slice-vm) or C(baremetal), from the MAAS profile tag; absent for
+    nodes without one) is what C(playbooks/bootstrap.yml) sorts hosts by.
+  - C(gpuaas_slot_reservations) lists the approved slots' DHCP reservations (C(mac), C(ip),
+    C(name)) and C(gpuaas_vfio_devices) their GPU and fabric VF PCI addresses, the inputs of
+    the network baseline and host bootstrap roles.
+  - C(gpuaas_topology_collected_at) (ISO 8601) and C(gpuaas_topology_blockers) come from the
+    node's newest stored topology evidence, for parity's freshness check; absent before the
+    first discovery.
   - Needs the C(gpuaas-fleet) Python distribution (package C(controlplane)) on the
     controller.
 author:

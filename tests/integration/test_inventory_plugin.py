@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from controlplane.api import ControlPlane
+from controlplane.demo import recorded_map
 from controlplane.enums import AdminState
 from controlplane.services.inventory import NodeSpec
 
@@ -80,3 +81,50 @@ def test_inventory_filters_and_reports_an_unreachable_store(engine, cli_env, tmp
     )
     assert "cannot read nodes from the control plane" in failed.stderr + failed.stdout
     assert os.path.exists(REPO / "inventories" / "controlplane.yml")
+
+
+def test_inventory_gives_bootstrap_and_parity_what_they_need(engine, cli_env):
+    """Profile, approved reservations and VFIO devices, and the newest topology's time."""
+    cp = ControlPlane(engine)
+    slice_tags = ("gpuaas-profile-slice-vm",)
+    cp.register_node(NodeSpec("j22u15", "r1", maas_tags=slice_tags, slice_subnet="10.100.0.0/24"))
+    cp.register_node(NodeSpec("j22u16", "r1", maas_tags=slice_tags, slice_subnet="10.100.0.0/24"))
+    cp.register_node(NodeSpec("j22u17", "r1", maas_tags=("gpuaas-profile-baremetal",)))
+    cp.register_node(NodeSpec("j22u18", "r1"))
+    document = recorded_map("j22u15")
+    cp.import_topology("j22u15", document, "test")
+    newer = {**document, "collected_at": "2026-11-21T08:30:00Z"}
+    cp.import_topology("j22u15", newer, "test")
+    cp.approve_slots("j22u15", [0, 1, 2], "test")
+    proc = ansible("ansible-inventory", "-i", "inventories/controlplane.yml", "--list", env=cli_env)
+    assert proc.returncode == 0, proc.stderr
+    hostvars = plain(json.loads(proc.stdout))["_meta"]["hostvars"]
+
+    host = hostvars["j22u15"]
+    assert host["gpuaas_profile"] == "slice-vm"
+    assert host["gpuaas_topology_collected_at"] == "2026-11-21T08:30:00+00:00"
+    assert host["gpuaas_topology_blockers"] == []
+    slots = {s["slot_index"]: s for s in document["candidate_slots"]}
+    assert host["gpuaas_slot_reservations"] == [
+        {"mac": slots[i]["mac_address"], "ip": slots[i]["private_ip"], "name": f"j22u15-slot{i}"}
+        for i in (0, 1, 2)
+    ]
+    assert host["gpuaas_vfio_devices"] == sorted(
+        address
+        for i in (0, 1, 2)
+        for address in (slots[i]["gpu_pci_address"], slots[i]["fabric_vf_pci_address"])
+    )
+
+    assert hostvars["j22u16"]["gpuaas_slot_reservations"] == []
+    assert hostvars["j22u16"]["gpuaas_vfio_devices"] == []
+    assert "gpuaas_topology_collected_at" not in hostvars["j22u16"]
+    assert hostvars["j22u17"]["gpuaas_profile"] == "baremetal"
+    assert "gpuaas_profile" not in hostvars["j22u18"]
+    assert hostvars["j22u18"]["gpuaas_profile_intent"] == "unknown"
+
+    cp.disable_slot("j22u15", 1, "bad riser", "test")
+    again = ansible(
+        "ansible-inventory", "-i", "inventories/controlplane.yml", "--host", "j22u15", env=cli_env
+    )
+    reservations = plain(json.loads(again.stdout))["gpuaas_slot_reservations"]
+    assert [r["name"] for r in reservations] == ["j22u15-slot0", "j22u15-slot2"]
