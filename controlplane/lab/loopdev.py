@@ -36,6 +36,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -238,6 +239,12 @@ class LoopLab:
         run(["sync", "-f", str(target / "tenant-data.bin")])
         return target
 
+    def mount_tmpfs(self, target: Path) -> Path:
+        """A small tmpfs at `target`, over whatever is mounted there; unmounted at teardown."""
+        run(["mount", "-t", "tmpfs", "-o", "size=1m", "gpuaas-lab", str(target)])
+        self._undo.append(("umount", target))
+        return target
+
     def swapon(self, part: str) -> None:
         run(["mkswap", "-f", part])
         run(["swapon", part])
@@ -271,6 +278,13 @@ class LoopLab:
         if proc.stdout.readline().strip() != "ready":
             raise LoopLabError(f"holder process for {path} did not start")
         return proc
+
+    def loop_on(self, device: str) -> str:
+        """A loop device backed by a block device of this lab (a VM image on a partition):
+        the kernel holds `device` with no open fd in any process and no exclusive claim."""
+        loop = run(["losetup", "--find", "--show", device]).strip()
+        self._undo.append(("losetup", (loop, device)))
+        return loop
 
     def hold_mount_namespace(self, private: bool) -> subprocess.Popen:
         """A mount namespace copied from ours now, held by a process until teardown.
@@ -558,3 +572,48 @@ def private_mount_namespace_argv(mounts: Sequence[tuple[str, str]], argv: Sequen
         + 'exec "$@"\n'
     )
     return ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", script, "sh", *argv]
+
+
+# Runs in the new namespace. One process does every mount through mount(2): once the test
+# device hides /usr (or /var), no mount binary nor its libraries could be exec'd until the
+# original tree is bound back over it; then it execs the command.
+_SYSTEM_MOUNT_SCRIPT = """
+import ctypes, os, sys
+MS_NOATIME, MS_BIND, MS_REC = 1024, 4096, 16384
+libc = ctypes.CDLL(None, use_errno=True)
+def mount(source, target, fstype, flags, data=None):
+    if libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None,
+                  flags, data.encode() if data else None):
+        err = ctypes.get_errno()
+        sys.exit(f"mount {source} {target}: {os.strerror(err)}")
+device, fstype, target, save, *argv = sys.argv[1:]
+if target == "/":
+    mount(device, "/", fstype, MS_NOATIME)
+else:
+    if not os.path.isdir(target):
+        mount("gpuaas-lab", os.path.dirname(target), "tmpfs", 0, "size=1m")
+        os.makedirs(target)
+    mount(target, save, None, MS_BIND | MS_REC)
+    mount(device, target, fstype, MS_NOATIME)
+    mount(save, target, None, MS_BIND | MS_REC)
+os.execvp(argv[0], argv)
+"""
+
+
+def system_mount_namespace_argv(
+    device: str, mountpoint: str, workdir: Path, argv: Sequence[str], fstype: str = "ext4"
+) -> list[str]:
+    """argv that runs `argv` in its own mount namespace where `device` is mounted at a system
+    mountpoint (/, /usr, /var, /home, /boot/efi), as an OS disk's partition is.
+
+    What the command runs keeps seeing the host's tree: the original directory is bound back
+    over the test device, whose mount stays underneath and in mountinfo, and a mount over /
+    does not move any process's root. A missing mountpoint (/boot/efi on a BIOS host) is made
+    on a tmpfs over its parent. The host's own mount table never sees any of it; the
+    namespace is a slave, so other tests' lab mounts still go away there when unmounted.
+    """
+    save = Path(workdir) / f"system-mount-save-{secrets.token_hex(4)}"
+    save.mkdir(parents=True)
+    unshare = ["unshare", "--mount", "--propagation", "slave", "--"]
+    script = [sys.executable, "-c", _SYSTEM_MOUNT_SCRIPT]
+    return [*unshare, *script, device, fstype, os.path.normpath(mountpoint), str(save), *argv]

@@ -360,7 +360,8 @@ def size_bytes(kernel_name: str, sys_block: str = SYS_BLOCK) -> int:
 
 
 def read_mountinfo(path: str = os.path.join(PROC, "self", "mountinfo")) -> list[dict]:
-    """Mounts with their propagation: `peer_group` (shared:N), `master_group` (master:N)."""
+    """Mounts in mount order, with their ids (`mount_id`, `parent_id`: the mount this one
+    sits on) and propagation: `peer_group` (shared:N), `master_group` (master:N)."""
     entries = []
     with open(path, encoding="utf-8", errors="replace") as handle:
         for line in handle:
@@ -371,6 +372,8 @@ def read_mountinfo(path: str = os.path.join(PROC, "self", "mountinfo")) -> list[
             major, minor = fields[2].split(":")
             entries.append(
                 {
+                    "mount_id": int(fields[0]),
+                    "parent_id": int(fields[1]),
                     "devnum": os.makedev(int(major), int(minor)),
                     "mountpoint": unescape_octal(fields[4]),
                     "fstype": tail[0],
@@ -525,13 +528,19 @@ def _mapped_users(pid: str, fs_devnums: set[int]) -> list[ProcessUse]:
     return users
 
 
-def loop_devices_backed_on(fs_devnums: set[int], sys_block: str = SYS_BLOCK) -> list[ProcessUse]:
-    """Loop devices whose backing file lives on one of these filesystems keep them busy."""
+def loop_devices_backed_on(
+    fs_devnums: set[int], block_devnums: set[int] = frozenset(), sys_block: str = SYS_BLOCK
+) -> list[ProcessUse]:
+    """Loop devices backed by a file on one of these filesystems, or by one of these block
+    devices itself (`losetup /dev/nvme0n1p2`): the kernel holds the backing file without
+    an exclusive claim or an open fd in any process, so nothing else shows this use."""
     users = []
     for name in listdir(sys_block):
         backing = read_text(os.path.join(sys_block, name, "loop", "backing_file"))
         st = _stat_or_none(backing) if backing else None
-        if st is not None and st.st_dev in fs_devnums:
+        if st is None:
+            continue
+        if st.st_dev in fs_devnums or (stat.S_ISBLK(st.st_mode) and st.st_rdev in block_devnums):
             users.append(ProcessUse(0, name, "loop_backing", backing))
     return users
 
@@ -741,7 +750,7 @@ def _inspect_mounts(report, path, closure, closure_nums, all_mounts, system_moun
             report.findings.append(Finding(MOUNTED, where, USAGE, path))
         elif role == "partition":
             report.findings.append(Finding(CHILD_MOUNTED, where, USAGE, path))
-    _inspect_nested_mounts(report, path, all_mounts, system_mountpoints)
+    _inspect_nested_mounts(report, path, closure_nums, all_mounts, system_mountpoints)
 
 
 def _inspect_other_namespaces(report, path, closure, closure_nums, own_mounts) -> None:
@@ -796,12 +805,29 @@ def where_mounted(kernel_name: str) -> list[str]:
     return places
 
 
-def _inspect_nested_mounts(report, path, all_mounts, system_mountpoints) -> None:
-    """Another filesystem mounted inside one of ours would make unmounting ours fail."""
+def _inspect_nested_mounts(report, path, closure_nums, all_mounts, system_mountpoints) -> None:
+    """Another filesystem mounted inside one of ours would make unmounting ours fail; one
+    mounted over ours (same mountpoint) would be what `umount <mountpoint>` takes away."""
     ours = {m.mountpoint for m in report.mounts} - set(system_mountpoints)
-    our_nums = _fs_devnums_of(report.mounts)
+    our_ids = {
+        e["mount_id"]
+        for e in all_mounts
+        if mounted_devnum(e, closure_nums) is not None and e["mountpoint"] in ours
+    }
     for entry in all_mounts:
-        if entry["devnum"] in our_nums:
+        if mounted_devnum(entry, closure_nums) is not None:
+            continue
+        if entry["parent_id"] in our_ids and entry["mountpoint"] in ours:
+            report.findings.append(
+                Finding(
+                    NESTED_MOUNT,
+                    f"{entry['source']} ({entry['fstype']}) is mounted over "
+                    f"{entry['mountpoint']}, on top of this disk's filesystem: unmounting "
+                    "that mountpoint would take away the other filesystem",
+                    USAGE,
+                    path,
+                )
+            )
             continue
         parent = next((p for p in sorted(ours) if _is_under(entry["mountpoint"], p)), None)
         if parent:
@@ -837,7 +863,9 @@ def _inspect_swaps(report, path, closure, closure_nums) -> None:
 
 def _inspect_users(report: DeviceReport, path: str, closure_nums: dict) -> None:
     fs_nums = _fs_devnums_of(report.mounts)
-    report.users = processes_using(set(closure_nums), fs_nums) + loop_devices_backed_on(fs_nums)
+    report.users = processes_using(set(closure_nums), fs_nums) + loop_devices_backed_on(
+        fs_nums, set(closure_nums)
+    )
     for use in report.users:
         who = (
             f"loop device {use.command}"

@@ -32,6 +32,7 @@ MANIFEST_PREFIX = "slice-storage-transition-"
 
 # Codes raised here in addition to blockdev's inspection codes.
 APPROVAL_REQUIRED = "approval_required"
+APPROVED_DEVICES_REQUIRED = "approved_devices_required"
 NOT_APPROVED = "not_approved"
 DUPLICATE_DEVICE = "duplicate_device"
 AMBIGUOUS_FSTAB_ENTRY = "ambiguous_fstab_entry"
@@ -207,9 +208,10 @@ def _normalized(paths) -> set[str]:
 
 def plan_device(device: str, report: blockdev.DeviceReport) -> DevicePlan:
     plan = DevicePlan(device=device, report=report)
-    # deepest mountpoint first, so nested bind mounts of the same filesystem come off first
+    # One umount per mount, deepest mountpoint first, so nested bind mounts of the same
+    # filesystem come off first; a mountpoint holding it twice (bound onto itself) twice.
     plan.unmounts = sorted(
-        {m.mountpoint for m in report.mounts}, key=lambda m: (-m.rstrip("/").count("/"), m)
+        (m.mountpoint for m in report.mounts), key=lambda m: (-m.rstrip("/").count("/"), m)
     )
     signed = {s.device for s in report.signatures}
     plan.wipe_children = [p.path for p in report.partitions if p.path in signed]
@@ -237,6 +239,15 @@ def validate(request: TransitionRequest) -> tuple[list[DevicePlan], list[dict]]:
     seen: dict[str, str] = {}
     if not request.devices:
         refused.append({"device": "", "code": NO_DEVICES, "message": "devices is empty"})
+    if request.apply and approved is None:
+        refused.append(
+            {
+                "device": "",
+                "code": APPROVED_DEVICES_REQUIRED,
+                "message": "apply=true needs approved_devices, the infra-approved storage "
+                "profile: only whole disks on it are ever transitioned",
+            }
+        )
     for device in request.devices:
         if request.apply and not (request.approval or "").strip():
             refused.append(
@@ -396,7 +407,12 @@ def _device_summary(plan: DevicePlan) -> dict:
 def apply_plans(request: TransitionRequest, plans: list[DevicePlan], fstab_text: str) -> dict:
     """The destructive phase. Raises TransitionError with the partial record on failure."""
     stamp = utc_now()
-    state = {"fstab_backup": None, "devices": {p.device: [] for p in plans}, "outcome": {}}
+    state = {
+        "fstab_backup": None,
+        "fstab_rewritten": False,
+        "devices": {p.device: [] for p in plans},
+        "outcome": {},
+    }
     active = [p for p in plans if p.actions]
     claims: dict[str, int] = {}
     try:
@@ -414,11 +430,17 @@ def apply_plans(request: TransitionRequest, plans: list[DevicePlan], fstab_text:
             claims[plan.device] = _claim(plan.report)
             _record(state["devices"][plan.device], "claim_exclusive", plan.report.resolved_path)
         if lines:
-            hostfile.write_bytes(
-                request.fstab_path,
-                disable_lines(fstab_text, lines).encode(),
-                like=request.fstab_path,
-            )
+            try:
+                hostfile.write_bytes(
+                    request.fstab_path,
+                    disable_lines(fstab_text, lines).encode(),
+                    like=request.fstab_path,
+                )
+            except OSError as exc:
+                raise RuntimeError(
+                    f"cannot rewrite {request.fstab_path}: {exc.strerror or exc}"
+                ) from exc
+            state["fstab_rewritten"] = True
             for plan in active:
                 for line in plan.fstab_lines:
                     _record(
@@ -484,6 +506,23 @@ def _device_result(plan: DevicePlan, status: str, actions=None, outcome=None) ->
     if outcome:
         result.update(discard=outcome["discard"], after=outcome["after"])
     return result
+
+
+def _done_before_failure(state: dict) -> str:
+    """What the operator has to know to recover: what is unmounted, fstab, what is wiped."""
+    done = [a for actions in state["devices"].values() for a in actions if a["ok"]]
+    unmounted = [a["target"] for a in done if a["action"] == "umount"]
+    wiped = sorted({a["target"] for a in done if a["action"] == "wipefs"})
+    if state["fstab_rewritten"]:
+        fstab = f"fstab entries disabled (original in {state['fstab_backup']})"
+    elif state["fstab_backup"]:
+        fstab = f"fstab unchanged (backup {state['fstab_backup']} kept)"
+    else:
+        fstab = "fstab unchanged"
+    return (
+        f"Done before the failure: unmounted {', '.join(unmounted) or 'nothing'}; {fstab}; "
+        f"signatures wiped on {', '.join(wiped) or 'nothing'}"
+    )
 
 
 def run_transition(request: TransitionRequest) -> dict:
@@ -559,6 +598,7 @@ def run_transition(request: TransitionRequest) -> dict:
         "finished_at": iso(finished),
         "fstab_path": request.fstab_path,
         "fstab_backup": state["fstab_backup"],
+        "fstab_rewritten": state["fstab_rewritten"],
         "marker": MARKER,
         "discard_requested": request.discard,
         "devices": result["devices"],
@@ -566,7 +606,11 @@ def run_transition(request: TransitionRequest) -> dict:
     result["manifest"] = manifest
     result["manifest_path"] = write_manifest(request.manifest_dir, manifest, started)
     if failure:
-        result.update(failed=True, msg=f"transition failed part-way: {failure}")
+        result.update(
+            failed=True,
+            msg=f"transition failed part-way: {failure}. {_done_before_failure(state)}; "
+            f"manifest {result['manifest_path']}",
+        )
     else:
         result["msg"] = f"{sum(1 for p in plans if p.actions)} device(s) are now raw"
     return result

@@ -21,12 +21,17 @@ description:
     C(/usr), C(/var), C(/home) or swap (directly, through a partition or through a dm/md
     holder); partitions; stacked devices; LVM physical volumes, md members and disks
     held by dm/md; devices open by another process or whose filesystems are in use;
-    kernel names and other non-stable paths; devices not on O(approved_devices); and
-    O(apply=true) without an O(approval) reference; and fstab entries whose C(UUID=),
+    kernel names and other non-stable paths; devices not on O(approved_devices);
+    O(apply=true) without an O(approval) reference or without O(approved_devices); and
+    fstab entries whose C(UUID=),
     C(LABEL=) or C(PARTUUID=) also names a device outside the disk (cloned UUIDs, reused
     labels), since disabling them could drop the host's own mounts.
   - Mounts are matched by major:minor from C(/proc/self/mountinfo), so a mounted child
-    partition is found even when the parent disk itself is not mounted.
+    partition is found even when the parent disk itself is not mounted. Another
+    filesystem mounted inside or over one of the disk's mounts is refused
+    (C(nested_mount)); a mountpoint holding the disk's filesystem twice is unmounted twice.
+  - A loop device backed by the disk or one of its partitions is refused (C(device_busy));
+    the kernel holds it without any open file descriptor or exclusive claim.
   - Copies of those mounts in other mount namespaces (read from C(/proc/<pid>/mountinfo))
     are refused with C(other_namespace_mount) unless mount propagation carries the umount
     to them (a peer or slave copy); any other copy keeps the disk in use after the umount.
@@ -39,6 +44,12 @@ description:
     C(blkdiscard --zeroout) when discard is unsupported, and recording it), verifies that
     no signature and no partition is left, and writes a JSON manifest.
   - fstab is rewritten atomically (temporary file, fsync, rename); the backup is taken first.
+  - A failure part-way stops the run, keeps the fstab backup, writes the manifest with
+    C(status=failed) and the error, and the message says what was already done (unmounted
+    mountpoints, whether fstab was rewritten, which devices had signatures wiped). fstab is
+    rewritten only after every disk has been unmounted and claimed exclusively, so a disk
+    still in use, or an fstab that cannot be replaced, leaves fstab unchanged and every
+    disk unwiped.
   - Disks that are already raw (no partitions, no signatures, no mounts, no fstab entry)
     are left alone, so a second run changes nothing.
 author:
@@ -58,8 +69,11 @@ options:
     default: [/dev/disk/by-id]
   approved_devices:
     description:
-      - The infra-approved storage profile. When given, every entry of O(devices) must be
-        on it (compared as normalized stable paths).
+      - The infra-approved storage profile (approved whole disks, by stable identity). When
+        given, every entry of O(devices) must be on it (compared as normalized stable
+        paths).
+      - Required when O(apply=true); applying without it is refused with
+        C(approved_devices_required). Plan mode works without it.
     type: list
     elements: str
   approval:
@@ -102,7 +116,8 @@ notes:
     C(partition_not_whole_disk), C(stacked_device), C(os_disk), C(system_mount), C(swap),
     C(nested_mount), C(other_namespace_mount), C(lvm_member), C(md_member), C(dm_holder),
     C(device_busy), C(read_only), C(duplicate_device), C(not_approved), C(approval_required),
-    C(ambiguous_fstab_entry), C(inspection_failed), C(no_devices)."
+    C(approved_devices_required), C(ambiguous_fstab_entry), C(inspection_failed),
+    C(no_devices)."
 """
 
 EXAMPLES = r"""
@@ -142,10 +157,24 @@ plan:
       type: str
       returned: always
     actions:
-      description: C(umount), C(disable_fstab_entry), C(wipefs), C(blkdiscard), C(verify_raw).
+      description: The planned steps, in order.
       type: list
       elements: dict
       returned: always
+      contains:
+        action:
+          description: C(umount), C(disable_fstab_entry), C(wipefs), C(blkdiscard) or
+            C(verify_raw).
+          type: str
+          returned: always
+        target:
+          description: Mountpoint, device path, or the original fstab line.
+          type: str
+          returned: always
+        line:
+          description: fstab line number (1-based).
+          type: int
+          returned: for disable_fstab_entry
 devices:
   description: Per device results; empty when anything was refused.
   returned: always
@@ -173,27 +202,137 @@ devices:
       type: str
       returned: always
     before:
-      description: Partitions, signatures and mounts found before.
+      description: What the disk held before.
       type: dict
       returned: always
+      contains:
+        partitions:
+          description: C(kernel_name), C(path), C(major_minor), C(number), C(size_bytes)
+            and C(identities) (C(UUID), C(LABEL), C(TYPE), C(PARTUUID), C(PARTLABEL)) of
+            each partition.
+          type: list
+          elements: dict
+          returned: always
+        signatures:
+          description: C(device), C(offset), C(type), C(uuid) and C(label) of each
+            signature C(wipefs -n) found on the disk and its partitions.
+          type: list
+          elements: dict
+          returned: always
+        mounts:
+          description: C(device), C(major_minor), C(mountpoint), C(fstype) and C(source) of
+            each mount of the disk or its partitions.
+          type: list
+          elements: dict
+          returned: always
     fstab_entries:
-      description: fstab lines naming the disk or its partitions, and how they matched.
+      description: fstab lines naming the disk or its partitions.
       type: list
       elements: dict
       returned: always
+      contains:
+        line:
+          description: Line number (1-based).
+          type: int
+          returned: always
+        original:
+          description: The line as it was.
+          type: str
+          returned: always
+        spec:
+          description: Its first field, for example C(UUID=...) or C(/dev/nvme0n1p1).
+          type: str
+          returned: always
+        mountpoint:
+          description: Its second field.
+          type: str
+          returned: always
+        device:
+          description: The disk or partition it names.
+          type: str
+          returned: always
+        matched_by:
+          description: C(UUID), C(LABEL), C(PARTUUID), C(PARTLABEL) or C(path).
+          type: str
+          returned: always
     actions:
-      description: Planned actions, or the actions performed with command, ok, error, seconds.
+      description: Planned actions (as in RV(plan[].actions)), or the actions performed.
       type: list
       elements: dict
       returned: always
+      contains:
+        action:
+          description: C(umount), C(claim_exclusive), C(disable_fstab_entry), C(wipefs),
+            C(reread_partition_table), C(blkdiscard), C(zeroout_fallback),
+            C(discard_skipped) or C(verify_raw).
+          type: str
+          returned: always
+        target:
+          description: Mountpoint, device path, or the original fstab line.
+          type: str
+          returned: always
+        ok:
+          description: Whether the step succeeded.
+          type: bool
+          returned: when applied
+        error:
+          description: Why it failed (empty when ok).
+          type: str
+          returned: when applied
+        command:
+          description: The command (or ioctl) run.
+          type: str
+          returned: for steps that run a command
+        seconds:
+          description: Duration of the command.
+          type: float
+          returned: for steps that run a command
+        line:
+          description: fstab line number.
+          type: int
+          returned: for disable_fstab_entry
+        matched_by:
+          description: How the fstab line named the device.
+          type: str
+          returned: for disable_fstab_entry when applied
+        reason:
+          description: Why discard was skipped, or the discard error a zeroing fallback
+            followed.
+          type: str
+          returned: for discard_skipped and zeroout_fallback
     discard:
-      description: C(status) is C(discarded), C(zeroed), C(skipped) or C(not_needed).
+      description: How the disk was cleared after wipefs.
       type: dict
       returned: when applied
+      contains:
+        status:
+          description: C(discarded), C(zeroed) (discard unsupported, zeroed instead),
+            C(skipped) (O(discard=false)) or C(not_needed) (nothing to wipe).
+          type: str
+          returned: always
+        discard_error:
+          description: The C(blkdiscard) error that led to zeroing.
+          type: str
+          returned: when status is zeroed
     after:
-      description: Signatures and partitions left (both empty) and C(raw).
+      description: What the disk holds after the transition.
       type: dict
       returned: when applied
+      contains:
+        signatures:
+          description: Signatures left (empty when raw).
+          type: list
+          elements: dict
+          returned: always
+        partitions:
+          description: Partition kernel names left (empty when raw).
+          type: list
+          elements: str
+          returned: always
+        raw:
+          description: True when no signature and no partition is left.
+          type: bool
+          returned: always
 refused:
   description: Why the run was refused; any entry means nothing changed for any device.
   returned: always
@@ -201,7 +340,7 @@ refused:
   elements: dict
   contains:
     device:
-      description: The device as given.
+      description: The device as given (empty for a request-wide reason).
       type: str
       returned: always
     code:
@@ -217,17 +356,69 @@ manifest_path:
   returned: always
   type: str
 manifest:
-  description:
-    - The manifest written (schema C(gpuaas.storage_transition/v1)) with approval, host,
-      times, fstab backup, marker, and every device's actions and outcome.
+  description: The manifest written; null when nothing was applied.
   returned: always
   type: dict
+  contains:
+    schema:
+      description: Always C(gpuaas.storage_transition/v1).
+      type: str
+      returned: when applied
+    status:
+      description: C(completed) or C(failed).
+      type: str
+      returned: when applied
+    error:
+      description: Why the run stopped; null when completed.
+      type: str
+      returned: when applied
+    approval:
+      description: The O(approval) reference.
+      type: str
+      returned: when applied
+    host:
+      description: Host name.
+      type: str
+      returned: when applied
+    started_at:
+      description: UTC start, ISO 8601 with Z.
+      type: str
+      returned: when applied
+    finished_at:
+      description: UTC end, ISO 8601 with Z.
+      type: str
+      returned: when applied
+    fstab_path:
+      description: The O(fstab_path).
+      type: str
+      returned: when applied
+    fstab_backup:
+      description: The fstab backup; null when no fstab line named the disks.
+      type: str
+      returned: when applied
+    fstab_rewritten:
+      description: Whether fstab was rewritten with disabled entries.
+      type: bool
+      returned: when applied
+    marker:
+      description: The marker of disabled fstab lines, C(gpuaas-slice-storage-disabled).
+      type: str
+      returned: when applied
+    discard_requested:
+      description: The O(discard) option.
+      type: bool
+      returned: when applied
+    devices:
+      description: Every device's result, as in RV(devices).
+      type: list
+      elements: dict
+      returned: when applied
 fstab_backup:
   description: Path of the fstab backup; null when fstab was not changed.
   returned: always
   type: str
 msg:
-  description: Summary.
+  description: Summary; after a part-way failure, what had been done before it.
   returned: always
   type: str
 """

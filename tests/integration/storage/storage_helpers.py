@@ -73,6 +73,31 @@ def run_playbook(
     return PlaybookRun(proc.returncode, document, proc.stderr)
 
 
+def run_module(
+    name: str,
+    args: dict,
+    workdir: Path,
+    *,
+    check: bool = False,
+    wrap: list[str] | None = None,
+) -> dict:
+    """Run one of the collection's modules the way Ansible does on a host (its file, an args
+    file, the module's own argument spec and exit_json/fail_json), optionally wrapped (e.g.
+    in a mount namespace). The module's JSON result, with `rc` added."""
+    argsfile = workdir / f"args-{name}-{time.monotonic_ns()}.json"
+    argsfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check}}))
+    module = REPO / ".collections" / "ansible_collections" / "gpuaas" / "fleet" / "plugins"
+    argv = [str(VENV_BIN / "python"), str(module / "modules" / f"{name}.py"), str(argsfile)]
+    env = {**os.environ, "PYTHONPATH": str(REPO / ".collections")}
+    proc = subprocess.run(
+        [*(wrap or []), *argv], capture_output=True, text=True, env=env, cwd=workdir, timeout=300
+    )
+    start = proc.stdout.find("{")
+    if start < 0:
+        raise AssertionError(f"{name} printed no result (rc {proc.returncode}): {proc.stderr}")
+    return {**json.loads(proc.stdout[start:]), "rc": proc.returncode}
+
+
 def raw_state(device: str) -> dict:
     """What `raw` means for a slice disk: no signatures, no partitions, no mounts."""
     out = subprocess.run(

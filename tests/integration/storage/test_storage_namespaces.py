@@ -37,6 +37,7 @@ def test_transition_takes_the_mount_copies_of_a_namespace_created_after_the_moun
     result = run_transition(
         TransitionRequest(
             devices=[disk.stable_path],
+            approved_devices=[disk.stable_path],
             stable_dirs=[str(lab.by_id)],
             approval="INFRA-77",
             apply=True,

@@ -21,8 +21,13 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils.storage_transition im
     run_transition,
 )
 
-from controlplane.lab.loopdev import LoopDisk, LoopLab, private_mount_namespace_argv
-from tests.integration.storage.storage_helpers import run_playbook
+from controlplane.lab.loopdev import (
+    LoopDisk,
+    LoopLab,
+    private_mount_namespace_argv,
+    system_mount_namespace_argv,
+)
+from tests.integration.storage.storage_helpers import run_module, run_playbook
 
 pytestmark = pytest.mark.root
 
@@ -34,7 +39,7 @@ class Scenario:
     devices: list[str]
     disks: list[LoopDisk]
     mounts: list[Path] = field(default_factory=list)
-    approved: list[str] | None = None
+    approved: list[str] | None = None  # None: the requested devices are the approved list
     approval: str | None = "INFRA-1234"
     fstab_extra: list[str] = field(default_factory=list)
 
@@ -94,6 +99,13 @@ def missing_approval(lab):
     return Scenario([disk.stable_path], [disk], [mnt], approval=None)
 
 
+def no_approved_list(lab):
+    """Approval given, but no infra-approved device list: nothing says these disks are
+    slice disks, so applying is refused (planning still works)."""
+    disk, mnt = share_disk(lab)
+    return Scenario([disk.stable_path], [disk], [mnt], approved=[])
+
+
 def same_disk_twice(lab):
     disk, mnt = share_disk(lab)
     alias = lab.by_id / "wwn-0x5000000000000001"
@@ -121,6 +133,37 @@ def md_member(lab):
     disk = lab.disk()
     lab.write_md_superblock(disk.device)
     return Scenario([disk.stable_path], [disk])
+
+
+def md_member_partition_beside_a_mounted_share(lab):
+    """Partition 2 is an md array member, partition 1 a mounted share with data.
+
+    This kernel has no md driver (no /proc/mdstat), so no array can be assembled and no md
+    holder can exist: what is tested is the refusal from the member's superblock signature
+    (a genuine v1.2 superblock, as mdadm writes it). Active arrays are refused through
+    /sys/block/*/holders, which needs the driver.
+    """
+    disk = lab.disk(partitions=["share", "raid"])
+    lab.mkfs(disk.partitions[0], label="share")
+    mnt = lab.mount(disk.partitions[0])
+    lab.write_md_superblock(disk.partitions[1])
+    return Scenario([disk.stable_path], [disk], [mnt])
+
+
+def loop_device_on_a_partition(lab):
+    """`losetup /dev/<disk>p1` (a VM image on a partition): the kernel holds the partition
+    with no open fd in any process and no exclusive claim, nothing mounted anywhere."""
+    disk = lab.disk(partitions=["image"])
+    lab.mkfs(disk.partitions[0], label="image")
+    lab.loop_on(disk.partitions[0])
+    return Scenario([disk.stable_path], [disk])
+
+
+def filesystem_mounted_over_the_share(lab):
+    """A tmpfs mounted over the share's mountpoint: `umount <mountpoint>` would take it."""
+    disk, mnt = share_disk(lab)
+    lab.mount_tmpfs(mnt)
+    return Scenario([disk.stable_path], [disk], [mnt])
 
 
 def open_by_a_vm(lab):
@@ -170,12 +213,16 @@ TRANSITION_REFUSALS = [
     ("not_found", dangling_path),
     ("not_approved", not_on_approved_list),
     ("approval_required", missing_approval),
+    ("approved_devices_required", no_approved_list),
     ("duplicate_device", same_disk_twice),
     ("swap", active_swap),
     ("lvm_member", lvm_physical_volume),
     ("md_member", md_member),
+    ("md_member", md_member_partition_beside_a_mounted_share),
     ("device_busy", open_by_a_vm),
+    ("device_busy", loop_device_on_a_partition),
     ("nested_mount", filesystem_mounted_inside),
+    ("nested_mount", filesystem_mounted_over_the_share),
     ("other_namespace_mount", mounted_in_a_private_namespace),
     ("ambiguous_fstab_entry", label_shared_with_another_disk),
     ("device_busy", one_good_one_refused),
@@ -201,7 +248,7 @@ def test_transition_refuses_and_changes_nothing(lab, tmp_path, code, build):
             devices=scenario.devices,
             stable_dirs=[str(lab.by_id)],
             approval=scenario.approval,
-            approved_devices=scenario.approved,
+            approved_devices=scenario.devices if scenario.approved is None else scenario.approved,
             apply=True,
             fstab_path=str(fstab),
             manifest_dir=str(manifests),
@@ -239,6 +286,7 @@ WIPE_REFUSALS = [
     ("approval_required", missing_approval),
     ("swap", active_swap),
     ("device_busy", open_by_a_vm),
+    ("device_busy", loop_device_on_a_partition),
     ("other_namespace_mount", mounted_in_a_private_namespace),
 ]
 
@@ -304,6 +352,7 @@ def test_os_disk_refused_through_the_playbook_in_a_private_namespace(
         "storage_transition.yml",
         {
             "slice_storage_transition_devices": [disk.stable_path],
+            "slice_storage_transition_approved_devices": [disk.stable_path],
             "slice_storage_transition_stable_dirs": [str(lab.by_id)],
             "slice_storage_transition_apply": True,
             "slice_storage_transition_approval": "INFRA-9",
@@ -335,4 +384,90 @@ def test_os_disk_refused_through_the_playbook_in_a_private_namespace(
     assert {"os_disk", "system_mount", "child_mounted"} <= {r["code"] for r in wiped["refused"]}
     assert lab.fingerprint(disk, [mnt]) == before
     assert fstab.read_bytes() == fstab_bytes
+    assert not (tmp_path / "manifests").exists() and not (tmp_path / "proofs").exists()
+
+
+# ---------------------------------------------------------------- the OS disk, for real
+
+
+def os_like_disk(lab: LoopLab) -> tuple[LoopDisk, list[Path]]:
+    """A system partition and a share partition, both ext4, both mounted with data."""
+    disk = lab.disk(partitions=["system", "share"])
+    for part, label in zip(disk.partitions, ("system", "share"), strict=True):
+        lab.mkfs(part, label=label)
+    return disk, [lab.mount(part) for part in disk.partitions]
+
+
+def system_mount(mountpoint):
+    """Partition 1 mounted at `mountpoint` in a mount namespace of its own, where the
+    modules run: they read mounts from /proc/self/mountinfo, as on the host."""
+
+    def build(lab: LoopLab, tmp_path: Path):
+        disk, mounts = os_like_disk(lab)
+        wrap = system_mount_namespace_argv(disk.partitions[0], mountpoint, tmp_path, [])
+        return disk, mounts, wrap, {"os_disk", "system_mount"}, f"mounted at {mountpoint}"
+
+    build.__name__ = f"backs_{mountpoint}"
+    return build
+
+
+def backs_swap(lab: LoopLab, tmp_path: Path):
+    """Partition 2 is active swap (swap is host-wide; no namespace involved)."""
+    disk = lab.disk(partitions=["share", "swap"])
+    lab.mkfs(disk.partitions[0], label="share")
+    mounts = [lab.mount(disk.partitions[0])]
+    lab.swapon(disk.partitions[1])
+    return disk, mounts, None, {"os_disk", "swap"}, "is active swap"
+
+
+OS_DISKS = [system_mount(m) for m in ("/", "/boot/efi", "/usr", "/var", "/home")] + [backs_swap]
+
+
+@pytest.mark.parametrize("build", OS_DISKS, ids=[b.__name__ for b in OS_DISKS])
+def test_a_disk_backing_the_os_is_refused_by_both_modules(lab, tmp_path, build):
+    """Both modules, run as Ansible runs them on a host, refuse a disk with a partition at
+    a system mountpoint or in swap; the disk, both partitions' files and fstab stay as they
+    were, and no backup, manifest or proof is written."""
+    disk, mounts, wrap, codes, where = build(lab, tmp_path)
+    fstab = write_fstab(tmp_path, lab, [disk])
+    fstab_bytes = fstab.read_bytes()
+    before = lab.fingerprint(disk, mounts)
+    assert len(before.files) == len(mounts)
+
+    transition = run_module(
+        "storage_transition",
+        {
+            "devices": [disk.stable_path],
+            "approved_devices": [disk.stable_path],
+            "stable_dirs": [str(lab.by_id)],
+            "approval": "INFRA-OS-1",
+            "apply": True,
+            "fstab_path": str(fstab),
+            "manifest_dir": str(tmp_path / "manifests"),
+        },
+        tmp_path,
+        wrap=wrap,
+    )
+    wipe = run_module(
+        "disk_wipe",
+        {
+            "device": disk.stable_path,
+            "stable_dirs": [str(lab.by_id)],
+            "approval": "release-os-1",
+            "proof_dir": str(tmp_path / "proofs"),
+        },
+        tmp_path,
+        wrap=wrap,
+    )
+
+    for result in (transition, wipe):
+        assert result["rc"] == 1 and result["failed"] is True, result["msg"]
+        assert result["changed"] is False
+        assert codes <= {r["code"] for r in result["refused"]}, result["refused"]
+        assert any(r["message"].endswith(where) for r in result["refused"]), result["refused"]
+    assert transition["devices"] == [] and transition["manifest_path"] is None
+    assert transition["fstab_backup"] is None and wipe["proof"] is None
+    assert lab.fingerprint(disk, mounts) == before
+    assert fstab.read_bytes() == fstab_bytes
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("fstab")) == ["fstab"]
     assert not (tmp_path / "manifests").exists() and not (tmp_path / "proofs").exists()
