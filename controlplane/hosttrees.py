@@ -13,8 +13,9 @@ Scenarios (all parameterised by hostname, so a demo can make j22u05, j22u11, j22
 
 - `h200_xe9680l`: 8 H200 GPUs (0x10de:0x2335) on two NUMA nodes, 4 NVSwitches, one BF3
   InfiniBand PF per NUMA node with 4 SR-IOV VFs each, an Ethernet BF3 for management,
-  nine NVMe disks: eight data disks, most carrying a mounted /shareN partition as in the
-  seeds, plus the mounted BOSS OS disk;
+  eight ConnectX-7 InfiniBand HCAs (one next to each GPU, separate RDMA devices without
+  SR-IOV, the compute fabric as whole devices), nine NVMe disks: eight data disks, most
+  carrying a mounted /shareN partition as in the seeds, plus the mounted BOSS OS disk;
 - `after_reboot`: the same host after a reboot, kernel NVMe names shuffled (the BOSS disk
   moves from nvme4n1 to nvme7n1), identical by-id identities and PCI addresses;
 - `duplicate_fabric`: one whole fabric device and no VFs (the j22u05 story);
@@ -40,6 +41,7 @@ H200_DEVICE = "0x2335"
 NVSWITCH_DEVICE = "0x22a3"
 BF3_DEVICE = "0xa2dc"
 BF3_VF_DEVICE = "0x101e"
+CX7_DEVICE = "0x1021"
 NVME_MAJOR = 259
 SECTOR = 512
 DATA_DISK_BYTES = 3_840_755_982_336
@@ -83,6 +85,15 @@ class FabricPort:
     def vf_addresses(self) -> list[str]:
         base, function = self.address.rsplit(".", 1)
         return [f"{base}.{int(function) + 1 + i}" for i in range(self.vf_count)]
+
+
+@dataclass(frozen=True)
+class Hca:
+    """A ConnectX InfiniBand HCA: its own RDMA device, no SR-IOV capability (no VFs)."""
+
+    address: str
+    numa_node: int
+    device_id: str = CX7_DEVICE
 
 
 @dataclass(frozen=True)
@@ -140,6 +151,7 @@ class HostSpec:
     network_services: tuple[str, ...] = (NETWORK_SERVICE,)
     iommu_group_count: int = 96
     extra_files: dict[str, str] = field(default_factory=dict)
+    hcas: tuple[Hca, ...] = ()
 
 
 def _hex_id(hostname: str, salt: str, length: int) -> str:
@@ -230,6 +242,13 @@ def _fabric(numa0_vfs: int = 4, numa1_vfs: int = 4) -> tuple[FabricPort, ...]:
     )
 
 
+def _hcas() -> tuple[Hca, ...]:
+    """One ConnectX-7 per GPU, on the GPU's PCIe switch (two buses after it)."""
+    return tuple(
+        Hca(f"0000:{int(gpu.address[5:7], 16) + 2:02x}:00.0", gpu.numa_node) for gpu in _gpus()
+    )
+
+
 def h200_xe9680l(hostname: str = "j22u05") -> HostSpec:
     """The seeds' Dell XE9680L H200 host before the storage transition (shares mounted)."""
     disks = [
@@ -243,6 +262,7 @@ def h200_xe9680l(hostname: str = "j22u05") -> HostSpec:
         nvswitches=tuple(NvSwitch(f"0000:0{i}:00.0", 0) for i in range(5, 9)),
         fabric=_fabric(),
         disks=tuple(sorted(disks, key=lambda d: d.controller)),
+        hcas=_hcas(),
     )
 
 
@@ -378,6 +398,13 @@ class _TreeWriter:
             if port.vf_driver == "mlx5_core":
                 self.rdma_device(f"mlx5_{next(ib_numbers)}", vf_rel, port.link_layer)
 
+    def hca(self, hca: Hca, ib_device: str) -> None:
+        # No sriov_* files: the kernel creates them only for SR-IOV capable functions.
+        rel = self.pci_function(
+            hca.address, MELLANOX, hca.device_id, "0x020700", hca.numa_node, "mlx5_core"
+        )
+        self.rdma_device(ib_device, rel, "InfiniBand")
+
     # block devices ---------------------------------------------------------------------
 
     def block_device(self, rel: str, name: str, size_bytes: int) -> str:
@@ -503,6 +530,8 @@ def write_tree(spec: HostSpec, dest: Path | str) -> Path:
     ib_numbers = iter(range(2, 64))
     for port in spec.fabric:
         w.fabric_port(port, ib_numbers)
+    for hca in spec.hcas:
+        w.hca(hca, f"mlx5_{next(ib_numbers)}")
     for disk in spec.disks:
         w.nvme_disk(disk)
     w.mountinfo()

@@ -22,6 +22,10 @@ import subprocess
 IP_FORWARD = "/proc/sys/net/ipv4/ip_forward"
 FABRIC_INTERFACE_PREFIX = "ibp"
 NAT_TARGETS = ("MASQUERADE", "SNAT")
+# Link kinds that are bridges by themselves: a Linux bridge, an OVS kernel-datapath bridge.
+BRIDGE_KINDS = ("bridge", "openvswitch")
+OVS_BRIDGE_KIND = "openvswitch"
+OVS_TIMEOUT = "--timeout=5"
 
 
 def run_command(argv):
@@ -141,6 +145,24 @@ def find_masquerade(save_text, subnet):
     return None
 
 
+def bridge_kind(runner, name, link, errors):
+    """'bridge' or 'openvswitch' when `link` is a bridge, else its own kind (or None).
+
+    An OVS bridge on the userspace datapath is a tun device to the kernel; only the OVS
+    database can say it is a bridge (`ovs-vsctl br-exists`: 0 yes, 2 no).
+    """
+    kind = link.get("kind")
+    if kind in BRIDGE_KINDS:
+        return kind
+    if kind == "tun":
+        rc, _out, err = runner(["ovs-vsctl", OVS_TIMEOUT, "br-exists", name])
+        if rc == 0:
+            return OVS_BRIDGE_KIND
+        if rc not in (2, 127):
+            errors.append(f"ovs-vsctl br-exists {name} exited {rc}: {(err or '').strip()}")
+    return kind
+
+
 def read_ip_forward():
     try:
         with open(IP_FORWARD, encoding="ascii") as handle:
@@ -162,14 +184,17 @@ def collect(runner=run_command, bridge="ovsbr0", subnet="10.100.0.0/24", tmfifo=
         save_text = ""
     masquerade = find_masquerade(save_text, subnet)
     bridge_info = interfaces.get(bridge)
+    kind = bridge_kind(runner, bridge, bridge_info, errors) if bridge_info else None
     bridge_addresses = (bridge_info or {}).get("ipv4", [])
     in_subnet = [a for a in bridge_addresses if ipaddress.ip_interface(a).ip in network]
     default_routes = [r for r in routes if r.get("dst") == "default"]
     tmfifo_info = interfaces.get(tmfifo) or {}
     return {
         "bridge": bridge,
-        "bridge_present": bridge_info is not None,
-        "bridge_kind": (bridge_info or {}).get("kind"),
+        "bridge_link": bridge_info is not None,
+        "bridge_present": kind in BRIDGE_KINDS,
+        "bridge_kind": kind,
+        "bridge_up": bool(bridge_info and bridge_info["up"]),
         "bridge_ipv4": in_subnet[0] if in_subnet else (bridge_addresses or [None])[0],
         "bridge_owns_gateway": str(gateway) in bridge_addresses,
         "gateway": str(gateway),
@@ -194,6 +219,22 @@ def fabric_interfaces(evidence):
         for name, info in evidence["interfaces"].items()
         if name.startswith(FABRIC_INTERFACE_PREFIX)
     }
+
+
+def routes_for_address(evidence, dev, cidr):
+    """Routes over `dev` whose destination contains the address of `cidr` (not default)."""
+    address = ipaddress.ip_interface(cidr).ip
+    found = []
+    for route in evidence["routes"]:
+        dst = route.get("dst")
+        if route.get("dev") != dev or dst in (None, "default"):
+            continue
+        try:
+            if address in ipaddress.ip_network(dst, strict=False):
+                found.append(route)
+        except ValueError:
+            continue
+    return found
 
 
 def fabric_routes(evidence, fabric_subnet=None):

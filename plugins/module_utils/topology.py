@@ -14,6 +14,8 @@ become slots 0..n-1; each takes the first free disk (then VF) on its own NUMA no
 address order, else the first free one on any node. The OS disk is never a candidate.
 Without per-slot VFs, legacy metadata would pass one whole fabric device to several
 slots (the seeds' j22u05 story): that is reported as `shared_device` and blocked.
+Fabric devices are `pf`, `vf` or `hca`: a ConnectX HCA without SR-IOV is inventoried
+(kind `hca`) but is neither a slot's VF nor a legacy whole-device fallback.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -37,6 +39,7 @@ MAC_PREFIX = "52:54:00"
 FIRST_SLOT_HOST = 10
 HARD = "hard"
 ADVISORY = "advisory"
+HCA = "hca"
 PER_SLOT_VF = "per_slot_vf"
 SHARED_DEVICE = "shared_device"
 NO_FABRIC = "none"
@@ -111,6 +114,19 @@ def gpu_inventory(functions):
     ]
 
 
+def _fabric_kind(function, link_layer):
+    """vf, pf (can have SR-IOV VFs) or hca: a whole InfiniBand adapter without SR-IOV.
+
+    A ConnectX HCA used for the fabric as a whole device has no SR-IOV capability (the
+    kernel then has no sriov_totalvfs) and so can never give a slot its own VF.
+    """
+    if function.is_vf:
+        return "vf"
+    if function.sriov_totalvfs is None and not function.virtfns and link_layer == "InfiniBand":
+        return HCA
+    return "pf"
+
+
 def fabric_inventory(functions, rdma):
     """RDMA-capable PCI functions and every VF of them (vfio-bound VFs have no RDMA entry)."""
     by_address = {f.address: f for f in functions}
@@ -135,7 +151,7 @@ def fabric_inventory(functions, rdma):
         link_layer = next((d.link_layer for d in own + parent if d.link_layer), None)
         entry = {
             "pci_address": address,
-            "kind": "vf" if function.is_vf else "pf",
+            "kind": _fabric_kind(function, link_layer),
             "physfn": function.physfn,
             "ib_device": own[0].name if own else None,
             "numa_node": function.numa_node,
@@ -384,7 +400,15 @@ def network_blockers(network, mode):
         blocker("network_evidence_error", error, severity=ADVISORY) for error in network["errors"]
     ]
     if not network["bridge_present"]:
-        found.append(blocker("bridge_missing", f"bridge {network['bridge']} does not exist"))
+        detail = (
+            f"{network['bridge']} is a {network['bridge_kind'] or 'plain'} link, "
+            "not a Linux or Open vSwitch bridge"
+            if network["bridge_link"]
+            else f"bridge {network['bridge']} does not exist"
+        )
+        found.append(blocker("bridge_missing", detail))
+    elif not network["bridge_up"]:
+        found.append(blocker("bridge_down", f"bridge {network['bridge']} is down"))
     elif not network["bridge_owns_gateway"]:
         found.append(
             blocker(
@@ -420,6 +444,9 @@ def slice_network(mode, bridge, slice_subnet, tmfifo, collect_network, runner):
         return {
             **base,
             "bridge_present": None,
+            "bridge_link": None,
+            "bridge_kind": None,
+            "bridge_up": None,
             "bridge_ipv4": None,
             "bridge_owns_gateway": None,
             "ip_forward": None,
@@ -435,6 +462,9 @@ def slice_network(mode, bridge, slice_subnet, tmfifo, collect_network, runner):
     evidence = netstate.collect(runner, bridge=bridge, subnet=slice_subnet, tmfifo=tmfifo)
     keep = (
         "bridge_present",
+        "bridge_link",
+        "bridge_kind",
+        "bridge_up",
         "bridge_ipv4",
         "bridge_owns_gateway",
         "ip_forward",

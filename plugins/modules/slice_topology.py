@@ -84,8 +84,8 @@ attributes:
     platforms: posix
 notes:
   - Blocker codes include C(nat_missing), C(ip_forward_disabled), C(bridge_missing),
-    C(bridge_address_missing), C(mounted_child_partition), C(disk_mounted), C(os_disk),
-    C(filesystem_signature), C(no_vf_for_slot), C(duplicate_fabric_device),
+    C(bridge_down), C(bridge_address_missing), C(mounted_child_partition), C(disk_mounted),
+    C(os_disk), C(filesystem_signature), C(no_vf_for_slot), C(duplicate_fabric_device),
     C(kvm_missing), C(iommu_disabled), C(vfio_modules_missing),
     C(no_stable_disk_identity), C(network_evidence_missing), C(tmfifo_missing).
 """
@@ -133,7 +133,11 @@ topology:
       elements: dict
       returned: always
     fabric_devices:
-      description: RDMA PCI functions and their VFs (kind pf or vf, physfn, ib_device).
+      description:
+        - RDMA PCI functions and their VFs (kind, physfn, ib_device, link layer, driver).
+        - Kind C(pf) (SR-IOV capable physical function), C(vf), or C(hca) (a whole
+          InfiniBand adapter without SR-IOV, such as a ConnectX HCA; inventoried, never a
+          slot's fabric VF or a whole-device fallback).
       type: list
       elements: dict
       returned: always
@@ -144,7 +148,9 @@ topology:
       elements: dict
       returned: always
     slice_network:
-      description: Live bridge, forwarding, NAT, uplink and tmfifo evidence.
+      description:
+        - Live bridge evidence (C(bridge_present) only for a Linux or Open vSwitch bridge,
+          its kind and up state), forwarding, NAT, uplink and tmfifo evidence.
       type: dict
       returned: always
     candidate_slots:

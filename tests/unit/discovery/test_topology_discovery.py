@@ -43,12 +43,15 @@ def test_h200_inventory_matches_the_seed_counts(host_tree, discover_offline):
     assert found["node"] == "j22u05"
     assert found["collected_at"] == "2026-04-24T10:00:00Z"
     summary = found["summary"]
-    # The seed's final discovery: gpu_devices=8 fabric_devices=12 nvme_devices=9 slots=8.
+    # The seed's final discovery: gpu_devices=8 nvme_devices=9 slots=8. Its fabric_devices=12
+    # had no VFs; the tree has 2 BF3 IB PFs with 8 VFs, 2 Ethernet BF3 ports and 8 HCAs.
     assert (summary["gpu_devices"], summary["fabric_devices"], summary["nvme_devices"]) == (
         8,
-        12,
+        20,
         9,
     )
+    kinds = [f["kind"] for f in found["fabric_devices"]]
+    assert (kinds.count("pf"), kinds.count("vf"), kinds.count("hca")) == (4, 8, 8)
     assert summary["candidate_slots"] == 8
     assert {g["pci_address"]: g["numa_node"] for g in found["gpus"]} == H200_GPUS
     assert all(g["vendor_id"] == "0x10de" and g["device_id"] == "0x2335" for g in found["gpus"])
@@ -75,6 +78,46 @@ def test_nvswitches_and_ethernet_functions_are_not_slot_resources(host_tree, dis
     assert ethernet == {"0000:bc:00.0", "0000:bc:00.1"}
     used = {s["fabric_device"] for s in found["candidate_slots"]}
     assert used.isdisjoint(ethernet)
+
+
+def test_connectx_hcas_are_inventoried_but_never_slot_fabric(host_tree, discover_offline):
+    found = discover_offline(host_tree("h200"))
+    hcas = [f for f in found["fabric_devices"] if f["kind"] == "hca"]
+    expected = {hca.address: hca.numa_node for hca in hosttrees.h200_xe9680l("j22u05").hcas}
+    assert {f["pci_address"]: f["numa_node"] for f in hcas} == expected
+    for hca in hcas:
+        assert hca["link_layer"] == "InfiniBand" and hca["ib_device"].startswith("mlx5_")
+        assert hca["physfn"] is None and hca["vfs"] == [] and hca["sriov_totalvfs"] == 0
+    slots = found["candidate_slots"]
+    used = {s["fabric_vf_pci_address"] for s in slots} | {s["fabric_device"] for s in slots}
+    assert used.isdisjoint(expected)
+    assert all(s["fabric_claim_mode"] == "per_slot_vf" for s in slots)
+    # Every RDMA device names its own function: HCAs do not reuse a BF3 device name.
+    names = [f["ib_device"] for f in found["fabric_devices"] if f["ib_device"]]
+    assert len(names) == len(set(names))
+
+
+def test_hcas_are_no_fallback_when_vfs_run_out(spec_tree, discover_offline, blocker_codes):
+    # Without any BF3: only the HCAs are InfiniBand devices, and no slot may take one.
+    spec = dataclasses.replace(hosttrees.clean_host("j22u09"), fabric=())
+    found = discover_offline(spec_tree(spec))
+    assert [f["kind"] for f in found["fabric_devices"]] == ["hca"] * 8
+    for slot in found["candidate_slots"]:
+        assert slot["fabric_claim_mode"] == "none" and slot["fabric_device"] is None
+        assert blocker_codes(found, slot["slot_index"]) == {"no_vf_for_slot"}
+        detail = next(
+            b["detail"] for b in found["blockers"] if b.get("slot_index") == slot["slot_index"]
+        )
+        assert detail == "no free SR-IOV fabric VF for this slot"
+
+
+def test_sriov_capable_pf_without_vfs_is_no_hca(spec_tree, discover_offline):
+    # A BF3 PF with SR-IOV off (sriov_totalvfs present, no VFs) stays a pf: the legacy
+    # whole-device story, not an HCA.
+    spec = hosttrees.duplicate_fabric("j22u05")
+    found = discover_offline(spec_tree(spec))
+    pf = next(f for f in found["fabric_devices"] if f["pci_address"] == "0000:1a:00.0")
+    assert pf["kind"] == "pf" and pf["sriov_totalvfs"] == 16 and pf["vfs"] == []
 
 
 def test_vfs_bound_to_vfio_are_found_through_their_pf(host_tree, discover_offline):
@@ -388,6 +431,9 @@ def network(**overrides):
         "collected": True,
         "bridge": "ovsbr0",
         "bridge_present": True,
+        "bridge_link": True,
+        "bridge_kind": "openvswitch",
+        "bridge_up": True,
         "bridge_owns_gateway": True,
         "gateway": "10.100.0.1/24",
         "subnet": "10.100.0.0/24",
@@ -428,3 +474,27 @@ def test_advisory_network_evidence():
         "tmfifo_missing": "advisory",
     }
     assert topology.network_blockers(network(), "private-nat") == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "code", "detail"),
+    [
+        (
+            {"bridge_present": False, "bridge_link": False, "bridge_kind": None},
+            "bridge_missing",
+            "bridge ovsbr0 does not exist",
+        ),
+        (
+            {"bridge_present": False, "bridge_kind": "dummy"},
+            "bridge_missing",
+            "ovsbr0 is a dummy link, not a Linux or Open vSwitch bridge",
+        ),
+        ({"bridge_up": False}, "bridge_down", "bridge ovsbr0 is down"),
+        ({"bridge_owns_gateway": False}, "bridge_address_missing", None),
+    ],
+)
+def test_bridge_blockers(overrides, code, detail):
+    found = topology.network_blockers(network(**overrides), "private-nat")
+    assert [(b["code"], b["severity"]) for b in found] == [(code, "hard")]
+    if detail:
+        assert found[0]["detail"] == detail
