@@ -30,7 +30,17 @@ import socket
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Tuple
 
-from ansible_collections.gpuaas.fleet.plugins.module_utils import netstate, sysfs, topology
+from ansible_collections.gpuaas.fleet.plugins.module_utils import (
+    netstate,
+    service_manager,
+    sysfs,
+    topology,
+)
+
+try:
+    import yaml
+except ImportError:  # PyYAML (python3-yaml) ships with netplan; without it, say so
+    yaml = None
 
 LINE_PREFIX = "GPUAAS_SLICE_PARITY"
 SUMMARY_PREFIX = "GPUAAS_SLICE_PARITY_SUMMARY"
@@ -57,6 +67,13 @@ IPOIB_NETPLAN = "/etc/netplan/60-ipoib.yaml"
 NETWORK_SERVICE = "gpuaas-slice-network-baseline"
 HISTORICAL_NETWORK_SERVICE = "gpuaas-slice-host-net-baseline"
 UNIT_DIRS = ("/etc/systemd/system", "/lib/systemd/system", "/usr/lib/systemd/system")
+# Where a service run without systemd leaves its pid (direct mode).
+PIDFILE_DIRS = ("/run", "/var/run")
+SCRIPT_SHELLS = ("sh", "bash", "dash")
+DEFAULT_TOPOLOGY_MAX_AGE = "24h"
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# Evidence stamped further in the future than this is not trusted (clock skew allowance).
+FUTURE_SKEW_SECONDS = 300
 LIBVIRT_SOCKETS = ("/run/libvirt/virtqemud-sock", "/run/libvirt/libvirt-sock")
 DNSMASQ_DEFAULT_CONF = "/etc/dnsmasq.conf"
 DHCP_SERVER_PORT = 67
@@ -198,9 +215,15 @@ class ParityContext:
     fabric_subnet: Optional[str] = None
     libvirt_sockets: Tuple[str, ...] = LIBVIRT_SOCKETS
     topology_evidence: Optional[dict] = None
-    max_age_seconds: int = 3600
+    # The control plane's newest stored evidence: None = not given, "" = it has none.
+    topology_collected_at: Optional[str] = None
+    topology_blockers: Optional[list] = None
+    max_age_seconds: int = 86400
     runner: Callable = netstate.run_command
     proc: str = "/proc"
+    # None: detect the live service manager (systemd or direct) when a check needs it.
+    manager: Optional[str] = None
+    pidfile_dirs: Tuple[str, ...] = PIDFILE_DIRS
     now: Optional[datetime.datetime] = None
     evidence: Optional[dict] = field(default=None, repr=False)
 
@@ -254,36 +277,134 @@ def check_iommu(ctx):
     )
 
 
+def _ipoib_name(device_id, config):
+    """The ibp* name a netplan device entry configures (its id, set-name or match), or None."""
+    match = config.get("match") if isinstance(config.get("match"), dict) else {}
+    for name in (device_id, config.get("set-name"), match.get("name")):
+        if isinstance(name, str) and name.startswith(netstate.FABRIC_INTERFACE_PREFIX):
+            return name
+    return None
+
+
+def _ipv4_addresses(entries):
+    """IPv4 CIDRs of a netplan `addresses` list (plain strings or {cidr: options})."""
+    found = []
+    for entry in entries if isinstance(entries, list) else []:
+        for text in entry if isinstance(entry, dict) else [entry]:
+            try:
+                address = ipaddress.ip_interface(str(text))
+            except ValueError:
+                continue
+            if address.version == 4:
+                found.append(str(address))
+    return found
+
+
+def netplan_ipoib(text):
+    """{ibp* interface: [IPv4 CIDR...]} that a netplan document configures.
+
+    Every device section (ethernets, bonds, vlans, ...) is searched, so an IPoIB
+    interface renamed with set-name or matched by name counts too. ParityError when the
+    text is not a netplan document.
+    """
+    if yaml is None:
+        raise ParityError("cannot parse it: PyYAML (python3-yaml) is not installed on the host")
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ParityError(f"is not valid YAML: {str(exc).splitlines()[0]}") from None
+    network = document.get("network") if isinstance(document, dict) else None
+    if not isinstance(network, dict):
+        raise ParityError("has no network: mapping")
+    interfaces = {}
+    for section in network.values():
+        if not isinstance(section, dict):
+            continue
+        for device_id, config in section.items():
+            if not isinstance(config, dict):
+                continue
+            name = _ipoib_name(str(device_id), config)
+            if name:
+                interfaces.setdefault(name, []).extend(_ipv4_addresses(config.get("addresses")))
+    return interfaces
+
+
+def _in_subnet(cidr, subnet):
+    return subnet is None or ipaddress.ip_interface(cidr).ip in subnet
+
+
+def _show(owned):
+    return ", ".join(f"{name}={' '.join(addrs)}" for name, addrs in sorted(owned.items()))
+
+
 def check_ipoib_netplan(ctx):
+    remediation = f"render {IPOIB_NETPLAN} from site/profile bootstrap"
     content = ctx.host.read(IPOIB_NETPLAN)
-    if content:
-        return result("ipoib_netplan", PASS, f"{IPOIB_NETPLAN} present")
-    state = "is empty" if content == "" else "is missing"
-    return result(
-        "ipoib_netplan",
-        FAIL,
-        f"{IPOIB_NETPLAN} {state}",
-        f"render {IPOIB_NETPLAN} from site/profile bootstrap",
-    )
+    if not content:
+        state = "is empty" if content == "" else "is missing"
+        return result("ipoib_netplan", FAIL, f"{IPOIB_NETPLAN} {state}", remediation)
+    try:
+        interfaces = netplan_ipoib(content)
+    except ParityError as exc:
+        fix = "install python3-yaml" if yaml is None else remediation
+        return result("ipoib_netplan", FAIL, f"{IPOIB_NETPLAN} {exc}", fix)
+    if not interfaces:
+        return result(
+            "ipoib_netplan", FAIL, f"{IPOIB_NETPLAN} configures no ibp* interface", remediation
+        )
+    subnet = _fabric_network(ctx)
+    owned = {name: addrs for name, addrs in interfaces.items() if addrs}
+    if not owned:
+        return result(
+            "ipoib_netplan",
+            FAIL,
+            f"{IPOIB_NETPLAN} gives no IPv4 address to {', '.join(sorted(interfaces))}",
+            remediation,
+        )
+    inside = {n: [a for a in addrs if _in_subnet(a, subnet)] for n, addrs in owned.items()}
+    inside = {n: addrs for n, addrs in inside.items() if addrs}
+    if not inside:
+        return result(
+            "ipoib_netplan",
+            FAIL,
+            f"{IPOIB_NETPLAN} addresses {_show(owned)} are outside the fabric subnet {subnet}",
+            remediation,
+        )
+    return result("ipoib_netplan", PASS, f"{IPOIB_NETPLAN} configures {_show(inside)}")
+
+
+def _fabric_network(ctx):
+    return ipaddress.ip_network(ctx.fabric_subnet, strict=False) if ctx.fabric_subnet else None
 
 
 def check_fabric_address(ctx):
-    interfaces = netstate.fabric_interfaces(ctx.network())
-    owned = {name: info["ipv4"] for name, info in sorted(interfaces.items()) if info["ipv4"]}
-    if owned:
-        detail = ", ".join(f"{name}={' '.join(addrs)}" for name, addrs in owned.items())
-        return result("fabric_address", PASS, detail)
-    detail = (
-        f"ibp* interfaces without IPv4: {', '.join(sorted(interfaces))}"
-        if interfaces
-        else "no ibp* interface"
+    evidence = ctx.network()
+    interfaces = netstate.fabric_interfaces(evidence)
+    subnet = _fabric_network(ctx)
+    where = f" in {subnet}" if subnet else ""
+    remediation = (
+        f"apply {IPOIB_NETPLAN} so an ibp* interface is up and owns the site fabric "
+        f"address{where} with its route"
     )
-    return result(
-        "fabric_address",
-        FAIL,
-        detail,
-        "apply the IPoIB netplan so an ibp* interface owns the site fabric address",
-    )
+    if not interfaces:
+        return result("fabric_address", FAIL, "no ibp* interface", remediation)
+    owned = {name: info["ipv4"] for name, info in interfaces.items() if info["ipv4"]}
+    if not owned:
+        detail = f"ibp* interfaces without IPv4: {', '.join(sorted(interfaces))}"
+        return result("fabric_address", FAIL, detail, remediation)
+    candidates = [
+        (name, cidr) for name in sorted(owned) for cidr in owned[name] if _in_subnet(cidr, subnet)
+    ]
+    if not candidates:
+        detail = f"no ibp* address{where} (has: {_show(owned)})"
+        return result("fabric_address", FAIL, detail, remediation)
+    for name, cidr in candidates:
+        routes = netstate.routes_for_address(evidence, name, cidr)
+        if interfaces[name]["up"] and routes:
+            return result("fabric_address", PASS, f"{name}={cidr}, route {routes[0]['dst']}")
+    name, cidr = candidates[0]
+    problem = "is down" if not interfaces[name]["up"] else "has no route that reaches it"
+    return result("fabric_address", FAIL, f"{name} owns {cidr} but {problem}", remediation)
 
 
 def check_fabric_route(ctx):
@@ -302,9 +423,18 @@ def check_fabric_route(ctx):
 
 def check_bridge(ctx):
     net = ctx.network()
-    remediation = f"run the slice network baseline so {ctx.bridge} exists and owns {net['gateway']}"
-    if not net["bridge_present"]:
+    remediation = (
+        f"run the slice network baseline so {ctx.bridge} is an up Linux or Open vSwitch "
+        f"bridge that owns {net['gateway']}"
+    )
+    if not net["bridge_link"]:
         return result("bridge", FAIL, f"{ctx.bridge} does not exist", remediation)
+    if not net["bridge_present"]:
+        kind = net["bridge_kind"] or "plain"
+        detail = f"{ctx.bridge} is a {kind} link, not a Linux or Open vSwitch bridge"
+        return result("bridge", FAIL, detail, remediation)
+    if not net["bridge_up"]:
+        return result("bridge", FAIL, f"{ctx.bridge} ({net['bridge_kind']}) is down", remediation)
     if not net["bridge_owns_gateway"]:
         addrs = net["interfaces"][ctx.bridge]["ipv4"]
         return result(
@@ -313,7 +443,9 @@ def check_bridge(ctx):
             f"{ctx.bridge} does not own {net['gateway']} (has: {', '.join(addrs) or 'none'})",
             remediation,
         )
-    return result("bridge", PASS, f"{ctx.bridge} owns {net['gateway']}")
+    return result(
+        "bridge", PASS, f"{ctx.bridge} ({net['bridge_kind']}) is up and owns {net['gateway']}"
+    )
 
 
 def _read_live(path):
@@ -430,14 +562,33 @@ def dnsmasq_processes(proc="/proc"):
     return found
 
 
-def udp_port_bound(port, proc="/proc"):
-    """True when a UDP socket in this network namespace listens on `port`."""
+def socket_inodes(pid, proc="/proc"):
+    """Inodes of the sockets process `pid` holds open; None when its fds are unreadable."""
+    try:
+        fds = os.listdir(f"{proc}/{pid}/fd")
+    except OSError:
+        return None
+    inodes = set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"{proc}/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target.endswith("]"):
+            inodes.add(target[len("socket:[") : -1])
+    return inodes
+
+
+def udp_port_inodes(port, proc="/proc", pid="self"):
+    """Inodes of the UDP sockets bound to `port` in the network namespace of `pid`."""
+    inodes = set()
     for table in ("net/udp", "net/udp6"):
-        for line in (_read_live(f"{proc}/{table}") or "").splitlines()[1:]:
+        for line in (_read_live(f"{proc}/{pid}/{table}") or "").splitlines()[1:]:
             fields = line.split()
-            if len(fields) > 1 and fields[1].rsplit(":", 1)[-1].upper() == f"{port:04X}":
-                return True
-    return False
+            # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
+            if len(fields) > 9 and fields[1].rsplit(":", 1)[-1].upper() == f"{port:04X}":
+                inodes.add(fields[9])
+    return inodes
 
 
 def check_dnsmasq(ctx):
@@ -458,12 +609,23 @@ def check_dnsmasq(ctx):
         return result(
             "dnsmasq", FAIL, f"dnsmasq pid {pids} has no dhcp-range in {subnet}", remediation
         )
-    if not udp_port_bound(DHCP_SERVER_PORT, ctx.proc):
-        return result(
-            "dnsmasq", FAIL, f"dnsmasq pid {serving[0][0]} is not bound to UDP port 67", remediation
-        )
-    pid, ranges = serving[0]
-    return result("dnsmasq", PASS, f"pid {pid} serves {subnet} (dhcp-range {ranges[0]})")
+    problems = []
+    for pid, ranges in serving:
+        held = socket_inodes(pid, ctx.proc)
+        if held is None:
+            problems.append(f"cannot read /proc/{pid}/fd (run the check as root)")
+            continue
+        listening = udp_port_inodes(DHCP_SERVER_PORT, ctx.proc, pid)
+        if held & listening:
+            return result("dnsmasq", PASS, f"pid {pid} serves {subnet} (dhcp-range {ranges[0]})")
+        owner = "; port 67 is held by another process" if listening else ""
+        problems.append(f"pid {pid} holds no UDP port 67 socket{owner}")
+    return result(
+        "dnsmasq",
+        FAIL,
+        f"dnsmasq has a dhcp-range in {subnet} but {'; '.join(problems)}",
+        remediation,
+    )
 
 
 def check_libvirt(ctx):
@@ -533,31 +695,132 @@ def _unit_exists(host, name):
     return any(host.exists(f"{d}/{name}.service") for d in UNIT_DIRS)
 
 
+def _runs_service(argv, name):
+    """True when a command line executes service `name`'s script (with or without .sh).
+
+    The script is the program itself, or the first operand of a shell running it.
+    """
+    scripts = (name, name + ".sh")
+    if not argv:
+        return False
+    if os.path.basename(argv[0]) in scripts:
+        return True
+    if os.path.basename(argv[0]) not in SCRIPT_SHELLS:
+        return False
+    operands = [a for a in argv[1:] if not a.startswith("-")]
+    return bool(operands) and os.path.basename(operands[0]) in scripts
+
+
+def _live_here(proc, pid, own_netns):
+    stat = _read_live(f"{proc}/{pid}/stat") or ""
+    if not stat or ") Z " in stat or ") X " in stat:
+        return False
+    return own_netns is None or _netns_inode(proc, pid) == own_netns
+
+
+def service_pid(name, proc="/proc", pidfile_dirs=PIDFILE_DIRS):
+    """pid of a live process of service `name` in this network namespace, else None.
+
+    Without systemd a service is what runs: a pidfile (<dir>/<name>.pid) whose process
+    carries the service's name, or any process executing the service's script.
+    """
+    own = _netns_inode(proc, "self")
+    for directory in pidfile_dirs:
+        pid = service_manager.pidfile_pid(f"{directory}/{name}.pid")
+        if pid is None or not _live_here(proc, pid, own):
+            continue
+        comm = (_read_live(f"{proc}/{pid}/comm") or "").strip()
+        argv = (_read_live(f"{proc}/{pid}/cmdline") or "").split("\0")
+        if comm == name[: service_manager.COMM_MAX] or _runs_service(argv, name):
+            return pid
+    for pid in sorted((p for p in os.listdir(proc) if p.isdigit()), key=int):
+        argv = [a for a in (_read_live(f"{proc}/{pid}/cmdline") or "").split("\0") if a]
+        if argv and _runs_service(argv, name) and _live_here(proc, pid, own):
+            return int(pid)
+    return None
+
+
+def _systemd_state(ctx, name):
+    try:
+        return service_manager.systemd_status(f"{name}.service", ctx.runner)
+    except service_manager.ServiceError as exc:
+        return {"error": str(exc)}
+
+
+def _historical_activity(ctx, manager):
+    """How the historical service is still live: ['active', 'enabled'] / ['running (pid N)']."""
+    if manager == service_manager.SYSTEMD:
+        state = _systemd_state(ctx, HISTORICAL_NETWORK_SERVICE)
+        if "error" in state:
+            return [f"of unknown state ({state['error']})"]
+        live = ["active"] if state["active"] else []
+        if state["unit_file_state"].startswith("enabled"):
+            live.append("enabled")
+        return live
+    pid = service_pid(HISTORICAL_NETWORK_SERVICE, ctx.proc, ctx.pidfile_dirs)
+    return [f"running (pid {pid})"] if pid is not None else []
+
+
 def check_historical_network_service(ctx):
+    name = "historical_network_service"
     current = _unit_exists(ctx.host, NETWORK_SERVICE)
     historical = _unit_exists(ctx.host, HISTORICAL_NETWORK_SERVICE)
+    manager = ctx.manager or service_manager.detect_manager("/")
+    retire = f"stop and disable {HISTORICAL_NETWORK_SERVICE}; keep {NETWORK_SERVICE}.service"
+    live = _historical_activity(ctx, manager)
+    if live:
+        installed = "installed" if current else "not installed"
+        return result(
+            name,
+            WARN,
+            f"historical {HISTORICAL_NETWORK_SERVICE} is {' and '.join(live)}; "
+            f"{NETWORK_SERVICE}.service is {installed}",
+            retire + " (the network baseline role retires it)",
+        )
     if current and historical:
         return result(
-            "historical_network_service",
+            name,
             WARN,
             f"both {NETWORK_SERVICE} and historical {HISTORICAL_NETWORK_SERVICE} are installed",
             f"remove {HISTORICAL_NETWORK_SERVICE}.service; keep {NETWORK_SERVICE}.service",
         )
-    if current:
-        return result("historical_network_service", PASS, f"{NETWORK_SERVICE}.service installed")
     if historical:
         return result(
-            "historical_network_service",
+            name,
             WARN,
             f"only the historical {HISTORICAL_NETWORK_SERVICE}.service is installed",
             f"converge on {NETWORK_SERVICE}.service through the network baseline role",
         )
-    return result(
-        "historical_network_service",
-        FAIL,
-        f"neither {NETWORK_SERVICE} nor {HISTORICAL_NETWORK_SERVICE} is installed",
-        f"install {NETWORK_SERVICE}.service through the network baseline role",
-    )
+    if not current:
+        return result(
+            name,
+            FAIL,
+            f"neither {NETWORK_SERVICE} nor {HISTORICAL_NETWORK_SERVICE} is installed",
+            f"install {NETWORK_SERVICE}.service through the network baseline role",
+        )
+    if manager != service_manager.SYSTEMD:
+        return result(name, PASS, f"{NETWORK_SERVICE}.service installed")
+    state = _systemd_state(ctx, NETWORK_SERVICE)
+    if "error" in state or not state["unit_file_state"].startswith("enabled"):
+        seen = state.get("error") or f"UnitFileState={state['unit_file_state'] or 'unknown'}"
+        return result(
+            name,
+            WARN,
+            f"{NETWORK_SERVICE}.service is installed but not enabled at boot ({seen})",
+            f"systemctl enable {NETWORK_SERVICE}.service (network baseline role)",
+        )
+    return result(name, PASS, f"{NETWORK_SERVICE}.service installed and enabled")
+
+
+def parse_duration(value):
+    """Seconds from 86400, "86400", "90s", "30m", "24h" or "7d"; ParityError otherwise."""
+    text = str(value).strip().lower()
+    number, unit = (text[:-1], text[-1]) if text[-1:] in DURATION_UNITS else (text, "s")
+    if not number.isdigit() or int(number) <= 0:
+        raise ParityError(
+            f"topology_max_age {value!r} is not a positive duration like 3600, 90m, 24h or 7d"
+        )
+    return int(number) * DURATION_UNITS[unit]
 
 
 def _parse_time(value):
@@ -577,29 +840,53 @@ def _is_hard(item):
 
 
 def check_api_topology(ctx):
+    """Topology evidence: a map from this run or a file, else the control plane's timestamp.
+
+    A map (`topology_evidence`) carries its blockers; the control plane's stored evidence
+    is given as `topology_collected_at` (with its `topology_blockers` when known), where
+    an empty value means the control plane holds none for this node. Neither: WARN, local
+    checks only (the runbook's first-pass diagnosis).
+    """
+    name = "api_topology"
+    remediation = (
+        "run discover-topology (playbooks/topology_discover.yml) and import its map into the "
+        "control plane"
+    )
     evidence = ctx.topology_evidence
-    remediation = "run playbooks/topology_discover.yml and import its map into the control plane"
+    if not evidence and ctx.topology_collected_at is not None:
+        if not ctx.topology_collected_at:
+            return result(
+                name,
+                FAIL,
+                "the control plane holds no topology evidence for this node",
+                remediation,
+            )
+        evidence = {"collected_at": ctx.topology_collected_at, "blockers": ctx.topology_blockers}
     if not evidence:
         return result(
-            "api_topology",
-            WARN,
-            "no control-plane topology evidence given; local checks only",
-            remediation,
+            name, WARN, "no control-plane topology evidence given; local checks only", remediation
         )
     try:
         collected = _parse_time(evidence.get("collected_at"))
     except (TypeError, ValueError):
         return result(
-            "api_topology",
+            name,
             FAIL,
             f"topology evidence has no valid collected_at: {evidence.get('collected_at')!r}",
             remediation,
         )
     now = ctx.now or datetime.datetime.now(datetime.timezone.utc)
     age = int((now - collected).total_seconds())
+    if age < -FUTURE_SKEW_SECONDS:
+        return result(
+            name,
+            FAIL,
+            f"topology evidence is dated {-age}s in the future ({evidence['collected_at']})",
+            remediation,
+        )
     if age > ctx.max_age_seconds:
         return result(
-            "api_topology",
+            name,
             FAIL,
             f"topology evidence is {age}s old (max {ctx.max_age_seconds}s)",
             remediation,
@@ -608,12 +895,12 @@ def check_api_topology(ctx):
     if hard:
         codes = sorted({b.get("code", "?") if isinstance(b, dict) else str(b) for b in hard})
         return result(
-            "api_topology",
+            name,
             FAIL,
             f"{len(hard)} hard blockers: {', '.join(codes)}",
             "resolve the topology blockers, then rediscover",
         )
-    return result("api_topology", PASS, f"completed with no hard blockers ({age}s old)")
+    return result(name, PASS, f"completed with no hard blockers ({max(age, 0)}s old)")
 
 
 CHECK_FUNCTIONS = {
@@ -645,4 +932,11 @@ def run_checks(ctx, checks=None):
     validate_checks(checks)
     wanted = set(checks) if checks else set(CHECKS)
     netstate.gateway_interface(ctx.slice_subnet)
+    if ctx.fabric_subnet:
+        try:
+            ipaddress.ip_network(ctx.fabric_subnet, strict=False)
+        except ValueError as exc:
+            raise ParityError(
+                f"fabric_subnet {ctx.fabric_subnet!r} is not a network: {exc}"
+            ) from None
     return [CHECK_FUNCTIONS[name](ctx) for name in CHECKS if name in wanted]

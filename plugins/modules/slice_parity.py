@@ -16,15 +16,19 @@ description:
   - Runs one check per condition of the runbook's automated provisioning parity target and
     returns PASS, FAIL or WARN with a detail and a remediation for each.
   - Checks behaviour, not package presence. V(vfio) loaded VFIO modules, V(kvm)
-    C(/dev/kvm), V(iommu) IOMMU groups, V(ipoib_netplan) C(/etc/netplan/60-ipoib.yaml),
-    V(fabric_address) an C(ibp*) interface with an IPv4 address, V(fabric_route) a route
-    over C(ibp*), V(bridge) the bridge exists and owns the subnet gateway address,
-    V(dnsmasq) a live dnsmasq in this network namespace with a DHCP range in the GPU subnet
-    bound to UDP port 67, V(libvirt) a libvirt socket that accepts connections, V(nat) a
+    C(/dev/kvm), V(iommu) IOMMU groups, V(ipoib_netplan) C(/etc/netplan/60-ipoib.yaml)
+    parsed as netplan YAML that gives an C(ibp*) interface an IPv4 address (inside
+    O(fabric_subnet) when set), V(fabric_address) an up C(ibp*) interface that owns an IPv4
+    address (inside O(fabric_subnet) when set) with a route reaching it, V(fabric_route) a
+    route over C(ibp*) (covering O(fabric_subnet) when set), V(bridge) the bridge is an up
+    Linux or Open vSwitch bridge that owns the subnet gateway address, V(dnsmasq) a live
+    dnsmasq in this network namespace with a DHCP range in the GPU subnet that itself holds
+    the UDP port 67 socket, V(libvirt) a libvirt socket that accepts connections, V(nat) a
     MASQUERADE rule for the subnet, V(ip_forward) IPv4 forwarding, V(tmfifo) the BF3
-    management address (WARN when absent), V(historical_network_service) WARN when only
-    the historical C(gpuaas-slice-host-net-baseline) unit exists, V(api_topology) fresh
-    control-plane topology evidence without hard blockers (WARN when not given).
+    management address (WARN when absent), V(historical_network_service) WARN when the
+    historical C(gpuaas-slice-host-net-baseline) unit exists or still runs (systemd: active
+    or enabled; without systemd: a pidfile or a process running its script),
+    V(api_topology) fresh topology evidence without hard blocker (WARN when none is given).
   - Also returns the seed's machine-readable lines
     C(GPUAAS_SLICE_PARITY status=... check=... detail=... remediation=...) with spaces
     escaped, and a final C(GPUAAS_SLICE_PARITY_SUMMARY) line with C(failures=N).
@@ -52,8 +56,9 @@ options:
     default: tmfifo_net0
   fabric_subnet:
     description:
-      - Site IPoIB subnet that V(fabric_route) must find a route for.
-      - When unset, any route over an C(ibp*) interface passes.
+      - Site IPoIB subnet. V(fabric_address) and V(ipoib_netplan) need an C(ibp*) address
+        inside it, V(fabric_route) a route over C(ibp*) that covers it.
+      - When unset, any C(ibp*) IPv4 address and any route over an C(ibp*) interface pass.
     type: str
   libvirt_sockets:
     description: libvirt daemon sockets to try, in order.
@@ -62,14 +67,31 @@ options:
     default: [/run/libvirt/virtqemud-sock, /run/libvirt/libvirt-sock]
   topology_evidence:
     description:
-      - Latest control-plane topology evidence for this node, at least C(collected_at) and
-        C(blockers) (for example the map returned by M(gpuaas.fleet.slice_topology)).
-      - When unset, V(api_topology) reports WARN.
+      - Topology evidence for this node, at least C(collected_at) and C(blockers) (for
+        example the map returned by M(gpuaas.fleet.slice_topology) in the same run).
+      - Takes precedence over O(topology_collected_at).
     type: dict
-  max_age_seconds:
-    description: Topology evidence older than this fails V(api_topology).
-    type: int
-    default: 3600
+  topology_collected_at:
+    description:
+      - ISO 8601 time of the node's newest topology evidence stored in the control plane
+        (the C(gpuaas_topology_collected_at) host variable of the control-plane inventory).
+      - An empty string means the control plane holds none, which fails V(api_topology).
+      - Without this and O(topology_evidence), V(api_topology) reports WARN (local checks
+        only).
+    type: str
+  topology_blockers:
+    description:
+      - Blockers of that stored evidence (the C(gpuaas_topology_blockers) host variable);
+        a hard one fails V(api_topology).
+    type: list
+    elements: raw
+    default: []
+  topology_max_age:
+    description:
+      - Topology evidence older than this fails V(api_topology).
+      - Seconds, or a number with a unit C(s), C(m), C(h) or C(d) (V(90m), V(24h), V(7d)).
+    type: str
+    default: 24h
   checks:
     description: Run only these checks (default all, in the parity target's order).
     type: list
@@ -116,10 +138,16 @@ EXAMPLES = r"""
   ansible.builtin.debug:
     msg: "{{ parity.lines }}"
 
-- name: Gate on parity with fresh topology evidence
+- name: Gate on parity with fresh topology evidence from this run
   gpuaas.fleet.slice_parity:
     topology_evidence: "{{ discovery.topology }}"
-    max_age_seconds: 900
+    topology_max_age: 15m
+
+- name: Gate on the control plane's stored topology evidence (control-plane inventory)
+  gpuaas.fleet.slice_parity:
+    fabric_subnet: 172.16.0.0/16
+    topology_collected_at: "{{ gpuaas_topology_collected_at | default('') }}"
+    topology_blockers: "{{ gpuaas_topology_blockers | default([]) }}"
 """
 
 RETURN = r"""
@@ -208,13 +236,19 @@ def main():
                 type="list", elements="path", default=list(parity.LIBVIRT_SOCKETS)
             ),
             topology_evidence=dict(type="dict"),
-            max_age_seconds=dict(type="int", default=3600),
+            topology_collected_at=dict(type="str"),
+            topology_blockers=dict(type="list", elements="raw", default=[]),
+            topology_max_age=dict(type="str", default=parity.DEFAULT_TOPOLOGY_MAX_AGE),
             checks=dict(type="list", elements="str", choices=list(parity.CHECKS)),
             fail_on_failures=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
     )
     params = module.params
+    try:
+        max_age_seconds = parity.parse_duration(params["topology_max_age"])
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
     context = parity.ParityContext(
         host=sysfs.HostRoot(params["root"]),
         bridge=params["bridge"],
@@ -223,7 +257,9 @@ def main():
         fabric_subnet=params["fabric_subnet"],
         libvirt_sockets=tuple(params["libvirt_sockets"]),
         topology_evidence=params["topology_evidence"],
-        max_age_seconds=params["max_age_seconds"],
+        topology_collected_at=params["topology_collected_at"],
+        topology_blockers=params["topology_blockers"],
+        max_age_seconds=max_age_seconds,
         runner=module.run_command,
     )
     try:

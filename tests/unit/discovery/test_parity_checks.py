@@ -18,6 +18,7 @@ NOW = datetime.datetime(2026, 4, 24, 10, 30, tzinfo=datetime.UTC)
 
 
 def run(root, checks, **options):
+    options.setdefault("manager", "direct")
     ctx = parity.ParityContext(host=sysfs.HostRoot(str(root)), now=NOW, **options)
     return {r["check"]: r for r in parity.run_checks(ctx, checks)}
 
@@ -46,6 +47,84 @@ def test_host_checks_fail_on_the_seeds_j22u05_before_firmware(spec_tree):
     )
 
 
+# IPoIB netplan: parsed, not just present -----------------------------------------------
+
+NETPLAN = "etc/netplan/60-ipoib.yaml"
+
+
+@pytest.mark.parametrize(
+    ("content", "fabric_subnet", "status", "detail"),
+    [
+        (
+            "network:\n  version: 2\n  ethernets:\n    ibp26s0:\n"
+            "      addresses: [172.16.10.5/24]\n",
+            "172.16.0.0/16",
+            "PASS",
+            "/etc/netplan/60-ipoib.yaml configures ibp26s0=172.16.10.5/24",
+        ),
+        (
+            # Renamed by set-name, an address with options (netplan's mapping form).
+            "network:\n  ethernets:\n    fabric0:\n      match: {macaddress: 'aa:bb'}\n"
+            "      set-name: ibp154s0\n      addresses:\n        - 172.16.20.7/24:\n"
+            "            label: fabric\n        - fd00::7/64\n",
+            None,
+            "PASS",
+            "/etc/netplan/60-ipoib.yaml configures ibp154s0=172.16.20.7/24",
+        ),
+        (
+            "network:\n  version: 2\n  ethernets:\n    eno8303:\n      dhcp4: true\n",
+            None,
+            "FAIL",
+            "/etc/netplan/60-ipoib.yaml configures no ibp* interface",
+        ),
+        (
+            "network:\n  ethernets:\n    ibp26s0:\n      dhcp4: false\n",
+            None,
+            "FAIL",
+            "/etc/netplan/60-ipoib.yaml gives no IPv4 address to ibp26s0",
+        ),
+        (
+            "network:\n  ethernets:\n    ibp26s0:\n      addresses: [192.168.50.5/24]\n",
+            "172.16.0.0/16",
+            "FAIL",
+            "/etc/netplan/60-ipoib.yaml addresses ibp26s0=192.168.50.5/24 are outside the "
+            "fabric subnet 172.16.0.0/16",
+        ),
+        ("network: [1, 2\n", None, "FAIL", None),
+        ("# only a comment\nversion: 2\n", None, "FAIL", None),
+        ("", None, "FAIL", "/etc/netplan/60-ipoib.yaml is empty"),
+    ],
+)
+def test_ipoib_netplan_is_parsed(spec_tree, content, fabric_subnet, status, detail):
+    spec = dataclasses.replace(
+        hosttrees.clean_host("j22u15"), ipoib_netplan=False, extra_files={NETPLAN: content}
+    )
+    result = run(spec_tree(spec), ["ipoib_netplan"], fabric_subnet=fabric_subnet)
+    result = result["ipoib_netplan"]
+    assert result["status"] == status, result
+    if detail:
+        assert result["detail"] == detail
+    if status == "FAIL":
+        assert result["remediation"]
+
+
+def test_netplan_parse_errors_are_specific():
+    with pytest.raises(parity.ParityError, match="is not valid YAML"):
+        parity.netplan_ipoib("network: [1, 2\n")
+    with pytest.raises(parity.ParityError, match="has no network: mapping"):
+        parity.netplan_ipoib("- a\n- b\n")
+    matched = parity.netplan_ipoib(
+        "network:\n  ethernets:\n    ib-any:\n      match: {name: ibp*}\n"
+        "      addresses: [172.16.1.1/24, not-an-address]\n"
+    )
+    assert matched == {"ibp*": ["172.16.1.1/24"]}
+
+
+def test_a_bad_fabric_subnet_is_refused(host_tree):
+    with pytest.raises(parity.ParityError, match="fabric_subnet 'fabric' is not a network"):
+        run(host_tree("clean", "j22u15"), ["ipoib_netplan"], fabric_subnet="fabric")
+
+
 @pytest.mark.parametrize(
     ("services", "status"),
     [
@@ -55,10 +134,107 @@ def test_host_checks_fail_on_the_seeds_j22u05_before_firmware(spec_tree):
         ((), "FAIL"),
     ],
 )
-def test_historical_network_service(spec_tree, services, status):
+def test_historical_network_service(spec_tree, services, status, tmp_path):
     spec = dataclasses.replace(hosttrees.clean_host("j22u11"), network_services=services)
-    result = run(spec_tree(spec), ["historical_network_service"])["historical_network_service"]
+    result = run(spec_tree(spec), ["historical_network_service"], pidfile_dirs=(str(tmp_path),))[
+        "historical_network_service"
+    ]
     assert result["status"] == status
+
+
+class SystemctlShow:
+    """Stand-in for `systemctl show` (no systemd as PID 1 here): unit -> (active, file state)."""
+
+    def __init__(self, units):
+        self.units = units
+        self.calls = []
+
+    def __call__(self, argv):
+        self.calls.append(argv)
+        unit = argv[-1]
+        if argv[:2] != ["systemctl", "show"]:
+            return 1, "", "unexpected"
+        if unit not in self.units:
+            return 0, "LoadState=not-found\nActiveState=inactive\nUnitFileState=\nMainPID=0\n", ""
+        active, file_state = self.units[unit]
+        return (
+            0,
+            (f"LoadState=loaded\nActiveState={active}\nUnitFileState={file_state}\nMainPID=0\n"),
+            "",
+        )
+
+
+CURRENT_UNIT = f"{hosttrees.NETWORK_SERVICE}.service"
+HISTORICAL_UNIT = f"{hosttrees.HISTORICAL_NETWORK_SERVICE}.service"
+
+
+@pytest.mark.parametrize(
+    ("units", "status", "detail"),
+    [
+        (
+            {CURRENT_UNIT: ("active", "enabled")},
+            "PASS",
+            f"{CURRENT_UNIT} installed and enabled",
+        ),
+        (
+            {CURRENT_UNIT: ("active", "disabled")},
+            "WARN",
+            f"{CURRENT_UNIT} is installed but not enabled at boot (UnitFileState=disabled)",
+        ),
+        (
+            # The unit file is gone but systemd still runs and enables the historical unit.
+            {CURRENT_UNIT: ("active", "enabled"), HISTORICAL_UNIT: ("active", "enabled")},
+            "WARN",
+            f"historical {hosttrees.HISTORICAL_NETWORK_SERVICE} is active and enabled; "
+            f"{CURRENT_UNIT} is installed",
+        ),
+        (
+            {CURRENT_UNIT: ("active", "enabled"), HISTORICAL_UNIT: ("inactive", "enabled")},
+            "WARN",
+            f"historical {hosttrees.HISTORICAL_NETWORK_SERVICE} is enabled; "
+            f"{CURRENT_UNIT} is installed",
+        ),
+        (
+            {CURRENT_UNIT: ("active", "enabled"), HISTORICAL_UNIT: ("inactive", "disabled")},
+            "PASS",
+            None,
+        ),
+    ],
+)
+def test_historical_network_service_under_systemd(spec_tree, units, status, detail):
+    spec = hosttrees.clean_host("j22u11")
+    systemctl = SystemctlShow(units)
+    result = run(
+        spec_tree(spec), ["historical_network_service"], manager="systemd", runner=systemctl
+    )["historical_network_service"]
+    assert result["status"] == status, result
+    if detail:
+        assert result["detail"] == detail
+    assert all(call[:2] == ["systemctl", "show"] for call in systemctl.calls)
+
+
+def test_historical_service_state_unreadable_is_a_warning(spec_tree):
+    def broken(argv):
+        return 1, "", "Failed to connect to bus"
+
+    result = run(
+        spec_tree(hosttrees.clean_host("j22u11")),
+        ["historical_network_service"],
+        manager="systemd",
+        runner=broken,
+    )["historical_network_service"]
+    assert result["status"] == "WARN" and "Failed to connect to bus" in result["detail"]
+
+
+def test_service_command_lines():
+    name = hosttrees.HISTORICAL_NETWORK_SERVICE
+    assert parity._runs_service(["/bin/sh", f"/usr/local/sbin/{name}"], name)
+    assert parity._runs_service(["bash", "-e", f"/usr/local/sbin/{name}.sh"], name)
+    assert parity._runs_service([f"/usr/local/sbin/{name}", "--once"], name)
+    assert not parity._runs_service(["vim", "/etc/motd", f"/usr/local/sbin/{name}"], name)
+    assert not parity._runs_service(
+        ["/bin/sh", "/usr/local/sbin/gpuaas-slice-network-baseline"], name
+    )
 
 
 def evidence(minutes_old, blockers=()):
@@ -78,7 +254,12 @@ def evidence(minutes_old, blockers=()):
         ),
         # Older evidence without severities: codes known to be advisory do not fail.
         (evidence(5, [{"code": "tmfifo_missing"}]), "PASS", None),
-        (evidence(120), "FAIL", "topology evidence is 7200s old (max 3600s)"),
+        (evidence(25 * 60), "FAIL", "topology evidence is 90000s old (max 86400s)"),
+        (
+            evidence(-30),
+            "FAIL",
+            "topology evidence is dated 1800s in the future (2026-04-24T11:00:00Z)",
+        ),
         (
             evidence(5, [{"code": "nat_missing", "severity": "hard"}]),
             "FAIL",
@@ -94,6 +275,70 @@ def test_api_topology(host_tree, topology_evidence, status, detail):
     assert result["status"] == status
     if detail:
         assert result["detail"] == detail
+
+
+def stamp(minutes_old):
+    return (NOW - datetime.timedelta(minutes=minutes_old)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@pytest.mark.parametrize(
+    ("options", "status", "detail"),
+    [
+        (
+            {"topology_collected_at": stamp(60)},
+            "PASS",
+            "completed with no hard blockers (3600s old)",
+        ),
+        (
+            {"topology_collected_at": stamp(25 * 60)},
+            "FAIL",
+            "topology evidence is 90000s old (max 86400s)",
+        ),
+        (
+            {"topology_collected_at": stamp(90), "max_age_seconds": 3600},
+            "FAIL",
+            "topology evidence is 5400s old (max 3600s)",
+        ),
+        (
+            {"topology_collected_at": ""},
+            "FAIL",
+            "the control plane holds no topology evidence for this node",
+        ),
+        (
+            {
+                "topology_collected_at": stamp(5),
+                "topology_blockers": [{"code": "nat_missing", "severity": "hard"}],
+            },
+            "FAIL",
+            "1 hard blockers: nat_missing",
+        ),
+        (
+            # A map from this run wins over the stored timestamp.
+            {"topology_collected_at": stamp(25 * 60), "topology_evidence": evidence(1)},
+            "PASS",
+            "completed with no hard blockers (60s old)",
+        ),
+    ],
+)
+def test_api_topology_from_stored_control_plane_evidence(host_tree, options, status, detail):
+    result = run(host_tree("clean", "j22u15"), ["api_topology"], **options)["api_topology"]
+    assert (result["status"], result["detail"]) == (status, detail)
+    if status == "FAIL" and "blockers" not in detail:
+        assert result["remediation"].startswith("run discover-topology")
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [(86400, 86400), ("3600", 3600), ("90s", 90), ("15m", 900), ("24h", 86400), ("7D", 604800)],
+)
+def test_parse_duration(value, seconds):
+    assert parity.parse_duration(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["", "0", "-5m", "1.5h", "24 hours", "h", "1w"])
+def test_parse_duration_refuses_anything_else(value):
+    with pytest.raises(parity.ParityError, match="not a positive duration"):
+        parity.parse_duration(value)
 
 
 def test_api_topology_accepts_a_discovery_map(host_tree, discover_offline):
@@ -170,7 +415,7 @@ def test_libvirt_socket_that_accepts_passes_and_a_dead_one_fails(tmp_path, host_
     assert "Connection refused" in result["libvirt"]["detail"]
 
 
-def test_udp_port_bound_sees_a_real_socket():
+def test_udp_sockets_are_traced_to_the_process_holding_them():
     probe = subprocess.Popen(
         [
             sys.executable,
@@ -185,7 +430,10 @@ def test_udp_port_bound_sees_a_real_socket():
     )
     try:
         port = int(probe.stdout.readline())
-        assert parity.udp_port_bound(port)
+        listening = parity.udp_port_inodes(port, pid=probe.pid)
+        assert len(listening) == 1
+        assert listening <= parity.socket_inodes(probe.pid)
+        assert not listening & parity.socket_inodes(os.getpid())
     finally:
         probe.stdin.close()
         probe.wait(timeout=10)
@@ -197,7 +445,10 @@ def test_udp_port_bound_sees_a_real_socket():
 def evidence_from(**overrides):
     """Evidence as netstate.collect returns it for a fully prepared slice host."""
     base = {
+        "bridge_link": True,
         "bridge_present": True,
+        "bridge_kind": "openvswitch",
+        "bridge_up": True,
         "bridge_owns_gateway": True,
         "gateway": "10.100.0.1/24",
         "subnet": "10.100.0.0/24",
@@ -227,7 +478,8 @@ def run_with(root, evidence, **options):
 def test_network_checks_pass_on_prepared_evidence(host_tree):
     results = run_with(host_tree("clean", "j22u15"), evidence_from())
     assert {c: r["status"] for c, r in results.items()} == dict.fromkeys(NETWORK_ONLY, "PASS")
-    assert results["fabric_address"]["detail"] == "ibp26s0=172.16.10.5/24"
+    assert results["fabric_address"]["detail"] == "ibp26s0=172.16.10.5/24, route 172.16.10.0/24"
+    assert results["bridge"]["detail"] == "ovsbr0 (openvswitch) is up and owns 10.100.0.1/24"
 
 
 def test_network_checks_fail_on_the_seeds_j22u11(host_tree):
@@ -266,10 +518,67 @@ def test_fabric_route_for_a_configured_site_subnet(host_tree):
     assert found["fabric_route"]["status"] == "PASS"
 
 
-def test_missing_bridge(host_tree):
-    evidence = evidence_from(bridge_present=False, bridge_owns_gateway=False)
-    result = run_with(host_tree("clean", "j22u15"), evidence)["bridge"]
-    assert result["status"] == "FAIL" and result["detail"] == "ovsbr0 does not exist"
+@pytest.mark.parametrize(
+    ("overrides", "detail"),
+    [
+        (
+            {"bridge_link": False, "bridge_present": False, "bridge_kind": None},
+            "ovsbr0 does not exist",
+        ),
+        (
+            {"bridge_present": False, "bridge_kind": "dummy"},
+            "ovsbr0 is a dummy link, not a Linux or Open vSwitch bridge",
+        ),
+        ({"bridge_up": False}, "ovsbr0 (openvswitch) is down"),
+    ],
+)
+def test_bridge_must_be_an_up_bridge(host_tree, overrides, detail):
+    result = run_with(host_tree("clean", "j22u15"), evidence_from(**overrides))["bridge"]
+    assert (result["status"], result["detail"]) == ("FAIL", detail)
+    assert result["remediation"]
+
+
+@pytest.mark.parametrize(
+    ("options", "overrides", "status", "detail"),
+    [
+        (
+            {"fabric_subnet": "172.16.0.0/16"},
+            {},
+            "PASS",
+            "ibp26s0=172.16.10.5/24, route 172.16.10.0/24",
+        ),
+        (
+            {"fabric_subnet": "10.200.0.0/16"},
+            {},
+            "FAIL",
+            "no ibp* address in 10.200.0.0/16 (has: ibp26s0=172.16.10.5/24)",
+        ),
+        (
+            {},
+            {"routes": []},
+            "FAIL",
+            "ibp26s0 owns 172.16.10.5/24 but has no route that reaches it",
+        ),
+        (
+            {},
+            {"routes": [{"dst": "172.16.10.0/24", "dev": "eno8303"}]},
+            "FAIL",
+            "ibp26s0 owns 172.16.10.5/24 but has no route that reaches it",
+        ),
+        (
+            {},
+            {"interfaces": {"ibp26s0": {"kind": None, "up": False, "ipv4": ["172.16.10.5/24"]}}},
+            "FAIL",
+            "ibp26s0 owns 172.16.10.5/24 but is down",
+        ),
+    ],
+)
+def test_fabric_address_in_the_site_subnet_with_a_route(
+    host_tree, options, overrides, status, detail
+):
+    evidence = evidence_from(**overrides)
+    result = run_with(host_tree("clean", "j22u15"), evidence, **options)["fabric_address"]
+    assert (result["status"], result["detail"]) == (status, detail)
 
 
 def test_kvm_on_a_live_root_is_probed_not_just_listed():
