@@ -97,7 +97,10 @@ def host_variables(
     node: Node, approved: ApprovedSlots, topology: dict[str, Any] | None
 ) -> dict[str, Any]:
     variables: dict[str, Any] = {
-        "gpuaas_node_id": str(node.id),
+        # The node's identity on the node plane (discovery's map node and MAC seed) is its
+        # host name, which topology import checks; the store's key is gpuaas_node_uuid.
+        "gpuaas_node_id": node.hostname,
+        "gpuaas_node_uuid": str(node.id),
         "gpuaas_region": node.region_code,
         "gpuaas_profile_intent": node.profile_intent.value,
         "gpuaas_admin_state": node.admin_state.value,

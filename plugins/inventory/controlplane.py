@@ -15,7 +15,8 @@ description:
     region (C(region_<code>)), MAAS profile intent (C(intent_slice_vm), C(intent_baremetal))
     and derived occupancy posture (for example C(posture_fully_available),
     C(posture_cleanup_blocked), C(posture_unavailable)).
-  - Every host carries the variables the roles need (C(gpuaas_node_id),
+  - Every host carries the variables the roles need (C(gpuaas_node_id), the host name
+    discovery names its map and seeds slot MACs with; C(gpuaas_node_uuid), the store's key;
     C(gpuaas_slice_subnet), C(gpuaas_slice_bridge), C(gpuaas_network_mode), ...), the node's
     non-secret host variables, and C(ansible_host) when a management address is known.
   - C(gpuaas_profile) (C(slice-vm) or C(baremetal), from the MAAS profile tag; absent for
