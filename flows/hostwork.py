@@ -14,6 +14,7 @@ from typing import Any
 
 from controlplane.api import ControlPlane
 from controlplane.enums import EvidenceKind, NodeTaskKind
+from controlplane.secrets import redact, secret_values
 from flows.runner import PlaybookRun, RunResult, new_private_dir, run_playbook
 
 
@@ -122,8 +123,9 @@ def run_host_action(
     ``record`` may take over recording a passing host's result (discovery imports the
     candidate map into the task); otherwise the module result becomes the evidence.
     """
+    parameters = redact(extravars, secret_values(extravars))
     task_ids = {
-        host: cp.begin_task(host, action.kind, extravars, actor, allocation_id, flow_run_id)
+        host: cp.begin_task(host, action.kind, parameters, actor, allocation_id, flow_run_id)
         for host in hostnames
     }
     private_dir = new_private_dir(action.playbook)
@@ -132,7 +134,7 @@ def run_host_action(
             playbook=action.playbook,
             inventory=str(inventory_source(private_dir, hostnames)),
             extravars={**extravars, "gpuaas_hosts": ",".join(hostnames)},
-            environment={"GPUAAS_DATABASE_URL": cp.engine.url.render_as_string(False)},
+            database_url=cp.engine.url.render_as_string(hide_password=False),
             timeout=action.timeout,
             forks=max(1, min(len(hostnames), 16)),
         ),

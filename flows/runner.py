@@ -1,23 +1,42 @@
 """Runner bridge: run one of this collection's playbooks through ansible-runner and turn
 the event stream into structured per-host, per-task results.
 
-Importable and testable without Prefect. Secrets never leave this module: Ansible censors
-``no_log`` results itself, known secret keys are scrubbed again here, and runner is told
-not to write extra vars or environment to the private data directory.
+Importable and testable without Prefect. Secrets never reach the kept private data
+directory or the results: runner is told not to write extra vars or environment files;
+the store's password goes to libpq through a password file and secret extra vars through
+a vars file, both private (0600, outside the kept directory) and deleted after the run;
+Ansible censors ``no_log`` results itself; afterwards every kept file and every parsed
+result is searched for the run's known secrets (and any URL password) and scrubbed,
+because runner still records its whole environment and task output.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
+import shlex
+import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.engine import URL, make_url
+
+from controlplane.db import DATABASE_URL_ENV
 from controlplane.paths import state_dir
-from controlplane.secrets import scrub
+from controlplane.secrets import (
+    environment_secrets,
+    pgpass_line,
+    redact,
+    redact_text,
+    secret_values,
+    split_secret_vars,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PLAYBOOKS = REPO_ROOT / "playbooks"
@@ -46,10 +65,15 @@ def new_private_dir(playbook: str) -> Path:
 
 @dataclass(frozen=True)
 class PlaybookRun:
+    """One run. ``playbook`` is a name in this collection's playbooks/ or an absolute path;
+    ``database_url`` is the store the inventory plugin reads (password included: it goes
+    to libpq through a private password file, never into the run's environment)."""
+
     playbook: str
     inventory: dict[str, Any] | str
-    extravars: dict[str, Any] = field(default_factory=dict)
+    extravars: dict[str, Any] = field(default_factory=dict, repr=False)
     environment: dict[str, str] = field(default_factory=dict)
+    database_url: str | None = field(default=None, repr=False)
     limit: str | None = None
     timeout: int = 1800
     forks: int = 8
@@ -106,15 +130,19 @@ class RunResult:
         return summary is not None and summary.passed and self.status != "timeout"
 
 
-def clean_result(res: dict[str, Any]) -> dict[str, Any]:
+def clean_result(res: dict[str, Any], secrets: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The module's answer: Ansible's plumbing dropped, secrets scrubbed by key and value.
+    A ``no_log`` result arrives already censored (``{"censored": ...}``) and stays so."""
     kept = {k: v for k, v in res.items() if not k.startswith(PLUMBING)}
     invocation = kept.pop("invocation", None)
     if isinstance(invocation, dict) and "module_args" in invocation:
         kept["module_args"] = invocation["module_args"]
-    return scrub(kept)
+    return redact(kept, secrets)
 
 
-def parse_events(events: list[dict[str, Any]]) -> tuple[dict[str, HostSummary], list[TaskResult]]:
+def parse_events(
+    events: list[dict[str, Any]], secrets: frozenset[str] = frozenset()
+) -> tuple[dict[str, HostSummary], list[TaskResult]]:
     hosts: dict[str, HostSummary] = {}
     tasks: list[TaskResult] = []
     for event in events:
@@ -139,7 +167,7 @@ def parse_events(events: list[dict[str, Any]]) -> tuple[dict[str, HostSummary], 
                 action=data.get("resolved_action") or data.get("task_action", ""),
                 status=status,
                 changed=changed,
-                result=clean_result(res) if isinstance(res, dict) else {},
+                result=clean_result(res, secrets) if isinstance(res, dict) else {},
                 started_at=data.get("start"),
                 duration_s=data.get("duration"),
             )
@@ -159,30 +187,113 @@ def runner_environment() -> dict[str, str]:
     }
 
 
+def playbook_path(playbook: str) -> Path:
+    path = Path(playbook) if Path(playbook).is_absolute() else PLAYBOOKS / playbook
+    if not path.is_file():
+        raise FileNotFoundError(f"no playbook {playbook} (names are looked up in {PLAYBOOKS})")
+    return path
+
+
+@dataclass(frozen=True)
+class RunSecrets:
+    """How one run receives its secrets without its kept directory holding them."""
+
+    environment: dict[str, str]
+    cmdline: str | None
+    known: frozenset[str]
+
+
+def without_password(url: URL) -> str:
+    """The URL with its password left out (``URL.set`` ignores a None password)."""
+    bare = URL.create(url.drivername, url.username, None, url.host, url.port, url.database)
+    return bare.update_query_dict(dict(url.query)).render_as_string(hide_password=False)
+
+
+@contextmanager
+def private_secrets(run: PlaybookRun) -> Iterator[RunSecrets]:
+    """The store's password in a libpq password file and secret extra vars in a vars file,
+    both 0600 in a private directory outside the kept one, deleted when the run ends."""
+    _, secret_vars = split_secret_vars(run.extravars)
+    known = set(secret_values(run.extravars)) | environment_secrets(
+        {**os.environ, **run.environment}
+    )
+    environment: dict[str, str] = {}
+    database_url = run.database_url or os.environ.get(DATABASE_URL_ENV)
+    password = None
+    if database_url:
+        url = make_url(database_url)
+        password = url.password
+        environment[DATABASE_URL_ENV] = without_password(url)
+        if password:
+            known.add(str(password))
+    directory = Path(tempfile.mkdtemp(prefix="gpuaas-run-secrets-"))
+    try:
+        cmdline = None
+        if password:
+            passfile = directory / "pgpass"
+            write_private(passfile, pgpass_line(str(password)))
+            environment["PGPASSFILE"] = str(passfile)
+        if secret_vars:
+            varsfile = directory / "secret-vars.json"
+            write_private(varsfile, json.dumps(secret_vars))
+            cmdline = f"-e @{shlex.quote(str(varsfile))}"
+        yield RunSecrets(environment, cmdline, frozenset(known))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def write_private(path: Path, text: str) -> None:
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def scrub_artifacts(private_data_dir: Path, secrets: frozenset[str]) -> list[str]:
+    """Rewrite every kept file that holds a known secret or a URL password; the files
+    changed (runner writes its whole environment into ``artifacts/<id>/command``, and task
+    output may echo what it was given)."""
+    changed = []
+    for path in sorted(p for p in private_data_dir.rglob("*") if p.is_file()):
+        # surrogateescape: any bytes round-trip, so binary files are searched too
+        text = path.read_bytes().decode("utf-8", "surrogateescape")
+        clean = redact_text(text, secrets)
+        if clean != text:
+            temporary = path.with_name(f".{path.name}.scrubbed")
+            temporary.write_bytes(clean.encode("utf-8", "surrogateescape"))
+            os.chmod(temporary, path.stat().st_mode & 0o777)
+            os.replace(temporary, path)
+            changed.append(str(path.relative_to(private_data_dir)))
+    return changed
+
+
 def run_playbook(run: PlaybookRun, private_data_dir: Path | None = None) -> RunResult:
-    """Run a playbook of this collection; the private data directory is kept."""
+    """Run a playbook; the private data directory is kept, scrubbed of the run's secrets."""
     import ansible_runner
 
-    playbook = PLAYBOOKS / run.playbook
-    if not playbook.is_file():
-        raise FileNotFoundError(f"no playbook {run.playbook} in {PLAYBOOKS}")
+    playbook = playbook_path(run.playbook)
     if private_data_dir is None:
         private_data_dir = new_private_dir(run.playbook)
+    public_vars, _ = split_secret_vars(run.extravars)
     started = dt.datetime.now(dt.UTC)
-    runner = ansible_runner.run(
-        private_data_dir=str(private_data_dir),
-        playbook=str(playbook),
-        inventory=run.inventory,
-        extravars=run.extravars,
-        envvars={**runner_environment(), **run.environment},
-        limit=run.limit,
-        forks=run.forks,
-        timeout=run.timeout,
-        ident=run.ident,
-        quiet=True,
-        suppress_env_files=True,
-    )
-    hosts, tasks = parse_events(list(runner.events))
+    with private_secrets(run) as secrets:
+        try:
+            runner = ansible_runner.run(
+                private_data_dir=str(private_data_dir),
+                playbook=str(playbook),
+                inventory=run.inventory,
+                extravars=public_vars,
+                cmdline=secrets.cmdline,
+                envvars={**runner_environment(), **run.environment, **secrets.environment},
+                limit=run.limit,
+                forks=run.forks,
+                timeout=run.timeout,
+                ident=run.ident,
+                quiet=True,
+                suppress_env_files=True,
+            )
+        finally:
+            scrub_artifacts(private_data_dir, secrets.known)
+    hosts, tasks = parse_events(list(runner.events), secrets.known)
     return RunResult(
         playbook=run.playbook,
         status=runner.status,
