@@ -557,7 +557,12 @@ def remove_domain(
         return result
     if dom.isActive():
         result["stop"] = stop_domain(dom, shutdown_timeout)
-    result["undefine_attempts"] = undefine_domain(conn, name, attempts, delay)
+    try:
+        result["undefine_attempts"] = undefine_domain(conn, name, attempts, delay)
+    except VmError as exc:
+        # the evidence of a failed release also says how the domain was stopped
+        exc.details["stop"] = result["stop"]
+        raise
     return result
 
 
