@@ -27,6 +27,7 @@ import re
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ansible_collections.gpuaas.fleet.plugins.module_utils import blockdev, hostfile
@@ -64,6 +65,37 @@ class WipeError(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class NvmeNamespace:
+    """Where an NVMe namespace sits: the controller's character device (None when it has
+    none), the namespace id and how many namespaces the controller has (None: unknown)."""
+
+    controller_path: str | None
+    nsid: int | None
+    namespaces_on_controller: int | None
+
+
+def nvme_namespace(kernel_name: str) -> NvmeNamespace | None:
+    """The NVMe namespace behind a block device, from sysfs; None for anything else
+    (including the per-path nodes of multipath NVMe such as nvme4c4n1)."""
+    if not NVME_NAMESPACE.match(kernel_name):
+        return None
+    sys_dir = os.path.join(blockdev.SYS_BLOCK, kernel_name)
+    controller = os.path.basename(os.path.realpath(os.path.join(sys_dir, "device")))
+    nsid_text = blockdev.read_text(os.path.join(sys_dir, "nsid"))
+    direct = NVME_CONTROLLER.match(controller) and os.path.exists(f"/dev/{controller}")
+    siblings = [
+        n
+        for n in blockdev.listdir(os.path.join("/sys/class/nvme", controller))
+        if NVME_NAMESPACE.match(n)
+    ]
+    return NvmeNamespace(
+        controller_path=f"/dev/{controller}" if direct else None,
+        nsid=int(nsid_text) if nsid_text.isdigit() else None,
+        namespaces_on_controller=len(siblings) or None,
+    )
+
+
 @dataclass
 class WipeRequest:
     device: str
@@ -75,6 +107,12 @@ class WipeRequest:
     proof_dir: str = "/var/lib/gpuaas/wipe-proofs"
     allow_fallback: bool = True
     check_mode: bool = False
+    # The NVMe boundary: which block devices are NVMe namespaces, and where their
+    # controller is. Not a module option; a machine without NVMe hardware (the test lab)
+    # passes a locator that declares one of its loop devices a namespace, so the live
+    # `nvme id-ctrl` -> secure erase choice -> `nvme format` -> verification path runs
+    # against an `nvme` stand-in on PATH.
+    nvme_locator: Callable[[str], NvmeNamespace | None] = nvme_namespace
 
 
 @dataclass
@@ -152,20 +190,16 @@ def choose_nvme_format(
     return NvmeFormatChoice(True, f"{kind} (FNA={fna:#x})", ses, lbaf, argv)
 
 
-def probe_nvme_format(kernel_name: str, device_path: str) -> tuple[NvmeFormatChoice, list]:
+def probe_nvme_format(
+    kernel_name: str,
+    device_path: str,
+    locate: Callable[[str], NvmeNamespace | None] = nvme_namespace,
+) -> tuple[NvmeFormatChoice, list]:
     """Ask the drive (nvme id-ctrl/id-ns -o json); not applicable on anything but NVMe."""
     commands: list = []
-    if not NVME_NAMESPACE.match(kernel_name):
+    namespace = locate(kernel_name)
+    if namespace is None:
         return NvmeFormatChoice(False, f"{kernel_name} is not an NVMe namespace"), commands
-    sys_dir = os.path.join(blockdev.SYS_BLOCK, kernel_name)
-    controller = os.path.basename(os.path.realpath(os.path.join(sys_dir, "device")))
-    nsid_text = blockdev.read_text(os.path.join(sys_dir, "nsid"))
-    direct = NVME_CONTROLLER.match(controller) and os.path.exists(f"/dev/{controller}")
-    siblings = [
-        n
-        for n in blockdev.listdir(os.path.join("/sys/class/nvme", controller))
-        if NVME_NAMESPACE.match(n)
-    ]
     documents = []
     for sub in ("id-ctrl", "id-ns"):
         result = blockdev.run_command(["nvme", sub, device_path, "-o", "json"], timeout=60)
@@ -180,9 +214,9 @@ def probe_nvme_format(kernel_name: str, device_path: str) -> tuple[NvmeFormatCho
         device_path,
         documents[0],
         documents[1],
-        len(siblings) or None,
-        controller_path=f"/dev/{controller}" if direct else None,
-        nsid=int(nsid_text) if nsid_text.isdigit() else None,
+        namespace.namespaces_on_controller,
+        controller_path=namespace.controller_path,
+        nsid=namespace.nsid,
     )
     return choice, commands
 
@@ -369,10 +403,17 @@ def _attempt(method: str, ok: bool, error: str, command, seconds: float) -> dict
     return {"method": method, "ok": ok, "error": error, "command": command, "seconds": seconds}
 
 
-def run_method(method: str, path: str, kernel_name: str, size: int, commands: list) -> dict:
+def run_method(
+    method: str,
+    path: str,
+    kernel_name: str,
+    size: int,
+    commands: list,
+    nvme_locator: Callable[[str], NvmeNamespace | None] = nvme_namespace,
+) -> dict:
     """Run one erase method; returns an attempt record (ok only means the command worked)."""
     if method == "nvme_format":
-        choice, probes = probe_nvme_format(kernel_name, path)
+        choice, probes = probe_nvme_format(kernel_name, path, nvme_locator)
         commands.extend(probes)
         if not choice.applicable:
             return _attempt(method, False, f"not applicable: {choice.reason}", None, 0.0)
@@ -392,7 +433,10 @@ def run_method(method: str, path: str, kernel_name: str, size: int, commands: li
         return _attempt(method, True, "", command, round(time.monotonic() - started, 3))
     result = blockdev.run_command(argv, timeout=86400)
     commands.append(result.command)
-    return _attempt(method, result.rc == 0, result.error, result.command, result.seconds)
+    attempt = _attempt(method, result.rc == 0, result.error, result.command, result.seconds)
+    if method == "nvme_format":
+        attempt["secure_erase"] = {"ses": choice.ses, "lbaf": choice.lbaf, "why": choice.reason}
+    return attempt
 
 
 def _claim(path: str) -> int:
@@ -409,7 +453,7 @@ def erase_and_verify(request: WipeRequest, report: blockdev.DeviceReport, proof:
     try:
         proof["markers"] = write_markers(path, size, nonce)
         for method in method_chain(request.method, request.allow_fallback):
-            attempt = run_method(method, path, kname, size, proof["commands"])
+            attempt = run_method(method, path, kname, size, proof["commands"], request.nvme_locator)
             proof["attempts"].append(attempt)
             if not attempt["ok"]:
                 continue
@@ -516,14 +560,13 @@ def run_wipe(request: WipeRequest) -> dict:
             "reused_proof": True,
             "msg": "already wiped under this approval and untouched since; proof reused",
         }
-    result["diff"] = {
-        "before": {
-            "signatures": [s.__dict__ for s in report.signatures],
-            "partitions": [p.path for p in report.partitions],
-        },
-        "after": {"signatures": [], "partitions": []},
+    before = {
+        "signatures": [s.__dict__ for s in report.signatures],
+        "partitions": [p.path for p in report.partitions],
     }
     if request.check_mode:
+        # what a verified wipe leaves: nothing
+        result["diff"] = {"before": before, "after": {"signatures": [], "partitions": []}}
         return {**result, "changed": True, "msg": "check mode: would erase and verify"}
 
     proof = new_proof(request, report)
@@ -537,8 +580,23 @@ def run_wipe(request: WipeRequest) -> dict:
     proof["duration_s"] = round(time.monotonic() - clock, 3)
     proof["write_state"] = write_state(report.kernel_name)
     result.update(changed=bool(proof["markers"]), proof=proof)
+    result["diff"] = {"before": before, "after": observed_layout(report)}
+    failed = [f"{a['method']}: {a['error']}" for a in proof["attempts"] if not a["ok"]]
     if proof["verified"]:
         store_proof(proof_path(request.proof_dir, request.device), proof)
-        return {**result, "msg": f"erased with {proof['method']} and verified"}
-    why = proof.get("error") or "; ".join(a["error"] for a in proof["attempts"] if a["error"])
+        fell_back = f"; fell back from {'; '.join(failed)}" if failed else ""
+        return {**result, "msg": f"erased with {proof['method']} and verified{fell_back}"}
+    why = proof.get("error") or "; ".join(failed)
     return {**result, "failed": True, "msg": f"wipe not verified: {why}"}
+
+
+def observed_layout(report: blockdev.DeviceReport) -> dict:
+    """Signatures (disk and partitions) and partitions the disk shows now, probed afresh."""
+    partitions = blockdev.partition_names(report.kernel_name)
+    signatures = []
+    for path in [report.resolved_path, *(f"/dev/{name}" for name in partitions)]:
+        try:
+            signatures.extend(s.__dict__ for s in blockdev.probe_signatures(path))
+        except blockdev.BlockDevError as exc:
+            signatures.append({"device": path, "error": str(exc)})
+    return {"signatures": signatures, "partitions": [f"/dev/{name}" for name in partitions]}

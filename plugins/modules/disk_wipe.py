@@ -25,8 +25,8 @@ description:
     verification, so nothing can mount or claim it meanwhile.
   - Writes a marker at the start, middle and end, then erases with C(nvme format),
     C(blkdiscard), write-zeroes (C(blkdiscard --zeroout)) or full zeroing, in that order
-    from O(method) on. A method that fails or does not verify falls back to the next and
-    the proof says why.
+    from O(method) on. A method that fails, or exits 0 but does not verify, falls back to
+    the next; its entry in RV(proof.attempts) says why and the message names it.
   - For C(nvme format) the secure erase setting comes from C(nvme id-ctrl) - cryptographic
     erase when its FNA field says it is supported, else user data erase - and the method is
     skipped when the erase would reach other namespaces of the controller.
@@ -80,7 +80,10 @@ attributes:
     description: Inspects, refuses or reports the methods it would try; writes nothing.
     support: full
   diff_mode:
-    description: Signatures and partitions before and after.
+    description:
+      - C(before) is the signatures and partitions the inspection found; C(after) is probed
+        afresh from the disk once the wipe ended, verified or not. In check mode C(after)
+        is what a verified wipe leaves (nothing). No diff when a stored proof is reused.
     support: full
   platform:
     description: Linux hosts with util-linux; nvme-cli for NVMe format.
@@ -152,13 +155,48 @@ proof:
       type: str
       returned: always
     attempts:
-      description: One entry per method tried, with C(method), C(ok), C(error), C(command),
-        C(seconds) and, when verification ran, C(verify_seconds).
+      description: One entry per method tried, in order.
       type: list
       elements: dict
       returned: always
+      contains:
+        method:
+          description: C(nvme_format), C(blkdiscard), C(write_zeroes) or C(zero).
+          type: str
+          returned: always
+        ok:
+          description: True only for the method whose erase verified.
+          type: bool
+          returned: always
+        error:
+          description: Why it failed, was not applicable, or did not verify (then it starts
+            with C(verification failed)); empty when ok.
+          type: str
+          returned: always
+        command:
+          description: The erase command; null when the method was not applicable.
+          type: str
+          returned: always
+        seconds:
+          description: Duration of the erase command.
+          type: float
+          returned: always
+        verify_seconds:
+          description: Duration of the verification after it.
+          type: float
+          returned: when the erase command succeeded
+        reread_partitions_error:
+          description: Why re-reading the partition table after the erase failed.
+          type: str
+          returned: when that failed
+        secure_erase:
+          description: C(ses) (1 user data erase, 2 cryptographic erase), C(lbaf) and
+            C(why), as chosen from C(nvme id-ctrl) and C(nvme id-ns).
+          type: dict
+          returned: for an nvme_format attempt that ran C(nvme format)
     commands:
-      description: Every command and ioctl issued, in order.
+      description: Every command and ioctl issued, in order (C(nvme id-ctrl), C(nvme id-ns)
+        and C(nvme format) included).
       type: list
       elements: str
       returned: always
@@ -175,22 +213,49 @@ proof:
       type: float
       returned: always
     markers:
-      description: C(offset), C(written) and C(gone) for the start, middle and end markers.
+      description: The start, middle and end markers.
       type: list
       elements: dict
       returned: always
+      contains:
+        offset:
+          description: Byte offset.
+          type: int
+          returned: always
+        written:
+          description: The marker read back after writing it.
+          type: bool
+          returned: always
+        gone:
+          description: The marker no longer reads back after the erase.
+          type: bool
+          returned: when verification ran
     samples:
-      description: C(offset), C(length) and C(all_zero) of each region read back.
+      description: Regions read back after the erase (direct I/O).
       type: list
       elements: dict
       returned: always
+      contains:
+        offset:
+          description: Byte offset.
+          type: int
+          returned: always
+        length:
+          description: Bytes read.
+          type: int
+          returned: always
+        all_zero:
+          description: Every byte read was zero.
+          type: bool
+          returned: always
     signatures_before:
-      description: Signatures found before the erase.
+      description: C(device), C(offset), C(type), C(uuid), C(label) of each signature
+        found before the erase.
       type: list
       elements: dict
       returned: always
     signatures_after:
-      description: Signatures found after the erase (empty when verified).
+      description: Signatures found after the erase, same keys (empty when verified).
       type: list
       elements: dict
       returned: always
@@ -208,18 +273,50 @@ proof:
       type: str
       returned: always
     write_state:
-      description: diskseq and sectors-written counter after verification.
+      description: Where the disk's write history stood after verification.
       type: dict
       returned: always
+      contains:
+        diskseq:
+          description: The kernel's disk sequence number (changes when re-attached).
+          type: str
+          returned: always
+        sectors_written:
+          description: Sectors written since the disk appeared (from its stat file).
+          type: int
+          returned: always
     error:
       description: Why the wipe stopped, when it did.
       type: str
       returned: on error
 plan:
-  description: Markers, the method chain and the verification that would run.
+  description: What the wipe does, in order.
   returned: unless refused
   type: list
   elements: dict
+  contains:
+    action:
+      description: C(write_markers), C(erase) or C(verify).
+      type: str
+      returned: always
+    offsets:
+      description: Marker offsets.
+      type: list
+      elements: int
+      returned: for write_markers
+    methods:
+      description: The method chain, in the order tried.
+      type: list
+      elements: str
+      returned: for erase
+    sample_count:
+      description: Regions read back.
+      type: int
+      returned: for verify
+    sample_size:
+      description: Bytes per region.
+      type: int
+      returned: for verify
 refused:
   description: Reasons the wipe was refused (nothing was written).
   returned: always
@@ -239,15 +336,111 @@ refused:
       type: str
       returned: always
 inspection:
-  description: The live inspection of the disk (partitions, mounts, holders, signatures, users).
+  description: The live inspection of the disk before anything was written.
   returned: when the method option is valid
   type: dict
+  contains:
+    requested_path:
+      description: The path as given.
+      type: str
+      returned: always
+    resolved_path:
+      description: Where it resolves now.
+      type: str
+      returned: always
+    kernel_name:
+      description: Kernel name.
+      type: str
+      returned: always
+    major_minor:
+      description: Device number.
+      type: str
+      returned: always
+    whole_disk:
+      description: Not a partition.
+      type: bool
+      returned: always
+    size_bytes:
+      description: Size.
+      type: int
+      returned: always
+    read_only:
+      description: The kernel marks it read-only.
+      type: bool
+      returned: always
+    identities:
+      description: C(UUID), C(LABEL), C(TYPE) of the whole disk as probed.
+      type: dict
+      returned: always
+    partitions:
+      description: Partitions, as in the storage_transition module's C(before.partitions).
+      type: list
+      elements: dict
+      returned: always
+    mounts:
+      description: C(device), C(major_minor), C(mountpoint), C(fstype), C(source) of each
+        mount of the disk, its partitions or holders in this mount namespace.
+      type: list
+      elements: dict
+      returned: always
+    namespace_mounts:
+      description: Mounts in other mount namespaces (C(device), C(mountpoint),
+        C(namespace), C(pid), C(command), C(reached_by_umount)).
+      type: list
+      elements: dict
+      returned: always
+    swaps:
+      description: Active swap areas on it.
+      type: list
+      elements: str
+      returned: always
+    holders:
+      description: dm/md devices stacked on it (C(name), C(kind), C(held), C(dm_uuid)).
+      type: list
+      elements: dict
+      returned: always
+    signatures:
+      description: Signatures on the disk and its partitions.
+      type: list
+      elements: dict
+      returned: always
+    users:
+      description: What uses it (C(pid), C(command), C(how), C(target)); C(how) is
+        C(device_open), C(file_open), C(cwd), C(root), C(exe), C(mmap) or
+        C(loop_backing).
+      type: list
+      elements: dict
+      returned: always
+    exclusive_open_busy:
+      description: The kernel refused an exclusive open.
+      type: bool
+      returned: always
+    findings:
+      description: C(code), C(message), C(kind) (C(identity), C(usage), C(content)) and
+        C(path) of each finding.
+      type: list
+      elements: dict
+      returned: always
+    verdict:
+      description: C(ok) or C(refuse) (any finding; the wipe tolerates content findings).
+      type: str
+      returned: always
+    codes:
+      description: The finding codes, sorted.
+      type: list
+      elements: str
+      returned: always
+    raw:
+      description: No partitions, signatures or mounts.
+      type: bool
+      returned: always
 reused_proof:
   description: True when a stored proof for this approval was returned without erasing.
   returned: when a proof was reused
   type: bool
 msg:
-  description: Summary.
+  description: Summary; names every method that failed or did not verify before the one
+    that did.
   returned: always
   type: str
 """

@@ -79,13 +79,15 @@ def run_module(
     workdir: Path,
     *,
     check: bool = False,
+    diff: bool = False,
     wrap: list[str] | None = None,
 ) -> dict:
     """Run one of the collection's modules the way Ansible does on a host (its file, an args
     file, the module's own argument spec and exit_json/fail_json), optionally wrapped (e.g.
     in a mount namespace). The module's JSON result, with `rc` added."""
     argsfile = workdir / f"args-{name}-{time.monotonic_ns()}.json"
-    argsfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check}}))
+    flags = {"_ansible_check_mode": check, "_ansible_diff": diff}
+    argsfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**args, **flags}}))
     module = REPO / ".collections" / "ansible_collections" / "gpuaas" / "fleet" / "plugins"
     argv = [str(VENV_BIN / "python"), str(module / "modules" / f"{name}.py"), str(argsfile)]
     env = {**os.environ, "PYTHONPATH": str(REPO / ".collections")}

@@ -1,15 +1,21 @@
-"""Disk wipe proofs on real loop disks: every method that works here, the fallbacks, the
-verifier catching a disk that was not erased, check mode, reruns, and the playbook."""
+"""Disk wipe proofs on real loop disks: every method that works here, NVMe format through an
+`nvme` stand-in, the fallbacks (a method that fails, one that exits 0 without erasing
+everything), the verifier catching a disk that was not erased, diff, check mode, reruns, and
+the playbook."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import secrets
+import sys
+from pathlib import Path
 
 import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils.disk_wipe import (
     PROOF_SCHEMA,
+    NvmeNamespace,
     WipeRequest,
     run_wipe,
     verify,
@@ -17,7 +23,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils.disk_wipe import (
 )
 
 from controlplane.lab.loopdev import MIB, read_direct, signatures, write_direct
-from tests.integration.storage.storage_helpers import raw_state, run_playbook
+from tests.integration.storage.storage_helpers import raw_state, run_module, run_playbook
 
 pytestmark = pytest.mark.root
 
@@ -208,3 +214,188 @@ def test_wipe_playbook_returns_proofs_to_the_controller(lab, tmp_path, storage_a
     again = rerun.task("Erase the disk and collect its proof")["results"]
     assert [r["changed"] for r in again] == [False, False]
     assert [r["proof"] for r in again] == [r["proof"] for r in results]
+
+
+# ---------------------------------------------------------------- NVMe format, through a stand-in
+#
+# NVMe hardware cannot exist here (the named boundary): an `nvme` stand-in on PATH answers
+# id-ctrl/id-ns with recorded documents and performs `format` by zeroing the loop device it
+# is given; the module is told, through WipeRequest.nvme_locator, that this loop device is an
+# NVMe namespace. Everything else (the secure erase choice, the commands, the claim, the
+# markers, the verification) is the module's own, on the real loop device.
+
+NVME_DOCS = Path(__file__).resolve().parents[2] / "unit" / "storage" / "data"
+STANDIN = Path(__file__).resolve().parent / "nvme_standin.py"
+
+
+class NvmeStandIn:
+    def __init__(self, directory: Path):
+        self.bin = directory / "bin"
+        self.bin.mkdir()
+        self.executable = self.bin / "nvme"
+        self.executable.write_text(f'#!/bin/sh\nexec {sys.executable} {STANDIN} "$@"\n')
+        self.executable.chmod(0o755)
+        self.config = directory / "nvme-standin.json"
+        self.log = directory / "nvme-argv.jsonl"
+
+    def answer(self, id_ctrl: str, id_ns: str, format_zeroes: str = "whole") -> None:
+        self.config.write_text(
+            json.dumps(
+                {
+                    "id_ctrl": json.loads((NVME_DOCS / id_ctrl).read_text()),
+                    "id_ns": json.loads((NVME_DOCS / id_ns).read_text()),
+                    "log": str(self.log),
+                    "format_zeroes": format_zeroes,
+                }
+            )
+        )
+
+    def calls(self) -> list[list[str]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+
+@pytest.fixture
+def nvme(tmp_path, monkeypatch) -> NvmeStandIn:
+    standin = NvmeStandIn(tmp_path)
+    monkeypatch.setenv("PATH", f"{standin.bin}:{os.environ['PATH']}")
+    monkeypatch.setenv("GPUAAS_NVME_STANDIN", str(standin.config))
+    return standin
+
+
+def as_nvme_namespace(disk, namespaces_on_controller: int = 1):
+    """The NVMe locator for a lab disk: no controller character device, namespace id 1."""
+
+    def locate(kernel_name: str) -> NvmeNamespace | None:
+        if kernel_name != disk.kernel_name:
+            return None
+        return NvmeNamespace(None, 1, namespaces_on_controller)
+
+    return locate
+
+
+@pytest.mark.parametrize(
+    ("id_ctrl", "id_ns", "ses", "lbaf", "kind"),
+    [
+        ("id-ctrl-pm9a3-crypto.json", "id-ns-lbaf1.json", 2, 1, "cryptographic erase"),
+        ("id-ctrl-no-crypto.json", "id-ns-lbaf0.json", 1, 0, "user data erase"),
+    ],
+    ids=["crypto_erase_supported", "user_data_erase"],
+)
+def test_nvme_format_chooses_the_secure_erase_from_id_ctrl_and_verifies_the_device(
+    lab, tmp_path, nvme, id_ctrl, id_ns, ses, lbaf, kind
+):
+    disk = used_disk(lab)
+    nvme.answer(id_ctrl, id_ns)
+    result = wipe(
+        lab,
+        tmp_path,
+        disk,
+        method="nvme_format",
+        allow_fallback=False,
+        nvme_locator=as_nvme_namespace(disk),
+    )
+    assert result.get("failed") is not True, result["msg"]
+    proof = result["proof"]
+    assert_verified_proof(proof, disk, "nvme_format")
+    assert nvme.calls() == [
+        ["id-ctrl", disk.device, "-o", "json"],
+        ["id-ns", disk.device, "-o", "json"],
+        ["format", disk.device, f"--ses={ses}", f"--lbaf={lbaf}", "--timeout=1800000", "--force"],
+    ]
+    assert proof["commands"][:3] == [f"{nvme.executable} {' '.join(c)}" for c in nvme.calls()]
+    [attempt] = proof["attempts"]
+    assert attempt["command"] == proof["commands"][2]
+    assert attempt["secure_erase"]["ses"] == ses and attempt["secure_erase"]["lbaf"] == lbaf
+    assert attempt["secure_erase"]["why"].startswith(kind)
+    assert attempt["verify_seconds"] >= 0
+    # verification read the loop device itself: markers gone, sampled regions zero
+    assert all(read_direct(disk.device, m["offset"], 4096) == bytes(4096) for m in proof["markers"])
+
+
+def test_nvme_format_that_exits_0_but_leaves_data_falls_back_and_says_so(lab, tmp_path, nvme):
+    """A format that reports success but zeroes only the second half (faulty firmware): the
+    verification on the device catches it, blkdiscard takes over, and the result says so."""
+    disk = used_disk(lab)
+    nvme.answer("id-ctrl-pm9a3-crypto.json", "id-ns-lbaf1.json", format_zeroes="second_half")
+    result = wipe(lab, tmp_path, disk, method="nvme_format", nvme_locator=as_nvme_namespace(disk))
+    proof = result["proof"]
+    assert_verified_proof(proof, disk, "blkdiscard")
+    assert [c[0] for c in nvme.calls()] == ["id-ctrl", "id-ns", "format"]
+    failed, succeeded = proof["attempts"]
+    assert failed["method"] == "nvme_format" and failed["ok"] is False
+    assert failed["command"] == proof["commands"][2] and failed["verify_seconds"] >= 0
+    assert failed["error"].startswith("verification failed: a marker was not written or is still")
+    assert "sampled regions are not zero at offsets [0" in failed["error"]
+    assert succeeded["method"] == "blkdiscard" and succeeded["ok"] is True
+    assert result["msg"].startswith(
+        "erased with blkdiscard and verified; fell back from nvme_format: verification failed: "
+    )
+
+
+def test_nvme_format_is_not_run_when_it_would_erase_other_namespaces(lab, tmp_path, nvme):
+    disk = used_disk(lab)
+    nvme.answer("id-ctrl-erase-all-namespaces.json", "id-ns-lbaf0.json")
+    result = wipe(
+        lab,
+        tmp_path,
+        disk,
+        method="nvme_format",
+        nvme_locator=as_nvme_namespace(disk, namespaces_on_controller=2),
+    )
+    proof = result["proof"]
+    assert_verified_proof(proof, disk, "blkdiscard")
+    assert [c[0] for c in nvme.calls()] == ["id-ctrl", "id-ns"]
+    first = proof["attempts"][0]
+    assert first["ok"] is False and first["command"] is None
+    assert "would erase other namespaces" in first["error"]
+    assert "fell back from nvme_format: not applicable: " in result["msg"]
+
+
+# ---------------------------------------------------------------- diff
+
+
+def test_diff_after_is_what_the_disk_shows_after_an_unverified_wipe(lab, tmp_path, nvme):
+    """The md superblock at 4 KiB survives a format that zeroes only the second half: the
+    diff's after side is probed from the disk, so it shows the signature still there."""
+    disk = lab.disk()
+    lab.write_md_superblock(disk.device)
+    nvme.answer("id-ctrl-no-crypto.json", "id-ns-lbaf0.json", format_zeroes="second_half")
+    result = wipe(
+        lab,
+        tmp_path,
+        disk,
+        method="nvme_format",
+        allow_fallback=False,
+        nvme_locator=as_nvme_namespace(disk),
+    )
+    assert result["failed"] is True and result["proof"]["verified"] is False
+    before, after = result["diff"]["before"], result["diff"]["after"]
+    assert [s["type"] for s in before["signatures"]] == ["linux_raid_member"]
+    assert [s["type"] for s in after["signatures"]] == ["linux_raid_member"]
+    assert after["signatures"] == before["signatures"]
+    assert after["signatures"][0]["uuid"] == signatures(disk.device)[0]["uuid"]
+    assert before["partitions"] == after["partitions"] == []
+
+
+def test_module_diff_shows_signatures_and_partitions_gone(lab, tmp_path):
+    disk = used_disk(lab)
+    args = {
+        "device": disk.stable_path,
+        "stable_dirs": [str(lab.by_id)],
+        "approval": "release-alloc-12-slot-0",
+        "proof_dir": str(tmp_path / "proofs"),
+        "sample_count": 4,
+    }
+    checked = run_module("disk_wipe", args, tmp_path, check=True, diff=True)
+    result = run_module("disk_wipe", args, tmp_path, diff=True)
+    rerun = run_module("disk_wipe", args, tmp_path, diff=True)
+
+    assert checked["rc"] == 0 and result["rc"] == 0, result["msg"]
+    before = result["diff"]["before"]
+    assert before["partitions"] == [disk.partitions[0]]
+    assert {s["type"] for s in before["signatures"]} >= {"gpt", "PMBR", "ext4"}
+    assert result["diff"]["after"] == {"signatures": [], "partitions": []}
+    assert checked["diff"] == result["diff"]
+    assert rerun["changed"] is False and "diff" not in rerun
