@@ -4,24 +4,57 @@ Every state change is made by the control plane in its own short transaction bef
 after the host action, in an order that stays safe if the run is killed at any point:
 the allocation is ``provisioning`` before the host is touched, slots leave ``releasing``
 only through a recorded proof or ``cleanup_blocked``, and ``reconcile`` finishes
-whatever a dead run left behind.
+whatever a dead run left behind. Retries are only on store I/O, and only where repeating
+the step cannot do anything twice (placement is idempotent per request id).
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from prefect import flow, get_run_logger, task
 from prefect.states import Failed
+from sqlalchemy.exc import DBAPIError
 
-from controlplane.enums import AllocationState, CapacityShape
+from controlplane import db
+from controlplane.enums import AllocationState
+from controlplane.errors import Conflict, GpuaasError, NotFound
 from controlplane.scheduler.placement import PlacementRequest
+from controlplane.services import allocations
 from flows import artifacts
 from flows.fleet import ACTOR, control_plane, current_run
 from flows.hostwork import VM_PROVISION, VM_RELEASE, HostOutcome, run_host_action
 
 TERMINAL_RELAY_KEY = "/var/lib/gpuaas/terminal/id_ed25519.pub"
+# Fixed forever: allocation ids already derived from request ids depend on it.
+REQUEST_NAMESPACE = uuid.UUID("0b6f0c52-6a56-4f4e-9f0e-5d1c2a7e4b10")
+T = TypeVar("T")
+
+
+def in_store(operation: Callable[..., T], *args: Any) -> T:
+    """One control-plane transaction around a service call (the service boundary)."""
+    with db.transaction(control_plane().engine) as session:
+        return operation(session, *args)
+
+
+def allocation_id_for(request_id: str, project_id: str | None) -> uuid.UUID:
+    """The allocation a client request becomes: derived from the request id (scoped by
+    project), so the allocations primary key refuses a second allocation for the same
+    request and a repeated placement finds the first one instead."""
+    return uuid.uuid5(REQUEST_NAMESPACE, f"{project_id or ''}/{request_id}")
+
+
+def store_io_failed(task, task_run, state) -> bool:
+    """Retry a task only when the store's I/O failed, never after a refusal."""
+    try:
+        state.result()
+    except DBAPIError:
+        return True
+    except Exception:
+        return False
+    return False
 
 
 def role_slots(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -39,22 +72,73 @@ def published(outcome: HostOutcome, key: str) -> dict[str, Any]:
     return value
 
 
-@task(name="place allocation", retries=2, retry_delay_seconds=2)
-def place(
-    sku: str, gpu_count: int, region: str | None, project_id: str | None, requested_by: str
-) -> dict[str, Any]:
-    cp = control_plane()
-    placed = cp.place(
-        PlacementRequest(
-            sku=sku,
-            gpu_count=gpu_count,
-            region=region,
-            project_id=project_id,
-            requested_by=requested_by,
+def existing_placement(allocation_id: uuid.UUID, sku: str, gpu_count: int) -> dict[str, Any] | None:
+    """The placement an earlier attempt of the same request already committed."""
+    try:
+        shown = control_plane().show_allocation(allocation_id)
+    except NotFound:
+        return None
+    if (shown["sku"], shown["gpu_count"]) != (sku, gpu_count):
+        raise Conflict(
+            "request_id_reused",
+            f"this request id already placed allocation {allocation_id} for "
+            f"{shown['sku']} x{shown['gpu_count']}, not {sku} x{gpu_count}",
+            {"allocation_id": str(allocation_id)},
         )
-    )
-    if placed["placed"] and current_run():
-        cp.set_allocation_flow_run(uuid.UUID(placed["allocation_id"]), current_run())
+    return {
+        "placed": True,
+        "allocation_id": shown["id"],
+        "capacity_shape": shown["capacity_shape"],
+        "sku": shown["sku"],
+        "gpu_count": shown["gpu_count"],
+        "node": shown["node"],
+        "slots": [
+            {"slot_index": c["slot_index"]} for c in shown["claims"] if c["slot_index"] is not None
+        ],
+        "state": shown["state"],
+        "failure_reason": shown["failure_reason"],
+        "flow_run_id": shown["runtime_metadata"].get("flow_run_id"),
+        "replayed": True,
+    }
+
+
+@task(name="look up the image in the catalog")
+def resolve_image(image: str | None, sku: str) -> dict[str, Any] | None:
+    return in_store(allocations.image_for_sku, image, sku)
+
+
+@task(
+    name="place allocation",
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=store_io_failed,
+)
+def place(
+    sku: str,
+    gpu_count: int,
+    region: str | None,
+    project_id: str | None,
+    requested_by: str,
+    request_id: str,
+) -> dict[str, Any]:
+    """Place once per request id: a retry after a committed placement returns it."""
+    cp = control_plane()
+    allocation_id = allocation_id_for(request_id, project_id)
+    placed = existing_placement(allocation_id, sku, gpu_count)
+    if placed is None:
+        placed = cp.place(
+            PlacementRequest(
+                sku=sku,
+                gpu_count=gpu_count,
+                region=region,
+                project_id=project_id,
+                requested_by=requested_by,
+                allocation_id=allocation_id,
+            )
+        )
+    if placed["placed"] and current_run() and not placed.get("flow_run_id"):
+        cp.set_allocation_flow_run(allocation_id, current_run())
+        placed["flow_run_id"] = current_run()
     return placed
 
 
@@ -80,7 +164,10 @@ def provision_vm(
             "memory_mib": spec["memory_mib"],
             "hugepages": spec["hugepages"],
         },
-        "slice_vm_provision_image": image,
+        "slice_vm_provision_image": {
+            "path": image["node_paths"].get(spec["node"]) or image["path"],
+            "sha256": image["sha256"],
+        },
         "slice_vm_provision_users": users,
     }
     return run_host_action(
@@ -108,26 +195,48 @@ def mark_failed(allocation_id: str, reason: str, details: dict[str, Any]) -> Non
 def provision_allocation(
     sku: str,
     gpu_count: int,
-    image: dict[str, Any],
+    image: str | None,
     users: list[dict[str, Any]],
     region: str | None = None,
     project_id: str | None = None,
     requested_by: str = "prefect",
+    request_id: str | None = None,
 ) -> dict[str, Any]:
     """Place a GPU slice and bring its VM up: ``active`` only after the lease and SSH gate.
-    Any failure leaves the allocation ``failed`` with a reason, its slots cleanup_blocked."""
+    Any failure leaves the allocation ``failed`` with a reason, its slots cleanup_blocked.
+
+    ``image`` is a catalog slug (an active image compatible with the SKU); the node
+    verifies the catalog's sha256. ``request_id`` makes the request idempotent (default:
+    this flow run): the same request id never places a second allocation.
+    """
     logger = get_run_logger()
-    placed = place(sku, gpu_count, region, project_id, requested_by)
+    request_id = request_id or current_run() or str(uuid.uuid4())
+    try:
+        catalog = resolve_image(image, sku)
+        placed = place(sku, gpu_count, region, project_id, requested_by, request_id)
+    except GpuaasError as exc:
+        return Failed(message=f"{exc.code}: {exc.message}")
     if not placed["placed"]:
         return Failed(message=f"{placed['code']} ({placed['reason']}): {placed['message']}")
     allocation_id = placed["allocation_id"]
-    if placed["capacity_shape"] != CapacityShape.GPU_SLICE.value:
+    if placed.get("replayed") and (
+        placed["state"] != AllocationState.PENDING.value or placed["flow_run_id"] != current_run()
+    ):
+        logger.info(
+            "request %s already became allocation %s (%s, run %s)",
+            request_id,
+            allocation_id,
+            placed["state"],
+            placed["flow_run_id"],
+        )
+        return placed
+    if catalog is None:
         # Whole nodes are deployed by MAAS; this collection does not drive the MAAS API.
         logger.info("baremetal allocation %s placed on %s", allocation_id, placed["node"])
         return placed
     spec = mark_provisioning(allocation_id)
     try:
-        outcome = provision_vm(spec, image, users)
+        outcome = provision_vm(spec, catalog, users)
     except Exception as exc:  # the host action itself blew up: fail closed
         mark_failed(allocation_id, f"provision task error: {exc}", {})
         raise
@@ -164,24 +273,32 @@ def mark_releasing(allocation_id: str) -> dict[str, Any]:
     return cp.runtime_spec(uuid.UUID(allocation_id))
 
 
-@task(name="release VM and wipe disks on node")
-def release_vm(spec: dict[str, Any]) -> HostOutcome:
-    variables = {
+def release_variables(spec: dict[str, Any]) -> dict[str, Any]:
+    return {
         "slice_vm_release_allocation_id": spec["allocation_id"],
         "slice_vm_release_slots": role_slots(spec),
         "slice_vm_release_mac_address": spec["mac_address"],
         "slice_vm_release_private_ip": spec["private_ip"],
         "slice_vm_release_bridge": spec["bridge"],
     }
+
+
+def run_release(spec: dict[str, Any]) -> HostOutcome:
+    """The VM release playbook for one allocation: stop, undefine, unreserve, wipe."""
     return run_host_action(
         control_plane(),
         VM_RELEASE,
         [spec["node"]],
-        variables,
+        release_variables(spec),
         ACTOR,
         allocation_id=uuid.UUID(spec["allocation_id"]),
         flow_run_id=current_run(),
     )[spec["node"]]
+
+
+@task(name="release VM and wipe disks on node")
+def release_vm(spec: dict[str, Any]) -> HostOutcome:
+    return run_release(spec)
 
 
 @task(name="release claims")

@@ -19,12 +19,23 @@ from sqlalchemy.orm import Session
 
 from controlplane.enums import (
     AllocationState,
+    CapacityShape,
     EvidenceKind,
     HealthState,
+    ImageCacheStatus,
+    ImageStatus,
     SlotStatus,
 )
 from controlplane.errors import Conflict, InvalidInput, NotFound
-from controlplane.models import Allocation, AllocationResourceClaim, Node, NodeResourceSlot, Sku
+from controlplane.models import (
+    Allocation,
+    AllocationResourceClaim,
+    Node,
+    NodeImageCache,
+    NodeResourceSlot,
+    OsImage,
+    Sku,
+)
 from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
@@ -518,3 +529,61 @@ def set_flow_run(session: Session, allocation_id: uuid.UUID, flow_run_id: str) -
     allocation = _lock_allocation(session, allocation_id)
     allocation.runtime_metadata = {**allocation.runtime_metadata, "flow_run_id": flow_run_id}
     session.flush()
+
+
+def image_for_sku(session: Session, slug: str | None, sku_slug: str) -> dict[str, Any] | None:
+    """The catalog image a slice VM of ``sku_slug`` boots: its sha256 is what the node
+    verifies before cloning, never a digest the caller supplies. None for a baremetal
+    SKU (MAAS deploys whole nodes). Refuses before anything is placed or touched.
+
+    The path is the image's default (``image_metadata.image_path``), overridden per node
+    by a verified node image cache entry holding the same digest.
+    """
+    sku = session.scalars(select(Sku).where(Sku.slug == sku_slug)).one_or_none()
+    if sku is None:
+        raise NotFound("sku", sku_slug)
+    if sku.capacity_shape == CapacityShape.BAREMETAL:
+        return None
+    if not slug:
+        raise InvalidInput(
+            "image_required", f"a {sku_slug} slice VM needs a catalog image", {"sku": sku_slug}
+        )
+    image = session.scalars(select(OsImage).where(OsImage.slug == slug)).one_or_none()
+    if image is None:
+        raise NotFound("image", slug)
+    if image.status != ImageStatus.ACTIVE:
+        raise Conflict(
+            "image_not_active",
+            f"image {slug} is {image.status.value}; only active catalog images are provisioned",
+            {"image": slug, "status": image.status.value},
+        )
+    if sku_slug not in image.compatible_skus:
+        raise Conflict(
+            "image_incompatible",
+            f"image {slug} is not compatible with SKU {sku_slug} "
+            f"(compatible: {sorted(image.compatible_skus)})",
+            {"image": slug, "sku": sku_slug, "compatible_skus": sorted(image.compatible_skus)},
+        )
+    cached = session.execute(
+        select(Node.hostname, NodeImageCache.local_path)
+        .join(Node, Node.id == NodeImageCache.node_id)
+        .where(
+            NodeImageCache.image_id == image.id,
+            NodeImageCache.status == ImageCacheStatus.VERIFIED,
+            NodeImageCache.digest_sha256 == image.digest_sha256,
+            NodeImageCache.local_path.is_not(None),
+        )
+    ).all()
+    default_path = (image.image_metadata or {}).get("image_path")
+    if not default_path and not cached:
+        raise InvalidInput(
+            "image_path_unknown",
+            f"image {slug} names no image_path and no node caches it",
+            {"image": slug},
+        )
+    return {
+        "slug": image.slug,
+        "sha256": image.digest_sha256,
+        "path": default_path,
+        "node_paths": {hostname: path for hostname, path in cached},
+    }

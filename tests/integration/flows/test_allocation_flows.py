@@ -6,28 +6,54 @@ The success path with a real QEMU guest is in test_vm_flows.py.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 
 import pytest
+from prefect import flow
 from sqlalchemy import text
 
 from controlplane.audit import audit
 from controlplane.enums import AllocationState
-from flows.allocation import provision_allocation, release_allocation
+from flows.allocation import place, provision_allocation, release_allocation
 from flows.fleet import approve_slots, discover_topology
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefect")]
 
-IMAGE = {"path": "/nonexistent/slice.raw", "sha256": "0" * 64}
+IMAGE = "test-slice-image"
+IMAGE_DIGEST = hashlib.sha256(b"test-slice-image").hexdigest()
 USERS = [
     {"name": "tenant", "ssh_authorized_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAItest t@t"]}
 ]
 
 
+def add_catalog_image(
+    engine, slug: str, digest: str, path: str, skus: list[str], status: str = "active"
+) -> None:
+    """An os_images catalog entry, as an operator's catalog import would write it."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO os_images (slug, status, digest_sha256, compatible_skus,"
+                " image_metadata) VALUES (:slug, :status, :digest, :skus, CAST(:meta AS jsonb))"
+            ),
+            {
+                "slug": slug,
+                "status": status,
+                "digest": digest,
+                "skus": skus,
+                "meta": json.dumps({"image_path": path}),
+            },
+        )
+
+
 @pytest.fixture
-def approved(simulated_fleet):
+def approved(simulated_fleet, engine):
     discover_topology(hostnames=["j22u15"])
     approve_slots("j22u15")
+    # The file does not exist on the simulated host: the role's preflight refuses it.
+    add_catalog_image(engine, IMAGE, IMAGE_DIGEST, "/nonexistent/slice.raw", ["h200-sxm-slice"])
     return simulated_fleet
 
 
@@ -48,11 +74,14 @@ def test_failed_provision_leaves_failed_allocation_and_cleanup_blocked_slots(app
     with engine.connect() as conn:
         task = conn.execute(
             text(
-                "SELECT state, error, output -> 'tasks' IS NOT NULL FROM node_tasks"
+                "SELECT state, error, output -> 'tasks' IS NOT NULL,"
+                " parameters -> 'slice_vm_provision_image' FROM node_tasks"
                 " WHERE kind = 'slice.vm_provision'"
             )
         ).one()
         assert task[0] == "failed" and task[1] and task[2]
+        # The node was told the catalog's digest and path, not anything the caller chose.
+        assert task[3] == {"path": "/nonexistent/slice.raw", "sha256": IMAGE_DIGEST}
         assert (
             conn.execute(
                 text("SELECT count(*) FROM evidence WHERE allocation_id = :a AND NOT passed"),
@@ -81,3 +110,71 @@ def test_release_without_wipe_proof_keeps_slots_cleanup_blocked(approved, engine
     assert slot["status"] == "cleanup_blocked", (state, slot)
     with engine.connect() as conn:
         assert audit(conn) == []
+
+
+@pytest.mark.parametrize(
+    ("image", "code"),
+    [
+        ("no-such-image", "image_not_found"),
+        # In the shipped catalog, disabled until an operator imports and activates it.
+        ("ubuntu-24.04-h200-base", "image_not_active"),
+        ("lab-only-image", "image_incompatible"),
+        (None, "image_required"),
+    ],
+)
+def test_image_outside_the_catalog_is_refused_before_placement(approved, engine, image, code):
+    add_catalog_image(engine, "lab-only-image", "1" * 64, "/var/lib/lab.raw", ["lab-slice"])
+    state = provision_allocation("h200-sxm-slice", 1, image, USERS, return_state=True)
+    assert state.is_failed()
+    assert state.message.startswith(f"{code}: "), state.message
+    with engine.connect() as conn:
+        counts = conn.execute(
+            text(
+                "SELECT (SELECT count(*) FROM allocations), (SELECT count(*) FROM node_tasks"
+                " WHERE kind <> 'slice.topology_discover'),"
+                " (SELECT count(*) FROM node_resource_slots WHERE status <> 'available')"
+            )
+        ).one()
+    assert tuple(counts) == (0, 0, 0)
+
+
+def test_placement_is_idempotent_per_request_id(approved, engine):
+    @flow
+    def place_with_a_retry() -> tuple[dict, dict]:
+        # A retry re-runs the task with the same arguments after the first commit.
+        first = place("h200-sxm-slice", 2, None, "proj-a", "test", "request-1")
+        again = place("h200-sxm-slice", 2, None, "proj-a", "test", "request-1")
+        return first, again
+
+    first, again = place_with_a_retry()
+    assert first["placed"] and not first.get("replayed")
+    assert again["replayed"] and again["allocation_id"] == first["allocation_id"]
+    assert sorted(s["slot_index"] for s in again["slots"]) == sorted(
+        s["slot_index"] for s in first["slots"]
+    )
+    with engine.connect() as conn:
+        allocations, claims = conn.execute(
+            text(
+                "SELECT (SELECT count(*) FROM allocations),"
+                " (SELECT count(*) FROM allocation_resource_claims WHERE state = 'active')"
+            )
+        ).one()
+        assert (allocations, claims) == (1, 2)
+        assert audit(conn) == []
+
+    # The same request id for something else is refused, nothing placed.
+    reused = provision_allocation(
+        "h200-sxm-slice",
+        1,
+        IMAGE,
+        USERS,
+        project_id="proj-a",
+        request_id="request-1",
+        return_state=True,
+    )
+    assert reused.is_failed() and reused.message.startswith("request_id_reused: ")
+    # The same request from another project is another allocation.
+    other = place.fn("h200-sxm-slice", 1, None, "proj-b", "test", "request-1")
+    assert other["allocation_id"] != first["allocation_id"]
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM allocations")).scalar_one() == 2
