@@ -5,6 +5,10 @@ only its check fails. The cases run through the preflight module_utils in one Py
 process on the lab host; the module itself runs through ansible-playbook for the accepted
 case and one refusal. Mounts are made inside the lab's mount namespace, which is the
 slice host the modules see.
+A second baseline turns PCI passthrough on with PCI functions this machine really has, so
+a GPU or fabric VF held by another (defined, never started) domain is refused, next to
+repeated GPUs or disks in one request, a libvirt socket nobody answers on, and a disk in
+use as swap. A device-mapper holder is refused where the kernel has device-mapper.
 Then the whole provision role is refused on the seed's j22u05 disk (parent not mounted, a
 child partition mounted) and the test proves nothing was written anywhere.
 """
@@ -13,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import sys
 import uuid
 from pathlib import Path
@@ -176,6 +182,198 @@ def test_every_preflight_refusal(linux_lab, guest_image, tmp_path: Path):
         os.unlink(regular)
 
 
+def present_pci_addresses(count: int) -> list[str]:
+    """`count` PCI functions this machine really has (they stand in for GPUs and VFs)."""
+    addresses = sorted(os.listdir("/sys/bus/pci/devices"))
+    if len(addresses) < count:
+        pytest.skip(f"needs {count} PCI functions in /sys/bus/pci/devices, found {addresses}")
+    return addresses[:count]
+
+
+def define_hostdev_domain(lab, name: str, addresses: list[str], tmp_path: Path) -> None:
+    """Another tenant's domain holding `addresses` as PCI hostdevs, defined and never
+    started; managed='no' so that even a start could not take them from the host."""
+    hostdevs = "".join(
+        "<hostdev mode='subsystem' type='pci' managed='no'><source>"
+        f"<address domain='0x{a[0:4]}' bus='0x{a[5:7]}' slot='0x{a[8:10]}' function='0x{a[11]}'/>"
+        "</source></hostdev>"
+        for a in addresses
+    )
+    xml = tmp_path / f"{name}.xml"
+    xml.write_text(
+        f"<domain type='qemu'><name>{name}</name><memory unit='MiB'>64</memory>"
+        f"<os><type arch='x86_64'>hvm</type></os><devices>{hostdevs}</devices></domain>"
+    )
+    lab.virsh("define", str(xml))
+
+
+def stale_libvirt_socket(path: Path) -> str:
+    """A libvirt socket nobody listens on, as a stopped or crashed daemon leaves it."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+    return f"qemu:///system?socket={path}"
+
+
+def test_refusals_of_held_or_repeated_devices_and_a_stopped_daemon(
+    linux_lab, guest_image, tmp_path: Path
+):
+    """The checks the first test cannot reach: PCI passthrough is on (with PCI functions
+    this machine has) so the "in use by another domain" check runs, plus repeated GPUs or
+    disks within one request, the libvirt daemon gone, a disk used as swap or held by a
+    device-mapper device."""
+    lab = linux_lab
+    gpu, vf, gpu2, vf2, held_gpu, held_vf = present_pci_addresses(6)
+    raw = lab.disk()
+    raw2 = lab.disk()
+    swap = lab.disk()
+    other = OTHER_DOMAIN.format(uuid.uuid4().hex[:6])
+    define_hostdev_domain(lab, other, [held_gpu, held_vf], tmp_path)
+    stopped_daemon = stale_libvirt_socket(tmp_path / "libvirt-sock")
+    lab.loops.swapon(swap.device)
+    try:
+
+        def pci_slot(nvme_device: str, **overrides) -> dict:
+            return slot(
+                nvme_device, **{"gpu_pci_address": gpu, "fabric_vf_pci_address": vf, **overrides}
+            )
+
+        base = {
+            "allocation_id": str(uuid.uuid4()),
+            "slots": [pci_slot(raw.stable_path)],
+            "mac_address": "52:54:00:5a:00:21",
+            "bridge": lab.bridge,
+            "bridge_type": "linux",
+            "profile": {"vcpus": 1, "memory_mib": 512},
+            "image": {"path": guest_image.path, "sha256": guest_image.sha256},
+            "emulation": True,
+            "pci_passthrough": True,
+            "stable_dirs": [lab.stable_dir],
+        }
+        cases = {
+            "accepted": ({}, None),
+            "gpu_in_use_by_domain": (
+                {"slots": [pci_slot(raw.stable_path, gpu_pci_address=held_gpu)]},
+                ("pci", "pci_in_use_by_domain"),
+            ),
+            "vf_in_use_by_domain": (
+                {"slots": [pci_slot(raw.stable_path, fabric_vf_pci_address=held_vf)]},
+                ("pci", "pci_in_use_by_domain"),
+            ),
+            "duplicate_gpu": (
+                {"slots": [pci_slot(raw.stable_path), slot(raw2.stable_path, gpu, vf2)]},
+                ("allocation", "duplicate_device"),
+            ),
+            "duplicate_disk": (
+                {"slots": [pci_slot(raw.stable_path), slot(raw.stable_path, gpu2, vf2)]},
+                ("allocation", "duplicate_device"),
+            ),
+            "libvirt_unavailable": (
+                {"libvirt_uri": stopped_daemon},
+                ("libvirt", "libvirt_unavailable"),
+            ),
+            "swap": ({"slots": [pci_slot(swap.stable_path)]}, ("disk", "swap")),
+        }
+        outcomes = preflight_in_lab(
+            lab, {name: {**base, **change} for name, (change, _) in cases.items()}, tmp_path
+        )
+        for name, (_change, expected) in cases.items():
+            outcome = outcomes[name]
+            failed = [c for c in outcome["checks"] if not c["ok"]]
+            if expected is None:
+                assert outcome["ok"] and not failed, failed
+                continue
+            check, code = expected
+            assert outcome["failure"]["code"] == code, (name, outcome["failure"])
+            assert [c["check"] for c in failed] == [check], (name, failed)
+        messages = {
+            name: outcomes[name]["failure"]["message"] for name in cases if name != "accepted"
+        }
+        assert messages["gpu_in_use_by_domain"] == f"{held_gpu} is passed through to domain {other}"
+        assert messages["vf_in_use_by_domain"] == f"{held_vf} is passed through to domain {other}"
+        assert messages["duplicate_gpu"] == f"GPU {gpu} is listed for more than one slot"
+        assert (
+            messages["duplicate_disk"] == f"disk {raw.stable_path} is listed for more than one slot"
+        )
+        assert stopped_daemon in messages["libvirt_unavailable"]
+        # the daemon is needed for the PCI and disk checks: they are not run without it
+        assert {c["check"] for c in outcomes["libvirt_unavailable"]["checks"]} == {
+            "allocation",
+            "kvm",
+            "bridge",
+            "numa",
+            "hugepages",
+            "libvirt",
+            "image",
+        }
+        assert swap.device in messages["swap"], messages["swap"]
+
+        playbook = tmp_path / "preflight_pci.yml"
+        task = {
+            "name": "case gpu_in_use_by_domain",
+            "gpuaas.fleet.slice_vm_preflight": {**base, **cases["gpu_in_use_by_domain"][0]},
+            "ignore_errors": True,
+        }
+        playbook.write_text(
+            json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": [task]}])
+        )
+        refused = lab.playbook(str(playbook), {}).task_result("case gpu_in_use_by_domain")
+        assert refused["failed"] and refused["failure"]["code"] == "pci_in_use_by_domain"
+        assert refused["failure"]["check"] == "pci" and refused["failed_checks"] == ["pci"]
+        assert refused["msg"] == f"preflight pci: {messages['gpu_in_use_by_domain']}"
+        assert lab.virsh("list", "--all", "--name").stdout.split() == [other]
+    finally:
+        lab.run(["swapoff", swap.device], check=False)
+        lab.virsh("undefine", other, check=False)
+
+
+def device_mapper_unavailable_reason() -> str | None:
+    with open("/proc/misc", encoding="ascii") as misc:
+        if "device-mapper" not in misc.read().split():
+            return "no device-mapper in this kernel (/proc/misc has no device-mapper)"
+    if shutil.which("dmsetup") is None:
+        return "dmsetup is not installed"
+    return None
+
+
+def test_disk_held_by_a_device_mapper_device_is_refused(linux_lab, guest_image, tmp_path):
+    """A dm device stacked on the slot disk (an LVM volume on a host) is a holder."""
+    reason = device_mapper_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    lab = linux_lab
+    stacked = lab.disk()
+    dm_name = f"gpuaas-test-{uuid.uuid4().hex[:8]}"
+    lab.run(
+        [
+            "dmsetup",
+            "create",
+            dm_name,
+            "--noudevsync",
+            "--table",
+            f"0 {stacked.size_bytes // 512} linear {stacked.device} 0",
+        ]
+    )
+    try:
+        params = {
+            "allocation_id": str(uuid.uuid4()),
+            "slots": [slot(stacked.stable_path)],
+            "mac_address": "52:54:00:5a:00:22",
+            "bridge": lab.bridge,
+            "bridge_type": "linux",
+            "profile": {"vcpus": 1, "memory_mib": 512},
+            "image": {"path": guest_image.path, "sha256": guest_image.sha256},
+            "emulation": True,
+            "pci_passthrough": False,
+            "stable_dirs": [lab.stable_dir],
+        }
+        outcome = preflight_in_lab(lab, {"dm_holder": params}, tmp_path)["dm_holder"]
+        assert outcome["failure"]["code"] == "dm_holder", outcome["failure"]
+        assert [c["check"] for c in outcome["checks"] if not c["ok"]] == ["disk"]
+        assert f"/dev/{stacked.kernel_name} is held by a dm device" in outcome["failure"]["message"]
+    finally:
+        lab.run(["dmsetup", "remove", "--noudevsync", dm_name], check=False)
+
+
 def preflight_in_lab(lab, cases: dict, tmp_path: Path) -> dict:
     """Run the preflight module_utils for each case in one Python process on the lab host
     (its network and mount namespaces), as the module would: one interpreter start instead
@@ -195,10 +393,15 @@ def preflight_in_lab(lab, cases: dict, tmp_path: Path) -> dict:
     return json.loads(proc.stdout)
 
 
-def slot(nvme_device: str, **overrides) -> dict:
+def slot(
+    nvme_device: str,
+    gpu_pci_address: str = "0000:1b:00.0",
+    fabric_vf_pci_address: str = "0000:1a:00.1",
+    **overrides,
+) -> dict:
     return {
-        "gpu_pci_address": "0000:1b:00.0",
-        "fabric_vf_pci_address": "0000:1a:00.1",
+        "gpu_pci_address": gpu_pci_address,
+        "fabric_vf_pci_address": fabric_vf_pci_address,
         "nvme_device": nvme_device,
         "numa_node": 0,
         **overrides,
