@@ -228,6 +228,18 @@ def test_slice_vm_bootstrap_then_parity_passes_what_can_exist_here(tmp_path: Pat
         vendor = "intel" if "GenuineIntel" in Path("/proc/cpuinfo").read_text() else "amd"
         staged = target.run("cat", "/etc/default/grub").stdout
         assert f'GRUB_CMDLINE_LINUX="console=ttyS0 {vendor}_iommu=on iommu=pt"' in staged
+        # Staged, not active: the role says a reboot is needed and why, and does not reboot.
+        tasks = {
+            task["task"]["name"].split(" : ")[-1]: next(iter(task["hosts"].values()))
+            for play in output["plays"]
+            for task in play["tasks"]
+            if task["hosts"]
+        }
+        summary = tasks["Summarise the bootstrap"]["ansible_facts"]["slice_host_bootstrap_result"]
+        assert summary["reboot_required"] is True and summary["kernel_args_staged"] is True
+        assert f"kernel argument not active: {vendor}_iommu=on" in summary["reboot_reasons"]
+        reboot = "Reboot, as explicitly allowed, so kernel arguments and VFIO binding take effect"
+        assert tasks[reboot]["skipped"]
     finally:
         errors = target_module.destroy(tmp_path / "slice-target")
         assert not errors, errors
