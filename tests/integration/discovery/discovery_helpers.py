@@ -89,8 +89,14 @@ def task_result(document: dict, task_name: str, host: str = "localhost") -> dict
     return found[-1]
 
 
-def start_dnsmasq(ns: NetNamespace, workdir: Path):
-    """A real dnsmasq serving the slice subnet on ovsbr0 inside the namespace."""
+def start_dnsmasq(
+    ns: NetNamespace,
+    workdir: Path,
+    dhcp_range: str = "10.100.0.10,10.100.0.17,12h",
+    extra: tuple[str, ...] = (),
+):
+    """A real dnsmasq serving `dhcp_range` on ovsbr0 inside the namespace."""
+    tag = f"dnsmasq-{time.monotonic_ns()}"
     return ns.start_daemon(
         [
             "dnsmasq",
@@ -100,13 +106,61 @@ def start_dnsmasq(ns: NetNamespace, workdir: Path):
             "--bind-interfaces",
             "--interface=ovsbr0",
             "--except-interface=lo",
-            "--dhcp-range=10.100.0.10,10.100.0.17,12h",
-            f"--dhcp-leasefile={workdir / 'dnsmasq.leases'}",
-            f"--pid-file={workdir / 'dnsmasq.pid'}",
+            f"--dhcp-range={dhcp_range}",
+            f"--dhcp-leasefile={workdir / (tag + '.leases')}",
+            f"--pid-file={workdir / (tag + '.pid')}",
             "--user=root",
+            *extra,
         ],
-        log_path=workdir / "dnsmasq.log",
+        log_path=workdir / f"{tag}.log",
     )
+
+
+# Runs parity checks (or discovery) in the caller's network namespace and prints JSON.
+PROBE = """
+import json, sys
+from ansible_collections.gpuaas.fleet.plugins.module_utils import parity, sysfs, topology
+request = json.loads(sys.argv[1])
+if request["what"] == "topology":
+    print(json.dumps(topology.discover(**request["options"])))
+else:
+    options = request["options"]
+    if "pidfile_dirs" in options:
+        options["pidfile_dirs"] = tuple(options["pidfile_dirs"])
+    context = parity.ParityContext(host=sysfs.HostRoot(request["root"]), **options)
+    print(json.dumps(parity.run_checks(context, request["checks"])))
+"""
+
+
+def _probe(ns: NetNamespace, request: dict, env: dict[str, str] | None) -> object:
+    proc = subprocess.run(
+        [*ns.exec_prefix(), sys.executable, "-c", PROBE, json.dumps(request)],
+        env={
+            **(env or {}),
+            "PATH": f"{VENV_BIN}:/usr/sbin:/usr/bin:/sbin:/bin",
+            "PYTHONPATH": f"{REPO / '.collections'}:{REPO}",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def parity_in(
+    ns: NetNamespace, root: Path, checks: list[str], env: dict[str, str] | None = None, **options
+) -> dict[str, dict]:
+    """check -> result of parity.run_checks run inside the namespace (a real process)."""
+    request = {"what": "parity", "root": str(root), "checks": checks, "options": options}
+    return {r["check"]: r for r in _probe(ns, request, env)}
+
+
+def topology_in(ns: NetNamespace, root: Path, env: dict[str, str] | None = None, **options) -> dict:
+    """topology.discover of `root` with live network evidence from inside the namespace."""
+    options = {"root": str(root), "collected_at": "2026-04-24T10:00:00Z", **options}
+    return _probe(ns, {"what": "topology", "options": options}, env)
 
 
 def start_session_libvirtd(ns: NetNamespace, workdir: Path):

@@ -88,6 +88,7 @@ def test_parity_flips_with_the_namespace_state(slice_ns, trees, ansible_env, tmp
     extravars = {
         "gpuaas_topology_root": str(trees["clean"]),
         "gpuaas_node_id": "j22u15",
+        "gpuaas_fabric_subnet": "172.16.10.0/24",
         "slice_parity_libvirt_sockets": [str(daemon_dir / "run/libvirt/libvirt-sock")],
     }
 
@@ -107,7 +108,7 @@ def test_parity_flips_with_the_namespace_state(slice_ns, trees, ansible_env, tmp
     dnsmasq = start_dnsmasq(slice_ns, daemon_dir)
     libvirtd, _sock = start_session_libvirtd(slice_ns, daemon_dir)
     rc, doc = run_playbooks(ansible_env, BOTH, extravars, tmp_path, slice_ns)
-    assert rc == 0, doc["stats"]
+    assert rc == 0, task_result(doc, "Run the slice parity checks")["results"]
     after = task_result(doc, "Run the slice parity checks")
     assert statuses(after) == dict.fromkeys(parity.CHECKS, "PASS"), after["results"]
     assert after["lines"][-1] == (
@@ -134,21 +135,26 @@ def test_parity_flips_with_the_namespace_state(slice_ns, trees, ansible_env, tmp
     assert without_time(discovered["topology"]) == without_time(rediscovered["topology"])
     assert checked["stats"]["localhost"]["changed"] == 0
 
-    # C: everything taken away again.
+    # C: everything taken away again, the IPoIB link down too.
     slice_ns.stop_daemon(dnsmasq)
     slice_ns.stop_daemon(libvirtd)
     slice_ns.del_address("ovsbr0", GATEWAY)
     slice_ns.remove_masquerade(SLICE_SUBNET)
     slice_ns.set_ip_forward(False)
+    slice_ns.run(["ip", "link", "set", "ibp26s0", "down"])
     rc, doc = run_playbooks(
         ansible_env, BOTH, {**extravars, "slice_parity_fail_on_failures": False}, tmp_path, slice_ns
     )
     assert rc == 0
     again = task_result(doc, "Run the slice parity checks")
-    assert {c: statuses(again)[c] for c in FLIPPING} == dict.fromkeys(FLIPPING, "FAIL")
+    fabric = ("fabric_address", "fabric_route")
+    assert {c: statuses(again)[c] for c in FLIPPING + fabric} == dict.fromkeys(
+        FLIPPING + fabric, "FAIL"
+    )
     parsed, summary = parity.parse_lines(again["lines"])
     assert parsed == again["results"]
-    assert summary["failures"] == again["failures"] == 6  # the five above and api_topology
+    # The five above, the IPoIB address and route, and api_topology.
+    assert summary["failures"] == again["failures"] == 8
 
 
 def ok_json(env: dict, *args: str) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import ansible_runner
@@ -86,7 +87,7 @@ def test_runner_discovers_and_checks_parity(trees, ansible_env, tmp_path):
         extravars={
             "gpuaas_topology_dir": str(maps),
             "slice_parity_checks": [*FILE_CHECKS, "api_topology"],
-            "slice_parity_max_age_seconds": 86400,
+            "slice_parity_topology_max_age": "1d",
         },
         envvars=runner_env(ansible_env),
         quiet=True,
@@ -105,3 +106,86 @@ def test_runner_discovers_and_checks_parity(trees, ansible_env, tmp_path):
         assert parity.parse_lines(res["lines"]) == (res["results"], res["summary"])
     assert results["j22u15"]["results"][-1]["detail"] == "1 hard blockers: network_evidence_missing"
     assert "mounted_child_partition" in results["j22u05"]["results"][-1]["detail"]
+
+
+def iso(hours_ago: float) -> str:
+    stamp = datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=hours_ago)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_fleet_sweep_judges_the_control_planes_stored_topology_evidence(
+    trees, ansible_env, tmp_path
+):
+    """api_topology in a sweep: the host variables the control-plane inventory sets."""
+    stored = {
+        "fresh": {"gpuaas_topology_collected_at": iso(2), "gpuaas_topology_blockers": []},
+        "stale": {"gpuaas_topology_collected_at": iso(30)},
+        "blocked": {
+            "gpuaas_topology_collected_at": iso(1),
+            "gpuaas_topology_blockers": [
+                {"code": "nat_missing", "severity": "hard", "detail": "no MASQUERADE rule"}
+            ],
+        },
+        # Known to the control plane, no topology evidence stored for it.
+        "never": {"gpuaas_topology_collected_at": None},
+        # A plain inventory without the control plane: local checks only.
+        "local": {},
+    }
+    inventory = {
+        "all": {
+            "hosts": {
+                name: {
+                    "ansible_connection": "local",
+                    "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                    "gpuaas_topology_root": str(trees["clean"]),
+                    **variables,
+                }
+                for name, variables in stored.items()
+            }
+        }
+    }
+    (tmp_path / "parity").mkdir()
+    run = ansible_runner.run(
+        private_data_dir=str(tmp_path / "parity"),
+        playbook=str(REPO / "playbooks/parity.yml"),
+        inventory=inventory,
+        extravars={"slice_parity_checks": ["api_topology"], "slice_parity_fail_on_failures": False},
+        envvars=runner_env(ansible_env),
+        quiet=True,
+    )
+    assert run.status == "successful", run.stdout.read()
+    results = {
+        host: res["results"][0]
+        for host, res in task_results(run, "Run the slice parity checks").items()
+    }
+    assert {host: r["status"] for host, r in results.items()} == {
+        "fresh": "PASS",
+        "stale": "FAIL",
+        "blocked": "FAIL",
+        "never": "FAIL",
+        "local": "WARN",
+    }
+    assert results["stale"]["detail"].endswith("old (max 86400s)")
+    assert results["blocked"]["detail"] == "1 hard blockers: nat_missing"
+    assert (
+        results["never"]["detail"] == "the control plane holds no topology evidence for this node"
+    )
+    for host in ("stale", "never"):
+        assert results[host]["remediation"].startswith("run discover-topology")
+
+    # The role's max age applies to the stored evidence too.
+    (tmp_path / "strict").mkdir()
+    strict = ansible_runner.run(
+        private_data_dir=str(tmp_path / "strict"),
+        playbook=str(REPO / "playbooks/parity.yml"),
+        inventory={"all": {"hosts": {"fresh": inventory["all"]["hosts"]["fresh"]}}},
+        extravars={
+            "slice_parity_checks": ["api_topology"],
+            "slice_parity_fail_on_failures": False,
+            "slice_parity_topology_max_age": "1h",
+        },
+        envvars=runner_env(ansible_env),
+        quiet=True,
+    )
+    result = task_results(strict, "Run the slice parity checks")["fresh"]["results"][0]
+    assert result["status"] == "FAIL" and result["detail"].endswith("old (max 3600s)")
