@@ -1,4 +1,5 @@
-"""Fleet flows: topology discovery, slot approval, parity sweeps, storage transition.
+"""Fleet flows: topology discovery, slot approval, parity sweeps, storage transition,
+host bootstrap.
 
 Flows only orchestrate: each host action is one named task over ``flows.hostwork``; the
 rules live in the control plane. Retries are only on the read-only host probes.
@@ -7,15 +8,20 @@ rules live in the control plane. Retries are only on the read-only host probes.
 from __future__ import annotations
 
 import uuid
+from dataclasses import asdict
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+from prefect.futures import as_completed
 from prefect.runtime import flow_run
 from prefect.states import Failed
+from prefect.task_runners import ThreadPoolTaskRunner
 
+from controlplane import db
 from controlplane.api import ControlPlane
 from controlplane.enums import EvidenceKind
 from controlplane.errors import GpuaasError
+from controlplane.services import inventory
 from flows import artifacts
 from flows.hostwork import (
     BOOTSTRAP,
@@ -166,32 +172,60 @@ def parity_sweep(
     region: str | None = None,
     profile_intent: str | None = "slice_vm",
     batch_size: int = 25,
+    parallel_batches: int = 4,
     extravars: dict[str, Any] | None = None,
-) -> list[dict[str, Any]]:
-    """Check parity across the fleet (or a selector) in bounded batches. Failing nodes become
-    unavailable with the reason; nodes parity had made unavailable return when they pass."""
+) -> list[dict[str, Any]] | Any:
+    """Check parity across the fleet (or a selector). Concurrency is bounded: one runner
+    job per batch of ``batch_size`` hosts (checked together, one fork each), at most
+    ``parallel_batches`` jobs at once, a new one starting as soon as one finishes. Failing
+    nodes become unavailable with the reason; nodes parity had made unavailable return
+    when they pass."""
+    if batch_size < 1 or parallel_batches < 1:
+        return Failed(message="batch_size and parallel_batches must be at least 1")
     logger = get_run_logger()
     hosts = select_nodes(hostnames, region, profile_intent)
     batches = [hosts[i : i + batch_size] for i in range(0, len(hosts), batch_size)]
     progress = artifacts.progress("parity-sweep", f"Parity sweep over {len(hosts)} nodes")
     rows: list[dict[str, Any]] = []
-    for done, batch in enumerate(batches, start=1):
-        rows.extend(apply_verdicts(parity_batch(batch, extravars or {})))
-        progress.update(100.0 * done / len(batches))
-        logger.info("parity batch %d/%d done", done, len(batches))
+    with ThreadPoolTaskRunner(max_workers=parallel_batches) as runner:
+        futures = [
+            runner.submit(parity_batch, {"hostnames": batch, "extravars": extravars or {}})
+            for batch in batches
+        ]
+        for done, future in enumerate(as_completed(futures), start=1):
+            rows.extend(apply_verdicts(future.result()))
+            progress.update(100.0 * done / len(batches))
+            logger.info("parity batch %d/%d done", done, len(batches))
+    rows.sort(key=lambda row: row["node"])
     artifacts.table("parity-sweep", "Parity verdict per node", rows)
     return rows
 
 
+@task(name="verify storage approval")
+def verify_storage_approval(hostname: str, reference: str, devices: list[str]) -> dict[str, Any]:
+    """The recorded approval, or the refusal (nothing runs on the host without one)."""
+    try:
+        with db.transaction(control_plane().engine) as session:
+            approval = inventory.verify_storage_approval(session, hostname, reference, devices)
+        return {"refused": False, **asdict(approval)}
+    except GpuaasError as refused:
+        return {"refused": True, "message": refused.message, **refused.as_dict()}
+
+
 @task(name="transition storage on host")
 def transition_storage(
-    hostname: str, devices: list[str], approval: str, apply: bool, extravars: dict[str, Any]
+    hostname: str,
+    devices: list[str],
+    approval: dict[str, Any] | None,
+    apply: bool,
+    extravars: dict[str, Any],
 ) -> HostOutcome:
     variables = {
         **extravars,
         "slice_storage_transition_devices": devices,
-        "slice_storage_transition_approved_devices": devices,
-        "slice_storage_transition_approval": approval,
+        # The recorded approval's disks, never the caller's list; a plan has none.
+        "slice_storage_transition_approved_devices": approval["devices"] if approval else [],
+        "slice_storage_transition_approval": approval["reference"] if approval else "",
         "slice_storage_transition_apply": apply,
     }
     return run_host_action(
@@ -203,15 +237,30 @@ def transition_storage(
 def storage_transition(
     hostname: str,
     devices: list[str],
-    approval: str,
+    approval: str | None = None,
     apply: bool = False,
     extravars: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Turn infra-approved host disks into raw slice disks. Plan only unless ``apply``; an
-    approval reference is always required and recorded in the manifest and evidence."""
-    if not approval.strip():
-        return Failed(message="storage transition needs an infra approval reference")
-    outcome = transition_storage(hostname, devices, approval, apply, extravars or {})
+) -> dict[str, Any] | Any:
+    """Turn infra-approved host disks into raw slice disks. Plan only unless ``apply``.
+
+    Applying needs ``approval``: the reference of an approval an operator recorded in the
+    store for this node (evidence kind ``approval``) that covers every requested disk; the
+    host may then touch only that record's disks, and the reference goes into the manifest
+    and the evidence. Without it the flow refuses before anything runs. A plan runs without
+    an approval (or checks one when given)."""
+    if apply and not (approval or "").strip():
+        return refuse_storage(
+            hostname,
+            devices,
+            "applying a storage transition needs the reference of an approval recorded for "
+            f"{hostname} and these disks; nothing was run (without apply the flow plans)",
+        )
+    approved = None
+    if approval:
+        approved = verify_storage_approval(hostname, approval, devices)
+        if approved["refused"]:
+            return refuse_storage(hostname, devices, approved["message"])
+    outcome = transition_storage(hostname, devices, approved, apply, extravars or {})
     result = outcome.module_result or {}
     artifacts.table(
         "storage-transition",
@@ -224,14 +273,29 @@ def storage_transition(
     )
     if not outcome.passed:
         return Failed(message=outcome.failure or "storage transition failed")
-    if apply:
-        record_raw_disks(hostname, result, approval, outcome.node_task_id)
-    return {"node_task_id": outcome.node_task_id, "manifest_path": result.get("manifest_path")}
+    if apply and approved:
+        record_raw_disks(hostname, result, approved, outcome.node_task_id)
+    return {
+        "node_task_id": outcome.node_task_id,
+        "manifest_path": result.get("manifest_path"),
+        "devices": {d.get("device"): d.get("status") for d in result.get("devices", [])},
+        "approval_evidence_id": approved["evidence_id"] if approved else None,
+    }
+
+
+def refuse_storage(hostname: str, devices: list[str], reason: str) -> Any:
+    artifacts.table(
+        "storage-transition",
+        f"Storage transition on {hostname} refused",
+        [{"device": d, "status": "refused", "reason": reason} for d in devices]
+        or [{"device": "-", "status": "refused", "reason": reason}],
+    )
+    return Failed(message=reason)
 
 
 @task(name="record raw disks")
 def record_raw_disks(
-    hostname: str, result: dict[str, Any], approval: str, node_task_id: str
+    hostname: str, result: dict[str, Any], approval: dict[str, Any], node_task_id: str
 ) -> list[int]:
     """One storage_manifest evidence row per raw disk: slot approval reads these."""
     cp = control_plane()
@@ -244,7 +308,8 @@ def record_raw_disks(
             {
                 "device": device["device"],
                 "status": device["status"],
-                "approval": approval,
+                "approval": approval["reference"],
+                "approval_evidence_id": approval["evidence_id"],
                 "manifest_path": result.get("manifest_path"),
             },
             ACTOR,

@@ -1,8 +1,9 @@
-"""Node registration and admin state."""
+"""Node registration, admin state and infra approvals of host storage."""
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,9 +12,11 @@ import netaddr
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controlplane.enums import MAAS_PROFILE_TAGS, AdminState, ProfileIntent
+from controlplane.approval import KERNEL_DISK_NAME
+from controlplane.enums import MAAS_PROFILE_TAGS, AdminState, EvidenceKind, ProfileIntent
 from controlplane.errors import Conflict, InvalidInput
-from controlplane.models import Node
+from controlplane.models import Evidence, Node
+from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
 from controlplane.secrets import is_secret_key
@@ -215,3 +218,129 @@ def define_sku(session: Session, spec: SkuSpec) -> bool:
     sku.requires_hugepages = spec.requires_hugepages
     session.flush()
     return created
+
+
+STORAGE_APPROVAL_SCOPE = "storage_transition"
+
+
+@dataclass(frozen=True)
+class StorageApproval:
+    """An infra approval to turn these disks of one node into raw slice disks."""
+
+    evidence_id: int
+    hostname: str
+    reference: str
+    devices: list[str]
+    recorded_by: str
+    recorded_at: str
+
+
+def _approval_devices(devices: list[str]) -> list[str]:
+    if not devices:
+        raise InvalidInput("devices_missing", "a storage approval names at least one disk", {})
+    normalized = []
+    for device in devices:
+        path = os.path.normpath(device) if isinstance(device, str) and device else ""
+        if not path.startswith("/") or KERNEL_DISK_NAME.match(path):
+            raise InvalidInput(
+                "device_not_stable",
+                f"{device!r} is not a stable disk path (use /dev/disk/by-id/...; kernel names "
+                "change across reboots)",
+                {"device": device},
+            )
+        if path in normalized:
+            raise InvalidInput("device_duplicated", f"{device} is listed twice", {"device": device})
+        normalized.append(path)
+    return sorted(normalized)
+
+
+def _storage_approval_row(session: Session, node: Node, reference: str) -> Evidence | None:
+    return session.scalars(
+        select(Evidence)
+        .where(
+            Evidence.node_id == node.id,
+            Evidence.kind == EvidenceKind.APPROVAL,
+            Evidence.passed.is_(True),
+            Evidence.payload["scope"].astext == STORAGE_APPROVAL_SCOPE,
+            Evidence.payload["reference"].astext == reference,
+        )
+        .order_by(Evidence.id.desc())
+        .limit(1)
+    ).one_or_none()
+
+
+def _storage_approval_view(row: Evidence, hostname: str) -> StorageApproval:
+    return StorageApproval(
+        evidence_id=row.id,
+        hostname=hostname,
+        reference=row.payload["reference"],
+        devices=list(row.payload["devices"]),
+        recorded_by=row.recorded_by,
+        recorded_at=row.recorded_at.isoformat(),
+    )
+
+
+def record_storage_approval(
+    session: Session, hostname: str, devices: list[str], reference: str, actor: str
+) -> tuple[StorageApproval, bool]:
+    """Record an operator's infra approval (evidence kind ``approval``); returns it and
+    whether it was new. A reference names one decision: recording it again with the same
+    disks changes nothing, with other disks is refused."""
+    reference = (reference or "").strip()
+    if not reference or len(reference) > 200:
+        raise InvalidInput(
+            "approval_reference_invalid",
+            "a storage approval needs a reference (a change or ticket id, at most 200 characters)",
+            {},
+        )
+    approved = _approval_devices(devices)
+    node = node_repo.get_by_hostname(session, hostname, for_update=True)
+    existing = _storage_approval_row(session, node, reference)
+    if existing is not None:
+        if sorted(existing.payload["devices"]) != approved:
+            raise Conflict(
+                "approval_reference_reused",
+                f"approval {reference} of {hostname} already covers other disks "
+                f"({', '.join(existing.payload['devices'])}); use a new reference",
+                {"devices": existing.payload["devices"]},
+            )
+        return _storage_approval_view(existing, hostname), False
+    row = evidence_repo.add(
+        session,
+        kind=EvidenceKind.APPROVAL,
+        passed=True,
+        summary=f"storage transition of {len(approved)} disk(s) on {hostname} approved "
+        f"({reference})",
+        recorded_by=actor,
+        payload={"scope": STORAGE_APPROVAL_SCOPE, "reference": reference, "devices": approved},
+        node_id=node.id,
+    )
+    return _storage_approval_view(row, hostname), True
+
+
+def verify_storage_approval(
+    session: Session, hostname: str, reference: str, devices: list[str]
+) -> StorageApproval:
+    """The recorded approval ``reference`` of ``hostname``, if it covers every disk in
+    ``devices``; otherwise a refusal saying what is missing."""
+    node = node_repo.get_by_hostname(session, hostname)
+    row = _storage_approval_row(session, node, (reference or "").strip())
+    if row is None:
+        raise InvalidInput(
+            "approval_not_recorded",
+            f"no storage approval {reference!r} is recorded for {hostname}; an operator "
+            "records one (evidence kind approval) before a transition is applied",
+            {"hostname": hostname, "reference": reference},
+        )
+    approval = _storage_approval_view(row, hostname)
+    uncovered = sorted(
+        d for d in (os.path.normpath(d) for d in devices) if d not in approval.devices
+    )
+    if uncovered or not devices:
+        raise InvalidInput(
+            "devices_not_approved",
+            f"approval {reference} of {hostname} does not cover: "
+            + (", ".join(uncovered) or "(no devices requested)"),
+            {"uncovered": uncovered, "approved": approval.devices},
+        )
+    return approval

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import sys
+
 import pytest
 from sqlalchemy import text
 
 from controlplane.enums import AdminState
+from controlplane.services.inventory import NodeSpec
 from flows.fleet import approve_slots, discover_topology, parity_sweep
+from tests.integration.flows.conftest import SLICE_TAGS
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefect")]
 
@@ -66,3 +71,139 @@ def test_parity_sweep_marks_failing_nodes_unavailable_without_overriding_a_drain
         engine, "SELECT count(*), bool_or(passed) FROM evidence WHERE kind = 'parity'"
     )
     assert parity_evidence == [(3, False)]
+
+
+def table_artifact(flow_run_id, key: str) -> list[dict]:
+    """The rows of the table artifact ``key`` that flow run created, read back from Prefect."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+        ArtifactFilterType,
+    )
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[key]),
+                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
+                type=ArtifactFilterType(any_=["table"]),
+            )
+        )
+    assert len(found) == 1
+    return json.loads(found[0].data)
+
+
+def test_discovery_failure_fails_the_node_task_keeps_evidence_and_imports_nothing(
+    simulated_fleet, engine, tmp_path
+):
+    simulated_fleet.register_node(
+        NodeSpec(
+            "j22u99",
+            "region-maas-1",
+            maas_tags=SLICE_TAGS,
+            slice_subnet="10.100.0.0/24",
+            host_vars={
+                "ansible_connection": "local",
+                "ansible_python_interpreter": sys.executable,
+                "gpuaas_topology_root": str(tmp_path / "no-such-root"),
+            },
+        )
+    )
+    state = discover_topology(hostnames=["j22u15", "j22u99"], return_state=True)
+    assert state.is_failed() and "j22u99" in state.message
+    results = state.result(raise_on_failure=False)
+    assert results["j22u15"]["passed"] and results["j22u15"]["import"]["approvable"]
+    assert not results["j22u99"]["passed"] and results["j22u99"]["import"] is None
+    assert "not a host root" in results["j22u99"]["failure"]
+
+    tasks = rows(
+        engine,
+        "SELECT t.state, t.error, t.output ->> 'schema', t.artifact_dir, t.id"
+        " FROM node_tasks t JOIN nodes n ON n.id = t.node_id WHERE n.hostname = 'j22u99'",
+    )
+    assert len(tasks) == 1
+    task_state, error, schema, artifact_dir, task_id = tasks[0]
+    assert task_state == "failed" and "not a host root" in error
+    assert schema is None  # the failed run's output is its task results, not a map
+    evidence = rows(
+        engine,
+        "SELECT kind, passed, summary FROM evidence WHERE node_task_id = :task",
+        task=task_id,
+    )
+    assert [(kind, passed) for kind, passed, _ in evidence] == [("topology", False)]
+    assert "FAILED" in evidence[0][2]
+    assert artifact_dir and (tmp_path / "runs").exists()
+    assert simulated_fleet.list_slots("j22u99") == []
+
+    table = table_artifact(state.state_details.flow_run_id, "topology-discovery")
+    by_node = {row["node"]: row for row in table}
+    assert set(by_node) == {"j22u15", "j22u99"}
+    assert by_node["j22u15"]["discovered"] == "True"
+    assert by_node["j22u15"]["approvable slots"] == "8"
+    assert by_node["j22u99"]["discovered"] == "False"
+    assert "not a host root" in by_node["j22u99"]["failure"]
+
+
+def test_parity_sweep_makes_passing_nodes_schedulable_in_bounded_concurrent_batches(
+    simulated_fleet, engine
+):
+    simulated_fleet.set_admin_state("j22u15", AdminState.UNAVAILABLE, "parity: bridge")
+    simulated_fleet.set_admin_state("j22u05", AdminState.UNAVAILABLE, "operator: bad PSU")
+    # The checks these namespaces can pass or fail honestly: j22u11 has no NAT.
+    state = parity_sweep(
+        batch_size=1,
+        parallel_batches=2,
+        extravars={"slice_parity_checks": ["bridge", "nat", "ip_forward"]},
+        return_state=True,
+    )
+    verdicts = {r["node"]: r for r in state.result()}
+    assert {n: v["failed checks"] for n, v in verdicts.items()} == {
+        "j22u05": "",
+        "j22u11": "nat",
+        "j22u15": "",
+    }
+    nodes = {n["hostname"]: n for n in simulated_fleet.list_nodes()}
+    assert (nodes["j22u15"]["admin_state"], nodes["j22u15"]["admin_state_reason"]) == (
+        "schedulable",
+        None,
+    )
+    assert (nodes["j22u11"]["admin_state"], nodes["j22u11"]["admin_state_reason"]) == (
+        "unavailable",
+        "parity: nat",
+    )
+    # An operator's reason is never overridden by a passing parity.
+    assert nodes["j22u05"]["admin_state_reason"] == "operator: bad PSU"
+    evidence = dict(
+        rows(
+            engine,
+            "SELECT n.hostname, e.passed FROM evidence e JOIN nodes n ON n.id = e.node_id"
+            " WHERE e.kind = 'parity'",
+        )
+    )
+    assert evidence == {"j22u05": True, "j22u11": False, "j22u15": True}
+
+    # Three one-host runner jobs, two at a time: while a job runs, another does, but
+    # never two others (each job's node task spans its whole run).
+    spans = rows(
+        engine,
+        "SELECT started_at, finished_at FROM node_tasks WHERE kind = 'host.parity'",
+    )
+    assert len(spans) == 3
+    running_together = [
+        sum(1 for start, finish in spans if start <= moment < finish) for moment, _ in spans
+    ]
+    assert max(running_together) == 2
+
+    table = table_artifact(state.state_details.flow_run_id, "parity-sweep")
+    assert [(r["node"], r["admin state"]) for r in table] == [
+        ("j22u05", "unavailable"),
+        ("j22u11", "unavailable"),
+        ("j22u15", "schedulable"),
+    ]
+
+
+def test_parity_sweep_refuses_unbounded_settings(simulated_fleet):
+    state = parity_sweep(parallel_batches=0, return_state=True)
+    assert state.is_failed() and "at least 1" in state.message
