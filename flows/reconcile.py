@@ -1,4 +1,13 @@
-"""Reconcile: finish what crashed runs left, and wipe slots waiting in cleanup."""
+"""Reconcile: finish what crashed runs left, make claims and slots agree, compare the
+store with what the hosts really run (domains, their disks and MACs, DHCP reservations),
+release VMs of ended allocations, and wipe slots waiting in cleanup.
+
+Orphan domains: a domain whose allocation the store knows has ended on that node, holding
+only that allocation's disks, is released (stopped, undefined, its reservation removed,
+its disks wiped with proof): nobody is entitled to it and it pins a GPU and tenant data.
+A domain the store cannot attribute is never touched; it is recorded as drift and any
+slot whose disk it holds is cleanup_blocked instead of wiped under it.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +21,10 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
 from prefect.states import Crashed
 
-from controlplane.enums import EvidenceKind, NodeTaskKind
+from controlplane.enums import EvidenceKind, NodeTaskKind, SlotStatus
+from controlplane.services import reconcile as reconcile_service
 from flows import artifacts
+from flows.allocation import in_store, published, run_release
 from flows.fleet import ACTOR, control_plane, current_run
 from flows.hostwork import HostAction, run_host_action
 
@@ -81,14 +92,39 @@ def finish_dead_runs(grace_seconds: float, stale_after_seconds: float) -> list[d
     return rows
 
 
+@task(name="make claims and slots agree")
+def repair_claims_and_slots() -> list[dict[str, Any]]:
+    return in_store(reconcile_service.repair_store)
+
+
 @task(name="wipe slots left in cleanup")
-def wipe_cleanup_slots(grace_seconds: float) -> list[dict[str, Any]]:
+def wipe_cleanup_slots(
+    grace_seconds: float, held: dict[str, dict[str, str] | None] | None = None
+) -> list[dict[str, Any]]:
+    """Wipe slots waiting in cleanup, with proof. ``held`` is what the host probe saw
+    (per node, raw disk -> domain; None for a node whose probe failed): a disk a domain
+    holds is never wiped, and a node whose state is unknown is left for the next run."""
     cp = control_plane()
+    rows: list[dict[str, Any]] = []
+    if held is not None:
+        for hostname, disks in held.items():
+            if disks:
+                rows.extend(in_store(reconcile_service.block_held_slots, hostname, disks, ACTOR))
     by_node: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for slot in cp.cleanup_slots(grace_seconds):
         by_node[slot["hostname"]].append(slot)
-    rows = []
     for hostname, slots in by_node.items():
+        if held is not None and held.get(hostname, {}) is None:
+            rows.extend(
+                {
+                    "node": hostname,
+                    "slot": s["slot_index"],
+                    "now": "cleanup",
+                    "why": "host state unknown (probe failed); not wiped",
+                }
+                for s in slots
+            )
+            continue
         variables = {
             "slice_disk_wipe_devices": [s["nvme_device"] for s in slots],
             "slice_disk_wipe_approval": "reconcile: released slot cleanup",
@@ -116,13 +152,16 @@ def wipe_cleanup_slots(grace_seconds: float) -> list[dict[str, Any]]:
 
 
 @task(name="compare hosts with the store", retries=1, retry_delay_seconds=5)
-def compare_hosts() -> list[dict[str, Any]]:
-    """Domains, reservations and leases each host really has, against live allocations."""
+def compare_hosts() -> dict[str, Any]:
+    """Domains (state, MACs, disks), reservations and leases each host really has,
+    against live allocations and their claims; drift recorded as evidence. Returns the
+    drift and, per node, the raw disks its domains hold (None where the probe failed)."""
     cp = control_plane()
     hosts = cp.nodes_to_probe()
     if not hosts:
-        return []
+        return {"drift": [], "held": {}}
     rows: list[dict[str, Any]] = []
+    held: dict[str, dict[str, str] | None] = {}
 
     def record(host: str, task_id: uuid.UUID, result) -> int | None:
         observed = result.module_result(host, HOST_STATE.module) or {}
@@ -137,18 +176,71 @@ def compare_hosts() -> list[dict[str, Any]]:
             evidence_summary=f"host state of {host}",
             actor=ACTOR,
         )
-        for item in cp.record_host_drift(host, observed, ACTOR, task_id):
+        held[host] = {
+            disk: domain["name"]
+            for domain in observed.get("domains", [])
+            for disk in reconcile_service.block_disks(domain)
+        }
+        for item in in_store(reconcile_service.record_drift, host, observed, ACTOR, task_id):
             rows.append({"node": host, **item})
         return None
 
     outcomes = run_host_action(
         cp, HOST_STATE, hosts, {}, ACTOR, flow_run_id=current_run(), record=record
     )
-    rows.extend(
-        {"node": host, "code": "probe_failed", "detail": o.failure}
-        for host, o in outcomes.items()
-        if not o.passed
-    )
+    for host, outcome in outcomes.items():
+        if not outcome.passed:
+            held[host] = None
+            rows.append({"node": host, "code": "probe_failed", "detail": outcome.failure})
+    return {"drift": rows, "held": held}
+
+
+@task(name="release VMs of ended allocations")
+def release_leftovers(orphans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Run the VM release (stop, undefine, unreserve, wipe with proof) for each orphan
+    domain reconcile may release. A slot in cleanup returns with a verified proof; a
+    cleanup_blocked one (its allocation failed) keeps its block for an operator, the
+    proof staying in the release's evidence."""
+    cp = control_plane()
+    rows = []
+    for orphan in orphans:
+        spec = in_store(reconcile_service.prepare_leftover_release, orphan["allocation_id"])
+        outcome = run_release(spec)
+        proofs = {
+            p.get("device"): p
+            for p in (published(outcome, "gpuaas_slice_release").get("wipe_proofs") or [])
+            if isinstance(p, dict) and outcome.passed
+        }
+        statuses = {s["slot_index"]: s["status"] for s in cp.list_slots(spec["node"])}
+        unproven = []
+        for slot in spec["slots"]:
+            index, proof = slot["slot_index"], proofs.get(slot["nvme_device"])
+            status = statuses[index]
+            if status == SlotStatus.CLEANUP.value and proof is not None:
+                status = cp.record_wipe_proof(spec["node"], index, proof, ACTOR)["status"]
+            elif status == SlotStatus.CLEANUP.value:
+                unproven.append(index)
+                status = SlotStatus.CLEANUP_BLOCKED.value
+            rows.append(
+                {
+                    "node": spec["node"],
+                    "allocation": spec["allocation_id"],
+                    "domain": orphan["domain"],
+                    "released": outcome.passed,
+                    "slot": index,
+                    "proof": "verified" if proof and proof.get("verified") else "none",
+                    "now": status,
+                    "node_task": outcome.node_task_id,
+                }
+            )
+        if unproven:
+            cp.block_slots(
+                spec["node"],
+                unproven,
+                f"reconcile: release of leftover domain {orphan['domain']} gave no proof: "
+                f"{outcome.failure}",
+                ACTOR,
+            )
     return rows
 
 
@@ -169,24 +261,54 @@ def reconcile(
     stale_after_seconds: float = 7200.0,
     wipe_cleanup: bool = True,
     compare_with_hosts: bool = True,
+    release_orphans: bool = True,
 ) -> dict[str, Any]:
     """Compare the store with the runs that should be driving it and with the hosts, and
     finish what a crashed run left: stuck provisioning ends ``failed`` (slots
     cleanup_blocked), stuck pending or releasing allocations are released (slots wait for
-    a proof), slots in cleanup are wiped with proof, abandoned node tasks are closed, and
-    host drift (orphan domains, VMs not running, stale DHCP reservations) is recorded."""
+    a proof), abandoned node tasks are closed, claims and slots are made to agree with
+    their allocations, host drift (orphan domains, VMs not running, wrong MACs or disks,
+    stale DHCP reservations) is recorded, domains of ended allocations are released
+    (``release_orphans``), and slots in cleanup are wiped with proof — never a disk a
+    domain still holds."""
     logger = get_run_logger()
     finished = finish_dead_runs(grace_seconds, stale_after_seconds)
     tasks_closed = close_abandoned_tasks(grace_seconds, stale_after_seconds)
-    wiped = wipe_cleanup_slots(grace_seconds) if wipe_cleanup else []
-    drift = compare_hosts() if compare_with_hosts else []
+    store = repair_claims_and_slots()
+    drift: list[dict[str, Any]] = []
+    held: dict[str, dict[str, str] | None] | None = None
+    leftovers: list[dict[str, Any]] = []
+    if compare_with_hosts:
+        compared = compare_hosts()
+        drift, held = compared["drift"], compared["held"]
+        releasable = [d for d in drift if d.get("action") == "release"]
+        if release_orphans and releasable:
+            leftovers = release_leftovers(releasable)
+            released = {(r["node"], r["domain"]) for r in leftovers if r["released"]}
+            for host, disks in held.items():
+                if disks:
+                    held[host] = {k: v for k, v in disks.items() if (host, v) not in released}
+    wiped = wipe_cleanup_slots(grace_seconds, held) if wipe_cleanup else []
     artifacts.table("reconcile-allocations", "Allocations finished by reconcile", finished)
+    artifacts.table("reconcile-store", "Claims and slots repaired by reconcile", store)
     artifacts.table("reconcile-drift", "Drift between the store and the hosts", drift)
+    artifacts.table("reconcile-leftovers", "VMs of ended allocations released", leftovers)
     artifacts.table("reconcile-slots", "Slots wiped or blocked by reconcile", wiped)
     logger.info(
-        "reconciled %d allocations, %d node tasks, %d slots",
+        "reconciled %d allocations, %d node tasks, %d store repairs, %d drift, "
+        "%d leftover slots, %d cleanup slots",
         len(finished),
         len(tasks_closed),
+        len(store),
+        len(drift),
+        len(leftovers),
         len(wiped),
     )
-    return {"allocations": finished, "node_tasks": tasks_closed, "slots": wiped, "drift": drift}
+    return {
+        "allocations": finished,
+        "node_tasks": tasks_closed,
+        "store": store,
+        "drift": drift,
+        "leftovers": leftovers,
+        "slots": wiped,
+    }

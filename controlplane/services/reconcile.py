@@ -10,7 +10,9 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from controlplane.enums import AllocationState
+from controlplane.enums import AllocationState, EvidenceKind
+from controlplane.repositories import evidence as evidence_repo
+from controlplane.repositories import nodes as node_repo
 from controlplane.services import allocations
 
 IN_FLIGHT_SQL = text(
@@ -76,15 +78,144 @@ def cleanup_slots(session: Session, grace: dt.timedelta) -> list[dict[str, Any]]
     return [dict(r._mapping) for r in rows]
 
 
+# Claims and slots that disagree with their allocation; each repair fails closed: a slot
+# that may hold tenant data or VM state goes to cleanup_blocked, never towards available.
+FINISHED_CLAIMS_SQL = text(
+    """
+UPDATE allocation_resource_claims c SET state = 'released', released_at = now()
+FROM allocations a
+WHERE a.id = c.allocation_id AND c.state = 'active' AND a.state IN ('released', 'failed')
+RETURNING c.allocation_id, a.state, c.slot_id, c.claim_kind, c.node_id
+"""
+)
+UNCLAIMED_SLOTS_SQL = text(
+    """
+WITH bad AS (
+    SELECT s.id, s.status FROM node_resource_slots s
+    WHERE s.status IN ('reserved', 'provisioning', 'active', 'releasing')
+      AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims c
+                      WHERE c.slot_id = s.id AND c.state = 'active')
+    FOR UPDATE OF s)
+UPDATE node_resource_slots s
+SET status = 'cleanup_blocked', health_state = 'failed', wipe_required = true,
+    health_detail = 'reconcile: was ' || bad.status || ' with no claim; inspect and repair',
+    generation = s.generation + 1, updated_at = now()
+FROM bad WHERE s.id = bad.id
+RETURNING s.node_id, s.slot_index, bad.status
+"""
+)
+MISMATCHED_SLOTS_SQL = text(
+    """
+WITH expected AS (
+    SELECT s.id, s.status AS was, a.id AS allocation_id,
+           CASE a.state WHEN 'pending' THEN 'reserved' ELSE a.state END AS wanted
+    FROM allocation_resource_claims c
+    JOIN allocations a ON a.id = c.allocation_id
+    JOIN node_resource_slots s ON s.id = c.slot_id
+    WHERE c.state = 'active' AND a.state IN ('pending', 'provisioning', 'active', 'releasing')
+      AND s.status IN ('available', 'reserved', 'provisioning', 'active', 'releasing', 'cleanup')
+      AND s.status <> CASE a.state WHEN 'pending' THEN 'reserved' ELSE a.state END
+    FOR UPDATE OF s)
+UPDATE node_resource_slots s
+SET status = expected.wanted, generation = s.generation + 1, updated_at = now()
+FROM expected WHERE s.id = expected.id
+RETURNING s.node_id, s.slot_index, expected.was, expected.wanted, expected.allocation_id
+"""
+)
+BLOCK_SLOTS_SQL = text(
+    """
+UPDATE node_resource_slots
+SET status = 'cleanup_blocked', health_state = 'failed', wipe_required = true,
+    health_detail = :detail, generation = generation + 1, updated_at = now()
+WHERE id = ANY(CAST(:slots AS uuid[]))
+RETURNING node_id, slot_index
+"""
+)
+# A baremetal tenant had every disk of the node (as allocations.RELEASE_NODE_SLOTS).
+NODE_SLOTS_TO_CLEANUP_SQL = text(
+    """
+UPDATE node_resource_slots
+SET status = CASE WHEN status = 'available' THEN 'cleanup' ELSE status END,
+    wipe_required = true, health_detail = :detail,
+    generation = generation + 1, updated_at = now()
+WHERE node_id = :node AND status IN ('available', 'disabled')
+RETURNING slot_index
+"""
+)
+HOSTNAMES_SQL = text("SELECT id, hostname FROM nodes WHERE id = ANY(CAST(:ids AS uuid[]))")
+
+
+def repair_store(session: Session) -> list[dict[str, Any]]:
+    """Make claims and slots agree with their allocations; one row per repair.
+
+    - an active claim of a released or failed allocation ends; its slot (or, for a
+      baremetal claim, every available slot of the node) needs cleanup before reuse;
+    - a slot in use (reserved ... releasing) without an active claim is cleanup_blocked;
+    - a claimed slot whose status disagrees with its live allocation follows the
+      allocation (the claim is the authority on occupancy).
+    """
+    rows: list[dict[str, Any]] = []
+    for claim in session.execute(FINISHED_CLAIMS_SQL).all():
+        detail = f"reconcile: claim outlived its {claim.state} allocation {claim.allocation_id}"
+        if claim.slot_id is not None:
+            slots = session.execute(
+                BLOCK_SLOTS_SQL, {"slots": [claim.slot_id], "detail": detail}
+            ).all()
+        else:
+            slots = session.execute(
+                NODE_SLOTS_TO_CLEANUP_SQL, {"node": claim.node_id, "detail": detail}
+            ).all()
+        rows.append(
+            {
+                "code": "claim_of_finished_allocation",
+                "node_id": claim.node_id,
+                "allocation_id": str(claim.allocation_id),
+                "slots": [s.slot_index for s in slots],
+                "detail": detail,
+                "now": "claim released; slots need cleanup",
+            }
+        )
+    for slot in session.execute(UNCLAIMED_SLOTS_SQL).all():
+        rows.append(
+            {
+                "code": "slot_in_use_without_claim",
+                "node_id": slot.node_id,
+                "slots": [slot.slot_index],
+                "detail": f"slot was {slot.status} with no active claim",
+                "now": "cleanup_blocked",
+            }
+        )
+    for slot in session.execute(MISMATCHED_SLOTS_SQL).all():
+        rows.append(
+            {
+                "code": "slot_status_mismatch",
+                "node_id": slot.node_id,
+                "allocation_id": str(slot.allocation_id),
+                "slots": [slot.slot_index],
+                "detail": f"slot was {slot.was} while claimed by a {slot.wanted} allocation",
+                "now": slot.wanted,
+            }
+        )
+    hostnames = dict(
+        session.execute(HOSTNAMES_SQL, {"ids": list({r["node_id"] for r in rows})}).all()
+    )
+    for row in rows:
+        row["node"] = hostnames[row.pop("node_id")]
+    return rows
+
+
 EXPECTED_SQL = text(
     """
-SELECT a.id, a.state, s.mac_address
+SELECT a.id, a.state,
+       (SELECT sl.mac_address FROM allocation_resource_claims c
+        JOIN node_resource_slots sl ON sl.id = c.slot_id
+        WHERE c.allocation_id = a.id ORDER BY sl.slot_index LIMIT 1) AS mac_address,
+       ARRAY(SELECT sl.nvme_device FROM allocation_resource_claims c
+             JOIN node_resource_slots sl ON sl.id = c.slot_id
+             WHERE c.allocation_id = a.id AND c.state = 'active'
+             ORDER BY sl.slot_index) AS disks
 FROM allocations a
 JOIN nodes n ON n.id = a.node_id
-LEFT JOIN LATERAL (
-    SELECT sl.mac_address FROM allocation_resource_claims c
-    JOIN node_resource_slots sl ON sl.id = c.slot_id
-    WHERE c.allocation_id = a.id ORDER BY sl.slot_index LIMIT 1) s ON true
 WHERE n.hostname = :host AND a.capacity_shape = 'gpu_slice'
   AND a.state IN ('provisioning', 'active', 'releasing')
 """
@@ -113,9 +244,15 @@ def expected_runtime(session: Session, hostname: str) -> list[dict[str, Any]]:
             "allocation_id": str(r.id),
             "state": r.state,
             "mac": str(r.mac_address).lower() if r.mac_address else None,
+            "disks": sorted(r.disks),
         }
         for r in session.execute(EXPECTED_SQL, {"host": hostname})
     ]
+
+
+def block_disks(domain: dict[str, Any]) -> list[str]:
+    """A domain's raw disks (its seed ISO and other files are not slot disks)."""
+    return sorted(d for d in domain.get("disks", []) if d.startswith("/dev/"))
 
 
 def compare(expected: list[dict[str, Any]], observed: dict[str, Any]) -> list[dict[str, Any]]:
@@ -129,6 +266,8 @@ def compare(expected: list[dict[str, Any]], observed: dict[str, Any]) -> list[di
                 {
                     "code": "orphan_domain",
                     "allocation_id": allocation_id,
+                    "domain": domain["name"],
+                    "disks": block_disks(domain),
                     "detail": f"{domain['name']} ({domain['state']}) has no live allocation",
                 }
             )
@@ -142,12 +281,23 @@ def compare(expected: list[dict[str, Any]], observed: dict[str, Any]) -> list[di
                     "detail": "absent" if domain is None else f"domain is {domain['state']}",
                 }
             )
-        elif domain is not None and intent["mac"] and intent["mac"] not in domain["macs"]:
+        if domain is None:
+            continue
+        if intent["mac"] and intent["mac"] not in domain["macs"]:
             drift.append(
                 {
                     "code": "mac_mismatch",
                     "allocation_id": allocation_id,
                     "detail": f"domain MACs {domain['macs']} lack {intent['mac']}",
+                }
+            )
+        wanted = sorted(intent.get("disks") or [])
+        if wanted and block_disks(domain) != wanted:
+            drift.append(
+                {
+                    "code": "disk_mismatch",
+                    "allocation_id": allocation_id,
+                    "detail": f"domain disks {block_disks(domain)} are not the slots' {wanted}",
                 }
             )
     macs = {e["mac"] for e in expected if e["mac"]}
@@ -161,6 +311,141 @@ def compare(expected: list[dict[str, Any]], observed: dict[str, Any]) -> list[di
                 }
             )
     return drift
+
+
+ORPHAN_SQL = text(
+    """
+SELECT a.state, n.hostname,
+       ARRAY(SELECT s.nvme_device FROM allocation_resource_claims c
+             JOIN node_resource_slots s ON s.id = c.slot_id
+             WHERE c.allocation_id = a.id) AS disks,
+       ARRAY(SELECT s.slot_index FROM allocation_resource_claims c
+             JOIN node_resource_slots s ON s.id = c.slot_id
+             WHERE c.allocation_id = a.id AND EXISTS (
+                 SELECT 1 FROM allocation_resource_claims o
+                 WHERE o.slot_id = s.id AND o.state = 'active')) AS taken
+FROM allocations a LEFT JOIN nodes n ON n.id = a.node_id
+WHERE a.id = :allocation
+"""
+)
+
+
+def orphan_verdict(session: Session, hostname: str, orphan: dict[str, Any]) -> dict[str, str]:
+    """Whether reconcile may release an orphan domain (stop, undefine, wipe its disks).
+
+    Only when the store knows the domain's allocation, that allocation ended on this node,
+    every raw disk the domain holds is one of that allocation's slot disks and none of
+    those slots is claimed again: then nobody is entitled to the VM and releasing it
+    touches nothing but what the ended allocation had. Anything else is left to an
+    operator, because the store cannot say whose it is.
+    """
+    row = session.execute(ORPHAN_SQL, {"allocation": orphan["allocation_id"]}).one_or_none()
+    if row is None:
+        return {"action": "left", "why": "allocation unknown to the store; an operator decides"}
+    if row.hostname != hostname:
+        return {"action": "left", "why": f"its allocation belongs to {row.hostname}"}
+    if row.state not in (AllocationState.RELEASED.value, AllocationState.FAILED.value):
+        return {"action": "left", "why": f"its allocation is {row.state}"}
+    foreign = sorted(set(orphan["disks"]) - set(row.disks))
+    if foreign:
+        return {"action": "left", "why": f"it holds disks its allocation never had: {foreign}"}
+    if row.taken:
+        return {"action": "left", "why": f"slots {sorted(row.taken)} are claimed again"}
+    return {"action": "release", "why": f"its allocation is {row.state}"}
+
+
+def record_drift(
+    session: Session,
+    hostname: str,
+    observed: dict[str, Any],
+    actor: str,
+    node_task_id: uuid.UUID | None,
+) -> list[dict[str, Any]]:
+    """Compare a host's reported runtime with the store, degrade the slots of allocations
+    whose VM is not what it should be, judge orphan domains, and record drift evidence."""
+    node = node_repo.get_by_hostname(session, hostname)
+    drift = compare(expected_runtime(session, hostname), observed)
+    for item in drift:
+        if item["code"] in ("domain_not_running", "mac_mismatch", "disk_mismatch"):
+            degrade(session, item["allocation_id"], item["detail"])
+        elif item["code"] == "orphan_domain":
+            item.update(orphan_verdict(session, hostname, item))
+    evidence_repo.add(
+        session,
+        kind=EvidenceKind.DRIFT,
+        passed=not drift,
+        summary=(
+            f"{hostname}: "
+            + (", ".join(sorted({d["code"] for d in drift})) if drift else "no drift")
+        ),
+        recorded_by=actor,
+        payload={"drift": drift, "observed": observed},
+        node_id=node.id,
+        node_task_id=node_task_id,
+    )
+    return drift
+
+
+PROTECT_SLOTS_SQL = text(
+    """
+UPDATE node_resource_slots s
+SET status = 'cleanup', wipe_required = true, health_detail = :detail,
+    generation = s.generation + 1, updated_at = now()
+FROM allocation_resource_claims c
+WHERE c.allocation_id = :allocation AND c.slot_id = s.id AND s.status = 'available'
+  AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims o
+                  WHERE o.slot_id = s.id AND o.state = 'active')
+"""
+)
+
+
+def prepare_leftover_release(session: Session, allocation_id: str) -> dict[str, Any]:
+    """The runtime spec to release an ended allocation's leftovers with; its slots that
+    are still available leave scheduling first, so nothing is placed on a disk about to
+    be wiped (a verified proof brings them back)."""
+    session.execute(
+        PROTECT_SLOTS_SQL,
+        {
+            "allocation": allocation_id,
+            "detail": f"reconcile: releasing a leftover VM of allocation {allocation_id}",
+        },
+    )
+    return allocations.runtime_spec(session, uuid.UUID(allocation_id))
+
+
+def block_held_slots(
+    session: Session, hostname: str, held: dict[str, str], actor: str
+) -> list[dict[str, Any]]:
+    """Slots waiting in cleanup whose disk a domain still holds: never wiped under a VM;
+    ``cleanup_blocked`` with the domain named."""
+    node = node_repo.get_by_hostname(session, hostname)
+    rows = session.execute(
+        text(
+            "SELECT id, slot_index, nvme_device FROM node_resource_slots"
+            " WHERE node_id = :node AND status = 'cleanup' AND nvme_device = ANY(:disks)"
+            " ORDER BY slot_index FOR UPDATE"
+        ),
+        {"node": node.id, "disks": list(held)},
+    ).all()
+    blocked = []
+    for row in rows:
+        detail = f"reconcile: disk {row.nvme_device} is held by domain {held[row.nvme_device]}"
+        session.execute(BLOCK_SLOTS_SQL, {"slots": [row.id], "detail": detail})
+        blocked.append(
+            {"node": hostname, "slot": row.slot_index, "now": "cleanup_blocked", "why": detail}
+        )
+    if blocked:
+        evidence_repo.add(
+            session,
+            kind=EvidenceKind.HOST_RESULT,
+            passed=False,
+            summary=f"slots {[b['slot'] for b in blocked]} of {hostname} cleanup_blocked: "
+            "their disks are held by domains",
+            recorded_by=actor,
+            payload={"blocked": blocked},
+            node_id=node.id,
+        )
+    return blocked
 
 
 def degrade(session: Session, allocation_id: str, detail: str) -> None:
