@@ -15,6 +15,7 @@ from controlplane.lab.slicehost import LAB_SKU, LabSliceHost, unavailable_reason
 from flows.allocation import provision_allocation, release_allocation
 from flows.fleet import approve_slots, discover_topology
 from flows.reconcile import reconcile
+from tests.integration.flows.test_allocation_flows import add_catalog_image
 
 pytestmark = [
     pytest.mark.slow,
@@ -44,14 +45,23 @@ def test_provision_then_release_a_real_slice_vm_through_the_flows(lab_node, engi
     assert discovered[host.hostname]["import"]["approvable"] == [0], discovered
     assert approve_slots(host.hostname)["approved"] == [0]
 
+    assert host.image is not None
+    add_catalog_image(engine, "lab-guest", host.image.sha256, str(host.image.path), ["lab-slice"])
+    slot = cp.list_slots(host.hostname)[0]
+
     key, public = host.lab.ssh_keypair("tenant")
     result = provision_allocation(
-        "lab-slice", 1, host.image_spec(), [{"name": "gpuuser", "ssh_authorized_keys": [public]}]
+        "lab-slice", 1, "lab-guest", [{"name": "gpuuser", "ssh_authorized_keys": [public]}]
     )
     assert result["state"] == "active", result
     readiness = result["readiness"]
-    assert readiness["lease_state"] == "bound" or readiness.get("actual_ip") == "10.100.0.10"
-    assert readiness["ssh_ready"] is True
+    assert (
+        readiness["mac"],
+        readiness["expected_ip"],
+        readiness["actual_ip"],
+        readiness["lease_state"],
+        readiness["ssh_ready"],
+    ) == (slot["mac_address"], "10.100.0.10", "10.100.0.10", "matched", True)
     login = host.lab.ssh("10.100.0.10", "gpuuser", key, "hostname")
     assert login.returncode == 0, login.stderr
 
