@@ -94,7 +94,7 @@ def finish_dead_runs(grace_seconds: float, stale_after_seconds: float) -> list[d
 
 @task(name="make claims and slots agree")
 def repair_claims_and_slots() -> list[dict[str, Any]]:
-    return in_store(reconcile_service.repair_store)
+    return in_store(reconcile_service.repair_store, ACTOR)
 
 
 @task(name="wipe slots left in cleanup")

@@ -145,7 +145,7 @@ RETURNING slot_index
 HOSTNAMES_SQL = text("SELECT id, hostname FROM nodes WHERE id = ANY(CAST(:ids AS uuid[]))")
 
 
-def repair_store(session: Session) -> list[dict[str, Any]]:
+def repair_store(session: Session, actor: str) -> list[dict[str, Any]]:
     """Make claims and slots agree with their allocations; one row per repair.
 
     - an active claim of a released or failed allocation ends; its slot (or, for a
@@ -153,6 +153,7 @@ def repair_store(session: Session) -> list[dict[str, Any]]:
     - a slot in use (reserved ... releasing) without an active claim is cleanup_blocked;
     - a claimed slot whose status disagrees with its live allocation follows the
       allocation (the claim is the authority on occupancy).
+    Each repair is recorded as drift evidence.
     """
     rows: list[dict[str, Any]] = []
     for claim in session.execute(FINISHED_CLAIMS_SQL).all():
@@ -200,7 +201,18 @@ def repair_store(session: Session) -> list[dict[str, Any]]:
         session.execute(HOSTNAMES_SQL, {"ids": list({r["node_id"] for r in rows})}).all()
     )
     for row in rows:
-        row["node"] = hostnames[row.pop("node_id")]
+        node_id = row.pop("node_id")
+        row["node"] = hostnames[node_id]
+        evidence_repo.add(
+            session,
+            kind=EvidenceKind.DRIFT,
+            passed=False,
+            summary=f"{row['node']} slots {row['slots']}: {row['code']} ({row['detail']}); "
+            f"now {row['now']}",
+            recorded_by=actor,
+            payload=row,
+            node_id=node_id,
+        )
     return rows
 
 

@@ -390,9 +390,15 @@ def test_kill_after_a_real_provision_then_reconcile_releases_the_vm(lab_node, en
     assert_finished(engine)
     _, state, reason = allocation_row(engine)
     assert state == "failed" and reason.endswith("ended while provisioning; reconciled")
-    assert [(d["code"], d["allocation_id"], d["action"]) for d in result["drift"]] == [
-        ("orphan_domain", str(allocation_id), "release")
+    slot = cp.list_slots(host.hostname)[0]
+    # Probed before the release: the VM and its reservation belonged to no live allocation.
+    drift = sorted((d["code"], d.get("allocation_id"), d.get("action")) for d in result["drift"])
+    assert drift == [
+        ("orphan_domain", str(allocation_id), "release"),
+        ("stale_reservation", None, None),
     ]
+    stale = next(d for d in result["drift"] if d["code"] == "stale_reservation")
+    assert stale["detail"].lower().startswith(slot["mac_address"])
     assert [(r["slot"], r["released"], r["proof"], r["now"]) for r in result["leftovers"]] == [
         (0, True, "verified", "cleanup_blocked")
     ]

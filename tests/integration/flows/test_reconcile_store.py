@@ -147,6 +147,10 @@ def test_reconcile_makes_claims_and_slots_agree_with_allocations(approved, engin
     assert cp.show_allocation(uuid.UUID(pending))["state"] == "pending"
     with engine.connect() as conn:
         assert audit(conn) == []
+        recorded = conn.execute(
+            text("SELECT payload ->> 'code' FROM evidence WHERE kind = 'drift' AND NOT passed")
+        ).scalars()
+        assert sorted(recorded) == [code for code, *_ in repairs]
     # Nothing left to repair: a second run changes nothing.
     assert (
         reconcile(grace_seconds=3600, compare_with_hosts=False, wipe_cleanup=False)["store"] == []
