@@ -23,7 +23,16 @@ SECRET_KEYS = frozenset(
     }
 )
 # Environment variable names (lowercased) holding secrets beyond SECRET_KEYS' rules.
-SECRET_ENV_WORDS = ("password", "passwd", "secret", "token", "api_key", "private_key")
+SECRET_ENV_WORDS = (
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "api_key",
+    "private_key",
+    "auth_string",
+    "credential",
+)
 SCRUBBED = "<scrubbed>"
 # Shorter values are not searched for in text: replacing them would mangle unrelated data.
 MIN_REDACTED_LENGTH = 4

@@ -252,6 +252,8 @@ def scrub_artifacts(private_data_dir: Path, secrets: frozenset[str]) -> list[str
     """Rewrite every kept file that holds a known secret or a URL password; the files
     changed (runner writes its whole environment into ``artifacts/<id>/command``, and task
     output may echo what it was given)."""
+    if not private_data_dir.is_absolute() or not (private_data_dir / "artifacts").is_dir():
+        raise ValueError(f"{private_data_dir} is not a runner private data directory")
     changed = []
     for path in sorted(p for p in private_data_dir.rglob("*") if p.is_file()):
         # surrogateescape: any bytes round-trip, so binary files are searched too
@@ -271,8 +273,7 @@ def run_playbook(run: PlaybookRun, private_data_dir: Path | None = None) -> RunR
     import ansible_runner
 
     playbook = playbook_path(run.playbook)
-    if private_data_dir is None:
-        private_data_dir = new_private_dir(run.playbook)
+    private_data_dir = (private_data_dir or new_private_dir(run.playbook)).resolve()
     public_vars, _ = split_secret_vars(run.extravars)
     started = dt.datetime.now(dt.UTC)
     with private_secrets(run) as secrets:
@@ -292,7 +293,8 @@ def run_playbook(run: PlaybookRun, private_data_dir: Path | None = None) -> RunR
                 suppress_env_files=True,
             )
         finally:
-            scrub_artifacts(private_data_dir, secrets.known)
+            if (private_data_dir / "artifacts").is_dir():
+                scrub_artifacts(private_data_dir, secrets.known)
     hosts, tasks = parse_events(list(runner.events), secrets.known)
     return RunResult(
         playbook=run.playbook,

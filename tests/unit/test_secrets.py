@@ -27,6 +27,8 @@ from controlplane.secrets import (
         ("PREFECT_API_KEY", True),
         ("AWS_SECRET_ACCESS_KEY", True),
         ("GITHUB_TOKEN", True),
+        ("PREFECT_API_AUTH_STRING", True),
+        ("GOOGLE_APPLICATION_CREDENTIALS", True),
         ("PATH", False),
         ("ANSIBLE_HOST_KEY_CHECKING", False),
         ("GPUAAS_DATABASE_URL", False),

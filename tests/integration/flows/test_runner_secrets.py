@@ -20,7 +20,7 @@ from controlplane.api import ControlPlane
 from controlplane.secrets import SCRUBBED
 from controlplane.services.inventory import NodeSpec
 from flows.hostwork import DISCOVER, run_host_action
-from flows.runner import PlaybookRun, run_playbook
+from flows.runner import PlaybookRun, run_playbook, scrub_artifacts
 
 pytestmark = [pytest.mark.slow]
 
@@ -194,3 +194,12 @@ def test_host_action_with_a_password_store_leaves_no_secret_in_artifacts_or_rows
         assert any(SCRUBBED in row for row in stored)
     finally:
         engine.dispose()
+
+
+def test_scrubbing_refuses_a_directory_that_is_not_a_runner_private_directory(tmp_path):
+    (tmp_path / "notes.txt").write_text("postgresql://u:keep-me@h/db\n")
+    with pytest.raises(ValueError, match="not a runner private data directory"):
+        scrub_artifacts(tmp_path, frozenset({"keep-me"}))
+    with pytest.raises(ValueError, match="not a runner private data directory"):
+        scrub_artifacts(Path("."), frozenset())
+    assert (tmp_path / "notes.txt").read_text() == "postgresql://u:keep-me@h/db\n"
