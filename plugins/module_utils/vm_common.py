@@ -201,11 +201,17 @@ def run_module(module, action) -> None:
     A VmError fails the module with `failure: {phase, code, message, ...}` (plus the
     error's details at the top level, e.g. `readiness`), so the caller always gets
     structured evidence of which step failed and why. `diff` is returned in diff mode only.
+    `finished_at` (epoch seconds) lets a role time its phases without a marker task each.
     """
     try:
         result = action(module.params, module.check_mode)
     except VmError as exc:
-        module.fail_json(msg=exc.message, failure=exc.to_dict(), **exc.details)
+        module.fail_json(
+            msg=exc.message,
+            failure=exc.to_dict(),
+            finished_at=round(time.time(), 3),
+            **exc.details,
+        )
     if not module._diff:
         result.pop("diff", None)
-    module.exit_json(**result)
+    module.exit_json(**result, finished_at=round(time.time(), 3))

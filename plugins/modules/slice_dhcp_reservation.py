@@ -92,6 +92,13 @@ changed:
   description: Whether the hostsfile or the leases changed (or would).
   returned: always
   type: bool
+finished_at:
+  description:
+    - When the module finished, in seconds since the epoch (also on failure); the slice VM
+      roles chain these into per-phase timings.
+  returned: always
+  type: float
+  sample: 1763890000.123
 reservation:
   description: The reservation (mac, ip, name).
   returned: always

@@ -60,6 +60,13 @@ changed:
   description: Always false.
   returned: always
   type: bool
+finished_at:
+  description:
+    - When the module finished, in seconds since the epoch (also on failure); the slice VM
+      roles chain these into per-phase timings.
+  returned: always
+  type: float
+  sample: 1763890000.123
 domains:
   description: Slice domains on the host.
   returned: always

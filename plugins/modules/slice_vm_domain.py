@@ -161,6 +161,13 @@ changed:
   description: Whether the domain was (or would be) defined, started, stopped or undefined.
   returned: always
   type: bool
+finished_at:
+  description:
+    - When the module finished, in seconds since the epoch (also on failure); the slice VM
+      roles chain these into per-phase timings.
+  returned: always
+  type: float
+  sample: 1763890000.123
 name:
   description: Domain name.
   returned: always

@@ -92,6 +92,13 @@ changed:
   description: Whether the image was (or in check mode would be) written to the disk.
   returned: always
   type: bool
+finished_at:
+  description:
+    - When the module finished, in seconds since the epoch (also on failure); the slice VM
+      roles chain these into per-phase timings.
+  returned: always
+  type: float
+  sample: 1763890000.123
 skipped_reason:
   description: Why nothing was done, when the clone record already matches.
   returned: when the clone already happened

@@ -90,6 +90,13 @@ changed:
   description: Always false.
   returned: always
   type: bool
+finished_at:
+  description:
+    - When the module finished, in seconds since the epoch (also on failure); the slice VM
+      roles chain these into per-phase timings.
+  returned: always
+  type: float
+  sample: 1763890000.123
 ready:
   description: Whether the gate passed (false in check mode).
   returned: success

@@ -103,6 +103,13 @@ changed:
   description: Whether the ISO or the relay key was (or would be) written.
   returned: always
   type: bool
+finished_at:
+  description:
+    - When the module finished, in seconds since the epoch (also on failure); the slice VM
+      roles chain these into per-phase timings.
+  returned: always
+  type: float
+  sample: 1763890000.123
 path:
   description: The seed ISO path.
   returned: always

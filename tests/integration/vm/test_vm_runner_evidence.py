@@ -77,6 +77,9 @@ def test_provision_failure_evidence_is_the_runner_artifact_data(tmp_path: Path):
     assert evidence["failure"]["phase"] == "preflight"
     assert evidence["failure"]["code"] == "bridge_missing"
     assert evidence["cleanup_blocked"] is False
+    # the refused phase is timed up to the refusal; no later phase started
+    assert list(evidence["timings"]) == ["preflight", "total"]
+    assert 0 < evidence["timings"]["preflight"] <= evidence["timings"]["total"]
     failed = {c["check"] for c in evidence["preflight_checks"] if not c["ok"]}
     assert failed == {"bridge", "libvirt", "image"}
     assert not (tmp_path / "slices").exists() and not (tmp_path / "terminal").exists()
