@@ -10,23 +10,29 @@ UEFI guest (controlplane/lab/vmguest.py) under QEMU emulation, without VFIO host
    (polled every 0.1 s). No Ansible, no module of ours.
 2. `playbooks/vm_provision.yml` (wall clock, and the role's own per-phase timings), then
    the same again (the idempotent no-change run).
-3. `playbooks/vm_release.yml` (wall clock and per-task durations: stop + undefine,
-   DHCP cleanup, wipe with proof, state removal).
-4. "Our overhead" = provision wall time minus the guest's boot in that same run (domain
-   started -> SSH banner, from the readiness gate's lease and banner phases; on a busy
-   machine TCG boots vary by many seconds between runs, so the baseline is a cross-check,
-   not the subtrahend): ansible-playbook start, preflight, seed, clone, reservation,
-   define/start, the relay-key login and the evidence. The same module code then runs for
-   a second allocation in one Python process on the lab host, without Ansible, which
-   separates the modules' own work from Ansible's per-task cost.
+3. `playbooks/vm_release.yml` (wall clock split into its phases - stop + undefine, DHCP
+   cleanup, wipe with proof, state removal - from the per-task durations).
+4. "Our overhead" = provision wall time minus the guest's boot in that same run, printed
+   against the 3 s target. The boot runs from the domain's start to the SSH banner: the
+   role's readiness phase (domain module finished -> readiness module finished, both
+   modules report `finished_at`) minus the relay-key login that follows the banner. The
+   readiness gate's own clock (lease + banner) starts later, once Ansible has started
+   the readiness task, while the guest is already booting; both are printed. On a busy
+   machine TCG boots vary by many seconds between runs, so the plain-virsh baseline is a
+   cross-check, not the subtrahend. The overhead is split into what Ansible
+   costs and what our code costs: the same module code runs for a second allocation in
+   one Python process on the lab host without Ansible, and Ansible's floor on this machine
+   right now is measured with an empty playbook and with no-op `ansible.builtin.ping`
+   tasks, one per module task of the role.
 5. Image clone throughput: `qemu-img convert -O raw` (the module's command) against
    `dd bs=4M oflag=direct` of the same image onto the same loop device, discarded before
-   each run, best of two each; plus sha256 digest throughput.
+   each run, alternating, best and median of `--repeat` each; plus sha256 throughput.
 
+Playbooks run as the lab runs them (ansible-playbook with pipelining, the json callback).
 On a busy 2-core machine every Ansible task costs about a second of Python start-up, so
-the overhead is printed with the per-task figures it is made of.
+the overhead is printed with the per-task figures it is made of and the load average.
 
-    sudo .venv/bin/python bench/vm_lifecycle.py [--image-mib 512] [--repeat 2]
+    sudo .venv/bin/python bench/vm_lifecycle.py [--image-mib 512] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,6 +68,15 @@ from controlplane.lab.vmlab import (  # noqa: E402
 
 BASELINE_MAC = "52:54:00:5a:00:77"
 BASELINE_IP = "10.100.0.77"
+OVERHEAD_TARGET_S = 3.0
+PROVISION_PHASES = ("preflight", "seed", "image", "dhcp", "domain", "readiness")
+# Release phases by the role's task names (the role publishes no timings of its own).
+RELEASE_PHASES = {
+    "stop + undefine": "Shut the domain down",
+    "dhcp cleanup": "Remove the DHCP reservation",
+    "wipe with proof": "Wipe every slot disk",
+    "state removal": "Remove the allocation state directory",
+}
 
 
 def task_seconds(run: PlaybookRun) -> list[tuple[str, float]]:
@@ -73,6 +89,36 @@ def task_seconds(run: PlaybookRun) -> list[tuple[str, float]]:
             name = task["task"]["name"].split(" : ", 1)[-1]
             rows.append((name, (end - start).total_seconds()))
     return rows
+
+
+def ansible_floor(lab: VmLab, root: Path, module_tasks: int, rounds: int = 3) -> dict:
+    """Ansible's own cost here and now: an empty playbook, and no-op module tasks with and
+    without pipelining; alternating, the best of `rounds` each (the load comes and goes)."""
+    variants = {
+        "empty": (0, "1"),
+        "ping": (module_tasks, "1"),
+        "ping_unpipelined": (module_tasks, "0"),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, (count, pipelining) in variants.items():
+            playbook = root / f"calibrate-{name}.yml"
+            tasks = [{"name": f"no-op {i}", "ansible.builtin.ping": {}} for i in range(count)]
+            playbook.write_text(
+                json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}])
+            )
+            started = time.monotonic()
+            run = lab.playbook(str(playbook), {}, environment={"ANSIBLE_PIPELINING": pipelining})
+            seconds[name].append(time.monotonic() - started)
+            if run.rc != 0:
+                raise RuntimeError(f"calibration playbook failed: {run.stderr[-2000:]}")
+    figures = {name: min(times) for name, times in seconds.items()}
+    tasks = max(1, module_tasks)
+    figures["per_task"] = (figures["ping"] - figures["empty"]) / tasks
+    figures["per_task_unpipelined"] = (figures["ping_unpipelined"] - figures["empty"]) / tasks
+    figures["module_tasks"] = module_tasks
+    figures["rounds"] = rounds
+    return figures
 
 
 def wait_banner(lab: VmLab, ip: str, timeout: float) -> float:
@@ -161,6 +207,7 @@ def lifecycle(lab: VmLab, image, root: Path) -> dict:
     again = lab.playbook("vm_provision.yml", provision_vars)
     figures["provision_again_wall"] = time.monotonic() - started
     figures["provision_again_changed"] = again.changed
+    figures["provision_again_phases"] = again.custom_stats["gpuaas_slice_provision"]["timings"]
     started = time.monotonic()
     released = lab.playbook("vm_release.yml", allocation.release_vars())
     figures["release_wall"] = time.monotonic() - started
@@ -168,6 +215,10 @@ def lifecycle(lab: VmLab, image, root: Path) -> dict:
         raise RuntimeError(f"release failed: {released.custom_stats}")
     figures["release_tasks"] = task_seconds(released)
     figures["release"] = released.custom_stats["gpuaas_slice_release"]
+    started = time.monotonic()
+    gone = lab.playbook("vm_release.yml", allocation.release_vars())
+    figures["release_again_wall"] = time.monotonic() - started
+    figures["release_again_changed"] = gone.changed
     return figures
 
 
@@ -332,68 +383,144 @@ def clone_throughput(lab: VmLab, root: Path, image_mib: int, repeat: int) -> dic
         "sha256": digest,
         "digest_mib_s": image_mib / max(digest_seconds, 1e-6),
         "best": {name: min(times) for name, times in results.items()},
+        "median": {name: statistics.median(times) for name, times in results.items()},
+        "runs": repeat,
     }
 
 
-def guest_boot_in_run(readiness: dict) -> float:
-    """Domain started -> SSH banner, as the readiness gate of that same run saw it."""
+def gate_clock_boot(readiness: dict) -> float:
+    """Lease + banner as the readiness gate's own clock saw them (from its first look)."""
     return readiness.get("lease", 0.0) + readiness.get("ssh", 0.0)
 
 
-def report(boot: float, figures: dict, direct: dict, clone: dict) -> None:
+def guest_boot_in_run(readiness_phase: float, readiness: dict) -> float:
+    """Domain started -> SSH banner: the readiness phase, which starts when the domain
+    module (that started the guest) finished, minus the relay-key login after the banner."""
+    return readiness_phase - readiness.get("ssh_auth", 0.0)
+
+
+def phase_of(task_name: str) -> str:
+    for phase, prefix in RELEASE_PHASES.items():
+        if task_name.startswith(prefix):
+            return phase
+    return "role bookkeeping (arg spec, facts, evidence)"
+
+
+def report(boot: float, figures: dict, direct: dict, floor: dict, clone: dict) -> None:
     phases = figures["provision_phases"]
     wall = figures["provision_wall"]
     readiness = figures["readiness"]
-    booted = guest_boot_in_run(readiness)
+    booted = guest_boot_in_run(phases["readiness"], readiness)
     overhead = wall - booted
+    startup = wall - phases["total"]
     print("\n== provision-to-ready (ansible-playbook vm_provision.yml)")
-    print(f"{'phase':<28}{'seconds':>10}")
-    print(f"{'ansible-playbook start/end':<28}{wall - phases['total']:>10.2f}")
-    for phase in ("preflight", "seed", "image", "dhcp", "domain", "readiness"):
-        print(f"{phase:<28}{phases.get(phase, 0):>10.2f}")
-    print(f"{'total (wall)':<28}{wall:>10.2f}")
+    print(f"{'phase':<30}{'seconds':>9}{'module work':>13}{'ansible':>9}")
+    print(f"{'ansible-playbook start/end':<30}{startup:>9.2f}{'':>13}{startup:>9.2f}")
+    for phase in PROVISION_PHASES:
+        seconds = phases.get(phase, 0.0)
+        own = direct["timings"].get(phase, 0.0)
+        if phase == "readiness":
+            own = readiness.get("total", booted + readiness.get("ssh_auth", 0.0))
+        print(f"{phase:<30}{seconds:>9.2f}{own:>13.2f}{seconds - own:>9.2f}")
+    print(f"{'total (wall)':<30}{wall:>9.2f}")
+    print("  module work: the same code without Ansible; readiness: this run's own gate")
     print(
-        f"  readiness split: lease {readiness.get('lease', 0):.2f}s, "
-        f"ssh banner {readiness.get('ssh', 0):.2f}s, "
-        f"relay-key login {readiness.get('ssh_auth', 0):.2f}s"
+        f"  readiness: lease {readiness.get('lease', 0):.2f}s + ssh banner "
+        f"{readiness.get('ssh', 0):.2f}s (the guest's boot), relay-key login "
+        f"{readiness.get('ssh_auth', 0):.2f}s (ours)"
     )
-    print(f"\nguest's own boot in this run (domain started -> SSH banner): {booted:.2f} s")
-    print(f"guest's own boot, baseline (plain virsh, no Ansible):        {boot:.2f} s")
-    print(f"our overhead = provision wall - guest boot in this run:     {overhead:.2f} s")
-    direct_booted = guest_boot_in_run(direct["readiness"])
+    print(f"  {len(figures['provision_tasks'])} tasks ran in the provision play")
+    print(f"\nguest's own boot in this run (domain started -> SSH banner): {booted:8.2f} s")
+    print(
+        f"  of which the gate's own clock saw (lease + banner):        "
+        f"{gate_clock_boot(readiness):8.2f} s; the rest is Ansible starting the gate's task "
+        "while the guest boots"
+    )
+    print(f"guest's own boot, baseline (plain virsh, no Ansible):        {boot:8.2f} s")
+    verdict = "MET" if overhead < OVERHEAD_TARGET_S else "MISSED"
+    print(
+        f"OUR OVERHEAD = provision wall - guest boot:                  {overhead:8.2f} s   "
+        f"target < {OVERHEAD_TARGET_S:.2f} s: {verdict}"
+        + ("" if overhead < OVERHEAD_TARGET_S else f" by {overhead - OVERHEAD_TARGET_S:.2f} s")
+    )
+    print(
+        "  (counted from the gate's own clock, as this bench did before:  "
+        f"{wall - gate_clock_boot(readiness):8.2f} s)"
+    )
+    direct_booted = guest_boot_in_run(direct["timings"]["readiness"], direct["readiness"])
     direct_overhead = direct["wall"] - direct_booted
+    floor_total = floor["empty"] + floor["module_tasks"] * floor["per_task"]
+    direct_verdict = "MET" if direct_overhead < OVERHEAD_TARGET_S else "MISSED"
     print(
-        f"our overhead, same module code without Ansible:             {direct_overhead:.2f} s "
-        f"(Ansible's share: {overhead - direct_overhead:.2f} s)"
+        f"  same module code without Ansible (one process):           {direct_overhead:8.2f} s   "
+        f"target: {direct_verdict}"
     )
-    print("  direct phases:", ", ".join(f"{k} {v:.2f}s" for k, v in direct["timings"].items()))
-    module_tasks = [(n, s) for n, s in figures["provision_tasks"] if s > 0.2]
-    print("  ansible tasks:", ", ".join(f"{n[:28]} {s:.2f}s" for n, s in module_tasks))
+    print(
+        "    of it: "
+        + ", ".join(f"{k} {v:.2f}s" for k, v in direct["timings"].items() if k != "readiness")
+        + f", relay-key login {direct['readiness'].get('ssh_auth', 0):.2f}s"
+    )
+    share = overhead - direct_overhead
+    print(f"  Ansible's share (overhead - module code):                  {share:8.2f} s")
+    print(
+        f"  Ansible's floor here and now (best of {floor['rounds']}): empty ansible-playbook "
+        f"{floor['empty']:.2f}s + {floor['module_tasks']} no-op module tasks x "
+        f"{floor['per_task']:.2f}s = {floor_total:.2f} s"
+    )
+    print(
+        f"  without pipelining (ansible.cfg as flows/runner.py uses it has none): "
+        f"{floor['per_task_unpipelined']:.2f}s per no-op module task, "
+        f"{(floor['per_task_unpipelined'] - floor['per_task']) * floor['module_tasks']:+.2f} s "
+        "for this role"
+    )
     print(
         f"second provision (no change, changed={figures['provision_again_changed']}): "
-        f"{figures['provision_again_wall']:.2f} s"
+        f"{figures['provision_again_wall']:.2f} s wall; phases "
+        + ", ".join(
+            f"{phase} {figures['provision_again_phases'].get(phase, 0):.2f}s"
+            for phase in PROVISION_PHASES
+        )
     )
 
     print("\n== release-to-wiped (ansible-playbook vm_release.yml)")
     release = figures["release"]
+    split: dict[str, float] = {phase: 0.0 for phase in RELEASE_PHASES}
     for name, seconds in figures["release_tasks"]:
-        if seconds > 0.05:
-            print(f"{name[:60]:<62}{seconds:>8.2f}")
-    print(f"{'total (wall)':<62}{figures['release_wall']:>8.2f}")
+        phase = phase_of(name)
+        split[phase] = split.get(phase, 0.0) + seconds
+    split["ansible-playbook start/end"] = figures["release_wall"] - sum(
+        seconds for _name, seconds in figures["release_tasks"]
+    )
+    for phase, seconds in split.items():
+        print(f"{phase:<46}{seconds:>8.2f}")
+    print(f"{'total (wall)':<46}{figures['release_wall']:>8.2f}")
     proof = release["wipe_proofs"][0]
     print(
-        f"  stop: {release['stop']['method']} in {release['stop']['seconds']:.2f}s; "
-        f"wipe: {proof['method']} {proof['duration_s']:.2f}s verified={proof['verified']}"
+        f"  stop: {release['stop']['method']} in {release['stop']['seconds']:.2f}s, undefine "
+        f"attempts {len(release['undefine_attempts'])}; wipe: {proof['method']} "
+        f"{proof['duration_s']:.2f}s verified={proof['verified']}"
+    )
+    print(
+        f"  {len(figures['release_tasks'])} tasks ran in the release play; releasing it again "
+        f"(already gone): {figures['release_again_wall']:.2f} s, "
+        f"changed={figures['release_again_changed']}"
     )
 
-    print(f"\n== image clone onto the same loop device ({clone['mib']} MiB, best of runs)")
-    dd = clone["best"]["dd oflag=direct"]
-    for name, seconds in clone["best"].items():
-        rate = clone["mib"] / seconds
-        print(f"{name:<20}{seconds:>8.2f} s{rate:>10.1f} MiB/s{dd / seconds:>8.2f}x dd")
     print(
-        f"{'sha256 verify':<20}{clone['mib'] / clone['digest_mib_s']:>8.2f} s"
-        f"{clone['digest_mib_s']:>10.1f} MiB/s"
+        f"\n== image clone onto the same loop device ({clone['mib']} MiB, "
+        f"{clone['runs']} runs each, alternating)"
+    )
+    dd = clone["best"]["dd oflag=direct"]
+    print(f"{'':<20}{'best':>8}{'MiB/s':>10}{'vs dd':>8}{'median':>10}{'MiB/s':>10}")
+    for name, seconds in clone["best"].items():
+        median = clone["median"][name]
+        print(
+            f"{name:<20}{seconds:>7.2f}s{clone['mib'] / seconds:>10.1f}{dd / seconds:>7.2f}x"
+            f"{median:>9.2f}s{clone['mib'] / median:>10.1f}"
+        )
+    print(
+        f"{'sha256 verify':<20}{clone['mib'] / clone['digest_mib_s']:>7.2f}s"
+        f"{clone['digest_mib_s']:>10.1f}"
     )
     print(
         f"provisioned tiny guest clone: {figures['clone']['bytes'] >> 20} MiB in "
@@ -408,7 +535,7 @@ def report(boot: float, figures: dict, direct: dict, clone: dict) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--image-mib", type=int, default=512)
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     reason = vm_lab_unavailable_reason() or unavailable_reason()
     if reason:
@@ -429,8 +556,9 @@ def main() -> int:
             boot = baseline_boot(lab, image, root)
             figures = lifecycle(lab, image, root)
             direct = direct_provision(lab, image, root)
+            floor = ansible_floor(lab, root, module_tasks=len(PROVISION_PHASES))
             clone = clone_throughput(lab, root, args.image_mib, args.repeat)
-    report(boot, figures, direct, clone)
+    report(boot, figures, direct, floor, clone)
     return 0
 
 

@@ -455,9 +455,15 @@ class VmLab:
         )
 
     def playbook(
-        self, playbook: str, extra_vars: dict, check_mode: bool = False, timeout: float = 300
+        self,
+        playbook: str,
+        extra_vars: dict,
+        check_mode: bool = False,
+        timeout: float = 300,
+        environment: dict | None = None,
     ) -> PlaybookRun:
-        """Run playbooks/<playbook> (or an absolute path) inside the lab, json callback."""
+        """Run playbooks/<playbook> (or an absolute path) inside the lab, json callback;
+        `environment` adds or overrides variables (e.g. ANSIBLE_PIPELINING=0)."""
         vars_file = self.root / f"vars-{time.monotonic_ns()}.json"
         vars_file.write_text(json.dumps(extra_vars))
         argv = [
@@ -468,6 +474,7 @@ class VmLab:
             "ANSIBLE_SHOW_CUSTOM_STATS=1",
             "ANSIBLE_PIPELINING=1",
             f"PATH={VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            *(f"{name}={value}" for name, value in (environment or {}).items()),
             str(VENV_BIN / "ansible-playbook"),
             "-i",
             str(REPO_ROOT / "inventories" / "local.yml"),
