@@ -140,6 +140,23 @@ class ControlPlane:
                 allocations.record_wipe_proof(session, hostname, slot_index, proof, actor)
             )
 
+    def record_storage_approval(
+        self, hostname: str, devices: list[str], reference: str, actor: str
+    ) -> dict[str, Any]:
+        """Record an infra approval to turn these disks into raw slice disks."""
+        with db.transaction(self.engine) as session:
+            approval, created = inventory.record_storage_approval(
+                session, hostname, devices, reference, actor
+            )
+            return {**asdict(approval), "created": created}
+
+    def verify_storage_approval(
+        self, hostname: str, reference: str, devices: list[str]
+    ) -> dict[str, Any]:
+        """The recorded approval ``reference``, if it covers every disk in ``devices``."""
+        with db.transaction(self.engine) as session:
+            return asdict(inventory.verify_storage_approval(session, hostname, reference, devices))
+
     def show_allocation(self, allocation_id: uuid.UUID) -> dict[str, Any]:
         with db.transaction(self.engine) as session:
             return allocations.allocation_view(session, allocation_id)

@@ -36,6 +36,8 @@ app.add_typer(node_app, name="node")
 alloc_app = typer.Typer(no_args_is_help=True, help="Place, inspect and release allocations.")
 app.add_typer(slots_app, name="slots")
 app.add_typer(alloc_app, name="alloc")
+storage_app = typer.Typer(no_args_is_help=True, help="Approve disks for a storage transition.")
+app.add_typer(storage_app, name="storage")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
 NodeOpt = Annotated[str, typer.Option("--node", help="Node host name.")]
@@ -373,6 +375,31 @@ def slots_wipe_proof(
         lambda r: out.print(
             f"slot {slot} of {node}: wipe {'verified' if r['verified'] else 'NOT verified'}, "
             f"now {r['status']} (evidence {r['evidence_id']})"
+        ),
+    )
+
+
+# -- storage ----------------------------------------------------------------------------
+
+
+@storage_app.command("approve")
+def storage_approve(
+    node: NodeOpt,
+    device: Annotated[
+        list[str], typer.Option("--device", help="Disk by stable identity (repeatable).")
+    ],
+    reference: Annotated[
+        str, typer.Option("--reference", help="Change or ticket id naming the decision.")
+    ],
+    as_json: JsonFlag = False,
+) -> None:
+    """Record an infra approval to turn these disks into raw slice disks (storage transition)."""
+    run(
+        as_json,
+        lambda: control_plane().record_storage_approval(node, device, reference, actor()),
+        lambda r: out.print(
+            f"{'recorded' if r['created'] else 'already recorded'}: approval {r['reference']} "
+            f"of {node} covers {', '.join(r['devices'])} (evidence {r['evidence_id']})"
         ),
     )
 

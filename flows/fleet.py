@@ -8,7 +8,6 @@ rules live in the control plane. Retries are only on the read-only host probes.
 from __future__ import annotations
 
 import uuid
-from dataclasses import asdict
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -17,11 +16,9 @@ from prefect.runtime import flow_run
 from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from controlplane import db
 from controlplane.api import ControlPlane
 from controlplane.enums import EvidenceKind
 from controlplane.errors import GpuaasError
-from controlplane.services import inventory
 from flows import artifacts
 from flows.hostwork import (
     BOOTSTRAP,
@@ -205,9 +202,8 @@ def parity_sweep(
 def verify_storage_approval(hostname: str, reference: str, devices: list[str]) -> dict[str, Any]:
     """The recorded approval, or the refusal (nothing runs on the host without one)."""
     try:
-        with db.transaction(control_plane().engine) as session:
-            approval = inventory.verify_storage_approval(session, hostname, reference, devices)
-        return {"refused": False, **asdict(approval)}
+        approval = control_plane().verify_storage_approval(hostname, reference, devices)
+        return {"refused": False, **approval}
     except GpuaasError as refused:
         return {"refused": True, "message": refused.message, **refused.as_dict()}
 

@@ -250,3 +250,44 @@ def test_alloc_create_show_list_release_and_wipe_proof(registered, engine, tmp_p
         env, "slots", "wipe-proof", "--node", "j22u15", "--slot", str(slot), "--from", str(proof)
     )
     assert recorded["status"] == "available" and recorded["verified"] is True
+
+
+def test_storage_approval_is_recorded_once_per_reference(registered, engine):
+    env = registered
+    disks = [
+        "/dev/disk/by-id/nvme-eui.000000000000000100a0752400000001",
+        "/dev/disk/by-id/nvme-eui.000000000000000100a0752400000002",
+    ]
+    args = ["storage", "approve", "--node", "j22u05", "--reference", "INFRA-7"]
+    for disk in disks:
+        args += ["--device", disk]
+    first = ok_json(env, *args)
+    assert first["created"] and first["devices"] == sorted(disks)
+    assert first["reference"] == "INFRA-7" and first["recorded_by"].startswith("cli:")
+    assert ok_json(env, *args)["created"] is False
+    before = counts(engine)
+    reused = error_json(
+        env,
+        "storage",
+        "approve",
+        "--node",
+        "j22u05",
+        "--reference",
+        "INFRA-7",
+        "--device",
+        disks[0],
+    )
+    assert reused["code"] == "approval_reference_reused"
+    kernel_name = error_json(
+        env,
+        "storage",
+        "approve",
+        "--node",
+        "j22u05",
+        "--reference",
+        "INFRA-8",
+        "--device",
+        "/dev/nvme0n1",
+    )
+    assert kernel_name["message"] and "stable" in kernel_name["message"]
+    assert counts(engine) == before

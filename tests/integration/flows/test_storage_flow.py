@@ -12,11 +12,9 @@ import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils.storage_transition import MARKER
 from sqlalchemy import text
 
-from controlplane import db
 from controlplane.api import ControlPlane
 from controlplane.errors import Conflict, InvalidInput
 from controlplane.lab.loopdev import LoopLab, require_loop
-from controlplane.services import inventory
 from controlplane.services.inventory import NodeSpec
 from flows.fleet import storage_transition
 from tests.integration.storage.storage_helpers import raw_state
@@ -66,10 +64,7 @@ class StorageHost:
         return [self.lab.fingerprint(d, self.mounts) for d in (self.share, self.leftover)]
 
     def approve(self, reference: str, devices: list[str]):
-        with db.transaction(self.cp.engine) as session:
-            return inventory.record_storage_approval(
-                session, HOST, devices, reference, "infra-operator"
-            )
+        return self.cp.record_storage_approval(HOST, devices, reference, "infra-operator")
 
 
 @pytest.fixture
@@ -138,8 +133,8 @@ def test_applying_is_refused_without_a_recorded_approval_covering_every_disk(sto
 def test_applying_with_a_recorded_approval_transitions_its_disks_and_records_them(
     storage_host, engine
 ):
-    approval, created = storage_host.approve("INFRA-2026-0417", storage_host.devices)
-    assert created
+    approval = storage_host.approve("INFRA-2026-0417", storage_host.devices)
+    assert approval["created"]
     result = storage_transition(
         HOST,
         storage_host.devices,
@@ -148,7 +143,7 @@ def test_applying_with_a_recorded_approval_transitions_its_disks_and_records_the
         extravars=storage_host.extravars,
     )
     assert result["devices"] == {d: "transitioned" for d in storage_host.devices}
-    assert result["approval_evidence_id"] == approval.evidence_id
+    assert result["approval_evidence_id"] == approval["evidence_id"]
     for disk in (storage_host.share, storage_host.leftover):
         assert raw_state(disk.device) == {"signatures": [], "partitions": [], "mounted": False}
     manifest = json.loads(Path(result["manifest_path"]).read_text())
@@ -161,7 +156,7 @@ def test_applying_with_a_recorded_approval_transitions_its_disks_and_records_the
         " WHERE kind = 'storage_manifest' AND payload ? 'device' ORDER BY 1",
     )
     assert raw_records == sorted(
-        (d, "INFRA-2026-0417", approval.evidence_id) for d in storage_host.devices
+        (d, "INFRA-2026-0417", approval["evidence_id"]) for d in storage_host.devices
     )
 
 
@@ -170,8 +165,9 @@ def test_approval_records_are_validated_and_a_reference_names_one_decision(stora
         storage_host.approve("INFRA-3", [storage_host.share.device])
     with pytest.raises(InvalidInput, match="needs a reference"):
         storage_host.approve("  ", storage_host.devices)
-    first, created = storage_host.approve("INFRA-3", storage_host.devices)
-    again, created_again = storage_host.approve("INFRA-3", list(reversed(storage_host.devices)))
-    assert created and not created_again and again.evidence_id == first.evidence_id
+    first = storage_host.approve("INFRA-3", storage_host.devices)
+    again = storage_host.approve("INFRA-3", list(reversed(storage_host.devices)))
+    assert first["created"] and not again["created"]
+    assert again["evidence_id"] == first["evidence_id"]
     with pytest.raises(Conflict, match="already covers other disks"):
         storage_host.approve("INFRA-3", [storage_host.share.stable_path])
