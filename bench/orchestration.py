@@ -1,62 +1,279 @@
 """Orchestration benchmark: what the flows, the runner bridge and the store cost per
 allocation, apart from the host work itself, and a 100-allocation burst.
 
-Hosts are simulated (recorded trees + private network namespaces, controlplane.lab):
-the provision flow runs for real down to the slice_vm_provision role, whose preflight
-stops at the first unmet precondition (no libvirt in a simulated host), so every
-allocation ends ``failed`` with its evidence. The modules' own run time (from the
-runner's task events) is the host work and is subtracted; everything else — Prefect
-flow and task runs, ansible-runner and ansible-playbook start-up, inventory plugin,
-placement, state transitions and evidence writes — is the orchestration overhead.
+1. Real slice VMs, where this machine can run them (controlplane.lab.slicehost: libvirtd,
+   dnsmasq and a loop disk in private namespaces, a tiny guest under QEMU emulation):
+   ``--cycles`` allocations each go provision_allocation -> active (lease and SSH gate)
+   -> release_allocation -> wipe proof -> available, one after the other (the lab host
+   has one slot).
+2. The burst: ``--allocations`` provision_allocation runs, ``--concurrency`` at a time,
+   on simulated hosts (recorded trees + private network namespaces). Those hosts cannot
+   start a VM, so every provision runs for real down to the role's preflight, which
+   refuses, and ends ``failed`` with its evidence: the burst measures orchestration
+   throughput, the host work being one refusing module.
 
-Usage (root): python bench/orchestration.py [--allocations 100] [--concurrency 4]
+Time is split from the store's own records: the module run times of each playbook (the
+runner's task events) are the host work; the rest of the playbook's wall time is
+ansible-runner and ansible-playbook (start-up, inventory plugin, fact plumbing); the rest
+of the flow's wall time is Prefect (flow and task runs) and the store (image lookup,
+placement, state transitions, node tasks, evidence), shown before and after the host
+action. Orchestration overhead = flow wall time - module run time.
+
+Usage (root): python bench/orchestration.py [--cycles 3] [--allocations 100]
+              [--concurrency 4] [--nodes 13] [--skip-vm]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import hashlib
+import json
 import os
 import shutil
 import statistics
 import tempfile
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 
 from controlplane import migrate
 from controlplane.api import ControlPlane
 from controlplane.embedded import EmbeddedPostgres
 from controlplane.lab.hosts import HostPlan, SimulatedFleet
+from controlplane.lab.slicehost import LAB_SKU, LabSliceHost, unavailable_reason
 from controlplane.services.inventory import NodeSpec
 
-IMAGE = {"path": "/nonexistent/bench.raw", "sha256": "0" * 64}
 USERS = [{"name": "bench", "ssh_authorized_keys": []}]
+BURST_IMAGE = "bench-image"
 
 
-def host_work_seconds(engine, since) -> tuple[float, float]:
-    """Sum of module run times and of playbook wall times from the recorded node tasks."""
-    with engine.connect() as conn:
-        rows = conn.execute(
+@dataclass
+class Split:
+    """One flow run's wall time, split by the store's records of its node task."""
+
+    wall: float
+    modules: float
+    playbook: float
+    before_host: float
+    after_host: float
+    to_placement: float
+
+    @property
+    def runner(self) -> float:
+        return self.playbook - self.modules
+
+    @property
+    def flow_and_store(self) -> float:
+        return self.wall - self.playbook
+
+    @property
+    def overhead(self) -> float:
+        return self.wall - self.modules
+
+
+def add_catalog_image(engine: Engine, slug: str, digest: str, path: str, sku: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(
             text(
-                "SELECT output, extract(epoch FROM finished_at - started_at) FROM node_tasks"
-                " WHERE kind = 'slice.vm_provision' AND created_at >= :since"
+                "INSERT INTO os_images (slug, status, digest_sha256, compatible_skus,"
+                " image_metadata) VALUES (:slug, 'active', :digest, :skus, CAST(:meta AS jsonb))"
             ),
-            {"since": since},
-        ).all()
-    modules = sum(
-        sum(t.get("duration_s") or 0.0 for t in (output or {}).get("tasks", []))
-        for output, _ in rows
+            {
+                "slug": slug,
+                "digest": digest,
+                "skus": [sku],
+                "meta": json.dumps({"image_path": path}),
+            },
+        )
+
+
+def split(
+    engine: Engine, allocation_id: str, kind: str, began: dt.datetime, ended: dt.datetime
+) -> Split:
+    with engine.connect() as conn:
+        output, started, finished, placed = conn.execute(
+            text(
+                "SELECT t.output, t.started_at, t.finished_at, a.created_at FROM node_tasks t"
+                " JOIN allocations a ON a.id = t.allocation_id"
+                " WHERE t.allocation_id = :a AND t.kind = :k ORDER BY t.created_at DESC LIMIT 1"
+            ),
+            {"a": allocation_id, "k": kind},
+        ).one()
+    modules = sum(t.get("duration_s") or 0.0 for t in (output or {}).get("tasks", []))
+    return Split(
+        wall=(ended - began).total_seconds(),
+        modules=modules,
+        playbook=(finished - started).total_seconds(),
+        before_host=(started - began).total_seconds(),
+        after_host=(ended - finished).total_seconds(),
+        to_placement=(placed - began).total_seconds(),
     )
-    return modules, sum(float(wall or 0.0) for _, wall in rows)
+
+
+def timed(call, *args, **kwargs):
+    began = dt.datetime.now(dt.UTC)
+    result = call(*args, **kwargs)
+    return result, began, dt.datetime.now(dt.UTC)
+
+
+def describe(label: str, splits: list[Split], placement: bool = True) -> None:
+    def med(values):
+        return statistics.median(values)
+
+    placed = (
+        f", of which {med([s.to_placement for s in splits]):.2f} s to the placement commit"
+        if placement
+        else ""
+    )
+    print(
+        f"  {label} (median of {len(splits)}): wall {med([s.wall for s in splits]):.2f} s ="
+        f" host work {med([s.modules for s in splits]):.2f} s"
+        f" + runner/ansible {med([s.runner for s in splits]):.2f} s"
+        f" + flow/store {med([s.flow_and_store for s in splits]):.2f} s"
+        f" ({med([s.before_host for s in splits]):.2f} s before the playbook{placed},"
+        f" {med([s.after_host for s in splits]):.2f} s after);"
+        f" orchestration overhead {med([s.overhead for s in splits]):.2f} s"
+    )
+
+
+def real_vm_cycles(cp: ControlPlane, engine: Engine, root: Path, cycles: int) -> None:
+    from flows.allocation import provision_allocation, release_allocation
+    from flows.fleet import approve_slots, discover_topology
+
+    reason = unavailable_reason()
+    if reason:
+        print(f"real VMs: not on this machine ({reason})")
+        return
+    cp.define_sku(LAB_SKU)
+    with LabSliceHost(root) as host:
+        assert host.image is not None and host.lab is not None
+        cp.register_node(host.node_spec())
+        discover_topology(hostnames=[host.hostname])
+        approve_slots(host.hostname)
+        add_catalog_image(
+            engine, "lab-guest", host.image.sha256, str(host.image.path), LAB_SKU.slug
+        )
+        _, public = host.lab.ssh_keypair("bench")
+        users = [{"name": "bench", "ssh_authorized_keys": [public]}]
+        provisions, releases = [], []
+        for cycle in range(cycles):
+            state, began, ended = timed(
+                provision_allocation, LAB_SKU.slug, 1, "lab-guest", users, return_state=True
+            )
+            if not state.is_completed():
+                print(f"real VMs: provision {cycle} failed: {state.message}")
+                return
+            allocation = state.result()["allocation_id"]
+            provisions.append(split(engine, allocation, "slice.vm_provision", began, ended))
+            state, began, ended = timed(release_allocation, allocation, return_state=True)
+            slots = state.result()["slots"] if state.is_completed() else []
+            if [s["status"] for s in slots] != ["available"]:
+                print(f"real VMs: release {cycle} did not return the slot: {state.message}")
+                return
+            releases.append(split(engine, allocation, "slice.vm_release", began, ended))
+            p, r = provisions[-1], releases[-1]
+            print(
+                f"  cycle {cycle}: provision {p.wall:.1f} s (host work {p.modules:.1f} s,"
+                f" overhead {p.overhead:.2f} s), release {r.wall:.1f} s (host work"
+                f" {r.modules:.1f} s, overhead {r.overhead:.2f} s)"
+            )
+    print(f"real VMs: {cycles} allocations provisioned to active and released to available")
+    describe("provision", provisions)
+    describe("release", releases, placement=False)
+
+
+def burst(cp: ControlPlane, engine: Engine, root: Path, args: argparse.Namespace) -> None:
+    from flows.allocation import allocation_id_for, provision_allocation
+    from flows.fleet import approve_slots, discover_topology
+
+    plans = [HostPlan(f"bench{i:03d}", "clean") for i in range(args.nodes)]
+    with SimulatedFleet(root, plans) as fleet:
+        for plan in plans:
+            cp.register_node(
+                NodeSpec(
+                    plan.hostname,
+                    "bench",
+                    maas_tags=("gpuaas-profile-slice-vm",),
+                    slice_subnet="10.100.0.0/24",
+                    host_vars=fleet.host_vars[plan.hostname],
+                )
+            )
+        start = time.perf_counter()
+        discover_topology(hostnames=[p.hostname for p in plans])
+        for plan in plans:
+            approve_slots(plan.hostname)
+        print(
+            f"burst setup: discovered and approved {args.nodes} simulated nodes x 8 slots "
+            f"through the flows in {time.perf_counter() - start:.1f} s"
+        )
+        add_catalog_image(
+            engine,
+            BURST_IMAGE,
+            hashlib.sha256(BURST_IMAGE.encode()).hexdigest(),
+            "/nonexistent/bench.raw",
+            "h200-sxm-slice",
+        )
+        runs: list[tuple[str, dt.datetime, dt.datetime]] = []
+
+        def one(index: int) -> None:
+            request = f"burst-{index}-{uuid.uuid4()}"
+            _, began, ended = timed(
+                provision_allocation,
+                "h200-sxm-slice",
+                1,
+                BURST_IMAGE,
+                USERS,
+                request_id=request,
+                return_state=True,
+            )
+            runs.append((request, began, ended))
+
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
+            list(pool.map(one, range(args.allocations)))
+        wall = time.perf_counter() - start
+        splits = [
+            split(engine, str(allocation_id_for(request, None)), "slice.vm_provision", b, e)
+            for request, b, e in runs
+        ]
+        with engine.connect() as conn:
+            states = dict(
+                conn.execute(
+                    text(
+                        "SELECT state, count(*) FROM allocations a JOIN skus s"
+                        " ON s.id = a.sku_id WHERE s.slug = 'h200-sxm-slice' GROUP BY state"
+                    )
+                ).all()
+            )
+        total = sum(s.wall for s in splits)
+        print(
+            f"burst: {args.allocations} provision_allocation runs, {args.concurrency} at a"
+            f" time, in {wall:.1f} s = {args.allocations / wall * 60:.1f} allocations/minute;"
+            f" end states {states} (simulated hosts refuse at preflight)"
+        )
+        print(
+            f"  per run: p50 {statistics.median(s.wall for s in splits):.2f} s, max"
+            f" {max(s.wall for s in splits):.2f} s; of the summed {total:.0f} s: host work"
+            f" {sum(s.modules for s in splits) / total:.0%}, runner/ansible"
+            f" {sum(s.runner for s in splits) / total:.0%}, flow/store before the playbook"
+            f" {sum(s.before_host for s in splits) / total:.0%}, after it"
+            f" {sum(s.after_host for s in splits) / total:.0%}"
+        )
+        describe("burst provision", splits)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--allocations", type=int, default=100)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--nodes", type=int, default=13)
+    parser.add_argument("--skip-vm", action="store_true", help="only the simulated burst")
     args = parser.parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="gpuaas-bench-orch-"))
@@ -73,87 +290,14 @@ def main() -> None:
         engine = create_engine(url)
         migrate.upgrade(engine)
         cp = ControlPlane(engine)
-        plans = [HostPlan(f"bench{i:03d}", "clean") for i in range(args.nodes)]
         from prefect.testing.utilities import prefect_test_harness
 
-        from flows.allocation import provision_allocation
-        from flows.fleet import approve_slots, discover_topology
-
-        with (
-            SimulatedFleet(scratch / "hosts", plans) as fleet,
-            prefect_test_harness(server_startup_timeout=180),
-        ):
-            for plan in plans:
-                cp.register_node(
-                    NodeSpec(
-                        plan.hostname,
-                        "bench",
-                        maas_tags=("gpuaas-profile-slice-vm",),
-                        slice_subnet="10.100.0.0/24",
-                        host_vars=fleet.host_vars[plan.hostname],
-                    )
-                )
-            start = time.perf_counter()
-            discover_topology()
-            for plan in plans:
-                approve_slots(plan.hostname)
-            print(
-                f"setup: discovered and approved {args.nodes} nodes x 8 slots through the "
-                f"flows in {time.perf_counter() - start:.1f} s"
-            )
-
-            # One allocation alone: where its time goes.
-            with engine.connect() as conn:
-                since = conn.execute(text("SELECT now()")).scalar_one()
-            start = time.perf_counter()
-            provision_allocation("h200-sxm-slice", 1, IMAGE, USERS, return_state=True)
-            single = time.perf_counter() - start
-            modules, playbook = host_work_seconds(engine, since)
-            print(
-                f"one allocation: {single:.2f} s end to end; host work (module run time) "
-                f"{modules:.2f} s; playbook wall {playbook:.2f} s, so ansible-runner and "
-                f"ansible-playbook cost {playbook - modules:.2f} s; flow, tasks and store "
-                f"{single - playbook:.2f} s; orchestration overhead {single - modules:.2f} s"
-            )
-
-            # The burst.
-            with engine.connect() as conn:
-                since = conn.execute(text("SELECT now()")).scalar_one()
-            durations: list[float] = []
-
-            def one(_: int) -> None:
-                began = time.perf_counter()
-                provision_allocation("h200-sxm-slice", 1, IMAGE, USERS, return_state=True)
-                durations.append(time.perf_counter() - began)
-
-            start = time.perf_counter()
-            with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
-                list(pool.map(one, range(args.allocations)))
-            wall = time.perf_counter() - start
-            modules, playbook = host_work_seconds(engine, since)
-            with engine.connect() as conn:
-                states = dict(
-                    conn.execute(
-                        text(
-                            "SELECT state, count(*) FROM allocations WHERE created_at >= :s"
-                            " GROUP BY state"
-                        ),
-                        {"s": since},
-                    ).all()
-                )
-            total = sum(durations)
-            print(
-                f"burst: {args.allocations} allocations through provision_allocation, "
-                f"{args.concurrency} at a time, in {wall:.1f} s = "
-                f"{args.allocations / wall * 60:.0f} allocations/minute; states {states}"
-            )
-            print(
-                f"  per allocation: p50 {statistics.median(durations):.2f} s, max "
-                f"{max(durations):.2f} s; of the summed {total:.0f} s: host work "
-                f"{modules:.0f} s ({modules / total:.0%}), runner+ansible {playbook - modules:.0f}"
-                f" s ({(playbook - modules) / total:.0%}), flow+store "
-                f"{total - playbook:.0f} s ({(total - playbook) / total:.0%})"
-            )
+        with prefect_test_harness(server_startup_timeout=180):
+            if not args.skip_vm and args.cycles > 0:
+                real_vm_cycles(cp, engine, scratch / "lab", args.cycles)
+            if args.allocations > 0:
+                burst(cp, engine, scratch / "hosts", args)
+        print(f"load average during the run: {os.getloadavg()[0]:.1f} (2 cores)")
     finally:
         pg.stop()
         shutil.rmtree(scratch, ignore_errors=True)
