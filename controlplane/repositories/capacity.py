@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-# Predicates on the slot row and its node row alone.
-SLOT_PREDICATE = """
+# Predicates on the slot row alone: free, healthy, whole-GPU, not awaiting a wipe, and
+# complete (GPU, NUMA node, by-id disk, MAC, IP, per-slot VF).
+SLOT_ROW_PREDICATE = """
     s.status = 'available'
     AND s.health_state = 'healthy'
     AND s.sharing_mechanism = 'exclusive_device'
@@ -29,9 +30,15 @@ SLOT_PREDICATE = """
     AND s.private_ip IS NOT NULL
     AND s.fabric_claim_mode = 'per_slot_vf'
     AND s.fabric_vf_pci_address IS NOT NULL
-    AND n.admin_state = 'schedulable'
+"""
+
+# Predicates on the slot's node row.
+NODE_ROW_PREDICATE = """
+    n.admin_state = 'schedulable'
     AND n.profile_intent = 'slice_vm'
 """
+
+SLOT_PREDICATE = f"{SLOT_ROW_PREDICATE} AND {NODE_ROW_PREDICATE}"
 
 # No active claim on the node is an exclusive claim, a claim of this slot, or a claim of
 # another slot passing the same fabric device through (the VF, or in legacy metadata

@@ -2,7 +2,8 @@
 
 1. Snapshot: trigger-maintained ``node_capacity`` counters preselect the K best nodes in
    the ranking's own order; the full eligibility predicates (``repositories.capacity``)
-   then load those nodes' free slots.
+   then load those nodes' free slots. A page whose nodes turn out to hold no eligible
+   slot moves on to the next page.
 2. Rank: ``ranking.rank_*`` — pure and deterministic for a snapshot and a salt.
 3. Lock: one statement locks the chosen node's slots ``FOR UPDATE SKIP LOCKED`` (in the
    ranking's preference order, re-checking every predicate), reserves them, and inserts
@@ -17,6 +18,7 @@ import json
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +30,7 @@ from controlplane.enums import CapacityShape
 from controlplane.repositories.capacity import (
     CLAIM_FREE_PREDICATE,
     ELIGIBLE_SLOT_PREDICATE,
-    SLOT_PREDICATE,
+    SLOT_ROW_PREDICATE,
 )
 from controlplane.scheduler import ranking
 from controlplane.scheduler.ranking import BaremetalNode, Policy, SliceNode, SlotView
@@ -47,41 +49,56 @@ SLICE_NODE_FILTER = """
     AND (CAST(:region AS text) IS NULL OR c.region_code = CAST(:region AS text))
 """
 
-# The snapshot reads only what the trigger-kept counters and the slot and node rows say;
-# the claim predicates are re-applied, authoritatively, when the chosen node is locked.
-# The counters already exclude nodes with an exclusive claim; a node without active slot
-# claims cannot have a claim conflict, so only the others pay for that check.
+# The snapshot applies the slot-row and claim predicates to the preselected nodes; the
+# node-row predicates come from the counters (slice_schedulable and exclusive_claims are
+# kept from the node and claim rows by triggers, in the same transaction). Everything is
+# re-applied, authoritatively, when the chosen node is locked. A node without active
+# slot claims cannot have a claim conflict, so only the others pay for that check. A
+# node of the page without any eligible slot still yields one row (slot columns NULL),
+# so the caller can tell an exhausted fleet from a page of ineligible nodes.
 SLICE_SNAPSHOT = {
     policy: text(
         f"""
 WITH top AS (
-    SELECT c.node_id, c.busy_slots = 0 AS clean, c.slot_claims
+    SELECT c.node_id, c.busy_slots = 0 AS clean, c.slot_claims,
+           (SELECT n.hostname FROM nodes n WHERE n.id = c.node_id) AS hostname
     FROM node_capacity c
     WHERE {SLICE_NODE_FILTER} AND c.free_gpus >= :gpus
     ORDER BY {order}
     LIMIT :k OFFSET :offset)
-SELECT s.node_id, n.hostname, top.clean, s.id, s.slot_index, s.numa_node, s.gpu_count
+SELECT CAST(top.node_id AS text), top.hostname, top.clean, CAST(s.id AS text), s.slot_index,
+       s.numa_node, s.gpu_count
 FROM top
-JOIN nodes n ON n.id = top.node_id
-JOIN node_resource_slots s ON s.node_id = top.node_id
-WHERE {SLOT_PREDICATE} AND (top.slot_claims = 0 OR {CLAIM_FREE_PREDICATE})
+LEFT JOIN node_resource_slots s ON s.node_id = top.node_id
+    AND {SLOT_ROW_PREDICATE} AND (top.slot_claims = 0 OR {CLAIM_FREE_PREDICATE})
 """
     )
     for policy, order in _SLICE_ORDER.items()
 }
 
+# Refusals only: free GPUs by the full predicates, not by the counters, which also count
+# `available` rows the scheduler refuses (incomplete rows that bypassed approval, legacy
+# fabric conflicts). Slower than the counters, and paid only when nothing was placed.
 SLICE_DIAGNOSIS = text(
     f"""
-SELECT count(*), coalesce(sum(c.free_gpus), 0), coalesce(max(c.free_gpus), 0)
-FROM node_capacity c
-WHERE {SLICE_NODE_FILTER}
+WITH per_node AS (
+    SELECT (SELECT coalesce(sum(s.gpu_count), 0)
+            FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id
+            WHERE s.node_id = c.node_id AND {ELIGIBLE_SLOT_PREDICATE}) AS free
+    FROM node_capacity c
+    WHERE {SLICE_NODE_FILTER} AND c.free_gpus > 0)
+SELECT (SELECT count(*) FROM node_capacity c WHERE {SLICE_NODE_FILTER}),
+       coalesce(sum(free), 0), coalesce(max(free), 0)
+FROM per_node
 """
 )
 
 # The node_capacity row is the per-node placement mutex. The statement takes, in the
 # ranking's order, the first candidate node that no other placement holds (SKIP LOCKED)
 # and that still has the GPUs, so losing a race costs no round trip: it moves on to the
-# next candidate inside the statement.
+# next candidate inside the statement. It returns the rank of the node it locked (the
+# candidates before it were lost races) and, when the slots were reserved, one row per
+# slot; no row at all means every candidate was held or taken.
 SLICE_LOCK = text(
     f"""
 WITH node_lock AS (
@@ -124,7 +141,10 @@ WITH node_lock AS (
     FROM alloc
     RETURNING id
 )
-SELECT c.node_id, r.id, r.slot_index, c.id FROM reserved r JOIN claims c ON c.slot_id = r.id
+SELECT node_lock.node_id, array_position(CAST(:ranked AS uuid[]), node_lock.node_id),
+       r.id, r.slot_index, c.id
+FROM node_lock
+LEFT JOIN (reserved r JOIN claims c ON c.slot_id = r.id) ON true
 ORDER BY r.slot_index
 """
 )
@@ -145,7 +165,7 @@ BAREMETAL_NODE_FILTER = """
 BAREMETAL_SNAPSHOT = {
     policy: text(
         f"""
-SELECT c.node_id, n.hostname, c.baremetal_intent, c.free_slots
+SELECT CAST(c.node_id AS text), n.hostname, c.baremetal_intent, c.free_slots
 FROM node_capacity c JOIN nodes n ON n.id = c.node_id
 WHERE c.node_id IN (
     SELECT c.node_id FROM node_capacity c
@@ -199,7 +219,10 @@ WITH node_lock AS (
     FROM alloc
     RETURNING id
 )
-SELECT alloc.node_id, claim.id FROM claim CROSS JOIN alloc
+SELECT node_lock.node_id, array_position(CAST(:ranked AS uuid[]), node_lock.node_id),
+       claim.id
+FROM node_lock
+LEFT JOIN (claim CROSS JOIN alloc) ON true
 """
 )
 
@@ -230,6 +253,14 @@ class PlacementRequest:
 
 @dataclass(frozen=True)
 class Placement:
+    """A placed request.
+
+    ``attempts`` counts locking statements run (more than one means a retry after every
+    candidate of a ranking was lost); ``passed_over`` counts candidate nodes skipped
+    because another transaction held them (SKIP LOCKED) or had taken their capacity
+    since the snapshot: the lock conflicts this placement met.
+    """
+
     allocation_id: uuid.UUID
     capacity_shape: str
     sku: str
@@ -239,6 +270,7 @@ class Placement:
     slots: tuple[dict[str, Any], ...]
     claims: tuple[uuid.UUID, ...]
     attempts: int
+    passed_over: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -254,6 +286,7 @@ class Placement:
             ],
             "claims": [str(c) for c in self.claims],
             "attempts": self.attempts,
+            "passed_over": self.passed_over,
         }
 
 
@@ -285,8 +318,21 @@ class SkuInfo:
     allowed_gpu_counts: tuple[int, ...]
 
 
+def uuid_array(values: Iterable[str]) -> str:
+    """A uuid[] literal from ids in text form: cheaper to send than an adapted list."""
+    return "{" + ",".join(values) + "}"
+
+
 def placed_event(shape: CapacityShape, sku: SkuInfo, gpus: int) -> str:
     return json.dumps({"capacity_shape": shape.value, "sku": sku.slug, "gpu_count": gpus})
+
+
+@dataclass
+class _Race:
+    """What one request lost to concurrent ones: locking statements and candidates."""
+
+    attempts: int = 0
+    passed_over: int = 0
 
 
 class Scheduler:
@@ -369,10 +415,11 @@ class Scheduler:
     def _slice_snapshot(
         self, conn: Connection, params: dict[str, Any], offset: int
     ) -> list[SliceNode]:
+        """One page of candidate nodes; a node without eligible slots comes back empty."""
         rows = conn.execute(
             SLICE_SNAPSHOT[self.policy], {**params, "k": self.candidate_nodes, "offset": offset}
         ).all()
-        grouped: dict[uuid.UUID, list] = defaultdict(list)
+        grouped: dict[str, list] = defaultdict(list)
         for row in rows:
             grouped[row[0]].append(row)
         return [
@@ -380,7 +427,7 @@ class Scheduler:
                 node_id=node_id,
                 hostname=slot_rows[0][1],
                 clean=slot_rows[0][2],
-                slots=tuple(SlotView(r[3], r[4], r[5], r[6]) for r in slot_rows),
+                slots=tuple(SlotView(r[3], r[4], r[5], r[6]) for r in slot_rows if r[3]),
             )
             for node_id, slot_rows in grouped.items()
         ]
@@ -389,9 +436,9 @@ class Scheduler:
         self, conn: Connection, request: PlacementRequest, sku: SkuInfo
     ) -> Placement | Unavailable:
         params = self._common(request, sku)
-        attempts = 0
+        race = _Race()
         offset = 0
-        while attempts < self.max_attempts:
+        while race.attempts < self.max_attempts:
             snapshot = self._slice_snapshot(conn, params, offset)
             if not snapshot:
                 break
@@ -401,12 +448,11 @@ class Scheduler:
             if not choices:
                 offset += self.candidate_nodes
                 continue
-            attempts += 1
-            placed = self._lock_slice(conn, params, choices, request, sku, attempts)
+            placed = self._lock_slice(conn, params, choices, request, sku, race)
             if placed is not None:
                 return placed
             offset = 0
-        return self._diagnose_slice(conn, params, request, attempts)
+        return self._diagnose_slice(conn, params, request, race)
 
     def _lock_slice(
         self,
@@ -415,30 +461,40 @@ class Scheduler:
         choices: list[ranking.SliceChoice],
         request: PlacementRequest,
         sku: SkuInfo,
-        attempts: int,
+        race: _Race,
     ) -> Placement | None:
         """Reserve on the first candidate no one else holds, in ranking order."""
         hostnames = {c.node_id: c.hostname for c in choices}
         event = placed_event(CapacityShape.GPU_SLICE, sku, request.gpu_count)
+        race.attempts += 1
         try:
             rows = conn.execute(
                 SLICE_LOCK,
                 {
                     **params,
-                    "ranked": [c.node_id for c in choices],
-                    "preferred": [slot for c in choices for slot in c.slot_ids],
+                    "ranked": uuid_array(c.node_id for c in choices),
+                    "preferred": uuid_array(slot for c in choices for slot in c.slot_ids),
                     "event": event,
                 },
             ).all()
         except IntegrityError as exc:
             conn.rollback()
             if getattr(exc.orig.diag, "constraint_name", None) in RACE_CONSTRAINTS:
+                race.passed_over += 1
                 return None
             raise
-        if len(rows) != request.gpu_count:
+        if not rows:
             conn.rollback()
+            race.passed_over += len(choices)
+            return None
+        rank = rows[0][1]
+        if len(rows) != request.gpu_count or rows[0][2] is None:
+            # The node was ours but its slots were not (a release or wipe held them).
+            conn.rollback()
+            race.passed_over += rank
             return None
         conn.commit()
+        race.passed_over += rank - 1
         node_id = rows[0][0]
         return Placement(
             allocation_id=request.allocation_id,
@@ -446,14 +502,15 @@ class Scheduler:
             sku=sku.slug,
             gpu_count=request.gpu_count,
             node_id=node_id,
-            hostname=hostnames[node_id],
-            slots=tuple({"slot_id": r[1], "slot_index": r[2]} for r in rows),
-            claims=tuple(r[3] for r in rows),
-            attempts=attempts,
+            hostname=hostnames[str(node_id)],
+            slots=tuple({"slot_id": r[2], "slot_index": r[3]} for r in rows),
+            claims=tuple(r[4] for r in rows),
+            attempts=race.attempts,
+            passed_over=race.passed_over,
         )
 
     def _diagnose_slice(
-        self, conn: Connection, params: dict[str, Any], request: PlacementRequest, attempts: int
+        self, conn: Connection, params: dict[str, Any], request: PlacementRequest, race: _Race
     ) -> Unavailable:
         nodes, free, largest = conn.execute(SLICE_DIAGNOSIS, params).one()
         conn.rollback()
@@ -462,7 +519,8 @@ class Scheduler:
             "free_gpus": free,
             "largest_same_node": largest,
             "eligible_nodes": nodes,
-            "attempts": attempts,
+            "attempts": race.attempts,
+            "passed_over": race.passed_over,
         }
         if nodes == 0:
             return Unavailable(
@@ -476,8 +534,8 @@ class Scheduler:
             return Unavailable(
                 "sku_unavailable",
                 "contended",
-                f"{request.gpu_count} GPUs were free on one node but {attempts} attempts lost "
-                "their races; retry",
+                f"{request.gpu_count} GPUs are free on one node but {race.attempts} attempts "
+                "lost their races to concurrent placements; retry",
                 details,
             )
         if free >= request.gpu_count:
@@ -499,48 +557,57 @@ class Scheduler:
         self, conn: Connection, request: PlacementRequest, sku: SkuInfo
     ) -> Placement | Unavailable:
         params = self._common(request, sku)
-        rows = conn.execute(
-            BAREMETAL_SNAPSHOT[self.policy], {**params, "k": self.candidate_nodes}
-        ).all()
-        snapshot = [BaremetalNode(r[0], r[1], r[2], r[3]) for r in rows]
-        ranked = ranking.rank_baremetal_nodes(snapshot, params["salt"], self.policy)
-        hostnames = {n.node_id: n.hostname for n in ranked}
-        attempts = 0
-        while ranked and attempts < self.max_attempts:
-            attempts += 1
-            event = placed_event(CapacityShape.BAREMETAL, sku, request.gpu_count)
+        event = placed_event(CapacityShape.BAREMETAL, sku, request.gpu_count)
+        race = _Race()
+        candidates_seen = False
+        while race.attempts < self.max_attempts:
+            rows = conn.execute(
+                BAREMETAL_SNAPSHOT[self.policy], {**params, "k": self.candidate_nodes}
+            ).all()
+            snapshot = [BaremetalNode(r[0], r[1], r[2], r[3]) for r in rows]
+            if not snapshot:
+                break
+            candidates_seen = True
+            ranked = ranking.rank_baremetal_nodes(snapshot, params["salt"], self.policy)
+            race.attempts += 1
             try:
                 row = conn.execute(
                     BAREMETAL_LOCK,
-                    {**params, "ranked": [n.node_id for n in ranked], "event": event},
+                    {**params, "ranked": uuid_array(n.node_id for n in ranked), "event": event},
                 ).one_or_none()
             except IntegrityError as exc:
                 conn.rollback()
                 if getattr(exc.orig.diag, "constraint_name", None) not in RACE_CONSTRAINTS:
                     raise
+                race.passed_over += 1
                 continue
-            if row is None:
+            if row is None or row[2] is None:
+                # Every candidate was held or taken, or the locked one had changed.
                 conn.rollback()
-                break
+                race.passed_over += len(ranked) if row is None else row[1]
+                continue
             conn.commit()
-            node_id, claim = row
+            node_id, rank, claim = row
+            race.passed_over += rank - 1
             return Placement(
                 allocation_id=request.allocation_id,
                 capacity_shape=CapacityShape.BAREMETAL.value,
                 sku=sku.slug,
                 gpu_count=request.gpu_count,
                 node_id=node_id,
-                hostname=hostnames[node_id],
+                hostname=next(n.hostname for n in ranked if n.node_id == str(node_id)),
                 slots=(),
                 claims=(claim,),
-                attempts=attempts,
+                attempts=race.attempts,
+                passed_over=race.passed_over,
             )
         eligible = conn.execute(BAREMETAL_DIAGNOSIS, params).scalar_one()
         conn.rollback()
         details = {
             "requested_gpus": request.gpu_count,
             "eligible_nodes": eligible,
-            "attempts": attempts,
+            "attempts": race.attempts,
+            "passed_over": race.passed_over,
         }
         if eligible == 0:
             return Unavailable(
@@ -549,7 +616,7 @@ class Scheduler:
                 f"no schedulable node of family {params['family']} can be sold whole",
                 details,
             )
-        if snapshot:
+        if candidates_seen:
             return Unavailable(
                 "sku_unavailable",
                 "contended",

@@ -20,6 +20,10 @@ from itertools import combinations
 from operator import itemgetter
 from typing import NamedTuple
 
+# Ids are opaque here: the scheduler passes their text form (cheaper to hash and compare
+# than uuid.UUID), and the tie-break hashes the same text for either.
+Id = str | uuid.UUID
+
 
 class Policy(StrEnum):
     BEST_FIT = "best_fit"
@@ -28,7 +32,7 @@ class Policy(StrEnum):
 
 
 class SlotView(NamedTuple):
-    slot_id: uuid.UUID
+    slot_id: Id
     slot_index: int
     numa_node: int
     gpu_count: int = 1
@@ -38,7 +42,7 @@ class SlotView(NamedTuple):
 class SliceNode:
     """A node's eligible free slots, and whether the node is clean (baremetal-able)."""
 
-    node_id: uuid.UUID
+    node_id: Id
     hostname: str
     clean: bool
     slots: tuple[SlotView, ...]
@@ -50,7 +54,7 @@ class SliceNode:
 
 @dataclass(frozen=True)
 class BaremetalNode:
-    node_id: uuid.UUID
+    node_id: Id
     hostname: str
     baremetal_intent: bool
     approved_free_slots: int
@@ -58,13 +62,13 @@ class BaremetalNode:
 
 @dataclass(frozen=True)
 class SliceChoice:
-    node_id: uuid.UUID
+    node_id: Id
     hostname: str
-    slot_ids: tuple[uuid.UUID, ...]
+    slot_ids: tuple[Id, ...]
     numa_span: int
 
 
-def tiebreak(salt: str, node_id: uuid.UUID) -> str:
+def tiebreak(salt: str, node_id: Id) -> str:
     return hashlib.sha256(f"{salt}:{node_id}".encode()).hexdigest()
 
 
