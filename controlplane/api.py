@@ -15,7 +15,7 @@ from controlplane.inventory import build_inventory
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
 from controlplane.scheduler.placement import PlacementRequest, Scheduler
-from controlplane.services import allocations, inventory, occupancy, tasks
+from controlplane.services import allocations, images, inventory, occupancy, tasks
 from controlplane.services import slots as slot_service
 
 
@@ -156,6 +156,16 @@ class ControlPlane:
         """The recorded approval ``reference``, if it covers every disk in ``devices``."""
         with db.transaction(self.engine) as session:
             return asdict(inventory.verify_storage_approval(session, hostname, reference, devices))
+
+    def register_image(self, spec: images.ImageSpec) -> dict[str, Any]:
+        """Create or update a slice OS image in the catalog (upsert by slug)."""
+        with db.transaction(self.engine) as session:
+            image, changed = images.register(session, spec)
+            return {**asdict(image), "changed": changed}
+
+    def list_images(self) -> list[dict[str, Any]]:
+        with db.transaction(self.engine) as session:
+            return [asdict(i) for i in images.listing(session)]
 
     def show_allocation(self, allocation_id: uuid.UUID) -> dict[str, Any]:
         with db.transaction(self.engine) as session:

@@ -36,6 +36,8 @@ app.add_typer(node_app, name="node")
 alloc_app = typer.Typer(no_args_is_help=True, help="Place, inspect and release allocations.")
 app.add_typer(slots_app, name="slots")
 app.add_typer(alloc_app, name="alloc")
+image_app = typer.Typer(no_args_is_help=True, help="The slice OS image catalog.")
+app.add_typer(image_app, name="image")
 storage_app = typer.Typer(no_args_is_help=True, help="Approve disks for a storage transition.")
 app.add_typer(storage_app, name="storage")
 
@@ -377,6 +379,56 @@ def slots_wipe_proof(
             f"now {r['status']} (evidence {r['evidence_id']})"
         ),
     )
+
+
+# -- image ------------------------------------------------------------------------------
+
+
+@image_app.command("register")
+def image_register(
+    slug: Annotated[str, typer.Argument(help="Catalog slug, e.g. ubuntu-24.04-h200-cuda.")],
+    sha256: Annotated[str, typer.Option("--sha256", help="Digest the nodes verify.")],
+    path: Annotated[str, typer.Option("--path", help="Raw image path on the nodes.")],
+    sku: Annotated[list[str], typer.Option("--sku", help="Compatible slice SKU (repeatable).")],
+    disabled: Annotated[
+        bool, typer.Option("--disabled", help="Register without offering it.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Create or update a catalog image (upsert by slug); active unless --disabled."""
+    from controlplane.services.images import ImageSpec
+
+    run(
+        as_json,
+        lambda: control_plane().register_image(
+            ImageSpec(slug, sha256, path, tuple(sku), active=not disabled)
+        ),
+        lambda r: out.print(
+            f"image {r['slug']} {r['status']} ({r['digest_sha256'][:12]}...) for "
+            f"{', '.join(r['compatible_skus'])}{'' if r['changed'] else ' (unchanged)'}"
+        ),
+    )
+
+
+@image_app.command("list")
+def image_list(as_json: JsonFlag = False) -> None:
+    """The catalog's images."""
+
+    def render(rows: list[dict[str, Any]]) -> None:
+        table = Table(title="images")
+        for column in ("slug", "status", "sha256", "path", "skus"):
+            table.add_column(column)
+        for r in rows:
+            table.add_row(
+                r["slug"],
+                r["status"],
+                r["digest_sha256"] or "",
+                r["image_path"] or "",
+                ", ".join(r["compatible_skus"]),
+            )
+        out.print(table)
+
+    run(as_json, lambda: control_plane().list_images(), render)
 
 
 # -- storage ----------------------------------------------------------------------------

@@ -22,12 +22,14 @@ from controlplane.lab.hosts import interpreter_in
 from controlplane.lab.vmguest import GuestImage, ensure_guest_image
 from controlplane.lab.vmguest import unavailable_reason as guest_unavailable_reason
 from controlplane.lab.vmlab import VmLab, vm_lab_unavailable_reason
+from controlplane.services.images import ImageSpec
 from controlplane.services.inventory import NodeSpec, SkuSpec
 
 GPU = "0000:1b:00.0"
 FABRIC_PF = "0000:1a:00.0"
 # A small profile the emulated guest boots quickly with (the H200 profile is 24 vCPU and
 # 64 GiB per GPU); lab nodes are their own family so no real SKU lands on them.
+LAB_IMAGE = "lab-guest"
 LAB_SKU = SkuSpec(
     slug="lab-slice",
     display_name="Lab slice VM (QEMU emulation, no passthrough)",
@@ -142,6 +144,7 @@ class LabSliceHost:
         assert self.lab is not None
         return self.lab.bridge
 
-    def image_spec(self) -> dict[str, str]:
+    def catalog_image(self, slug: str = LAB_IMAGE) -> ImageSpec:
+        """The lab guest as a catalog entry for the lab SKU."""
         assert self.image is not None
-        return {"path": str(self.image.path), "sha256": self.image.sha256}
+        return ImageSpec(slug, self.image.sha256, str(self.image.path), (LAB_SKU.slug,))

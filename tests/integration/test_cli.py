@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from controlplane.lab.slicehost import unavailable_reason
+
 DEMO_DATA = resources.files("controlplane.demo_data")
 
 
@@ -195,6 +197,14 @@ def test_demo_runs_against_a_given_database(cli_env, tmp_path):
     assert "j22u15: approved slots [0, 1, 2, 3, 4, 5, 6, 7]" in proc.stdout
     assert "mounted_child_partition" in proc.stdout
     assert "availability per SKU" in proc.stdout
+    assert "unavailable h200-sxm-slice x8: sku_unavailable/" in proc.stdout
+    assert "gpuaas ui" in proc.stdout
+    if unavailable_reason() is None:
+        assert "ssh_ready=True" in proc.stdout
+        assert "released; slot 0: available (blkdiscard verified=True)" in proc.stdout
+        assert "provision failed" not in proc.stdout and "release failed" not in proc.stdout
+    else:
+        assert "no VM here:" in proc.stdout
 
 
 def test_readme_keeps_exactly_two_setup_commands():
@@ -290,4 +300,40 @@ def test_storage_approval_is_recorded_once_per_reference(registered, engine):
         "/dev/nvme0n1",
     )
     assert kernel_name["message"] and "stable" in kernel_name["message"]
+    assert counts(engine) == before
+
+
+def test_image_catalog_register_update_and_refusals(registered, engine):
+    env = registered
+    digest = "ab" * 32
+    args = [
+        "image",
+        "register",
+        "ubuntu-24.04-h200-cuda",
+        "--sha256",
+        digest,
+        "--path",
+        "/var/lib/gpuaas/images/ubuntu.raw",
+        "--sku",
+        "h200-sxm-slice",
+    ]
+    first = ok_json(env, *args)
+    assert first["changed"] and first["status"] == "active"
+    assert ok_json(env, *args)["changed"] is False
+    republished = ok_json(env, *args[:3], "--sha256", "cd" * 32, *args[5:])
+    assert republished["changed"] and republished["digest_sha256"] == "cd" * 32
+    listed = {i["slug"]: i for i in ok_json(env, "image", "list")}
+    assert listed["ubuntu-24.04-h200-cuda"]["digest_sha256"] == "cd" * 32
+    before = counts(engine)
+    for bad, code in [
+        (["--sha256", "xyz"], "image_digest_invalid"),
+        (["--path", "relative/ubuntu.raw"], "image_path_invalid"),
+        (["--sku", "h200-sxm-baremetal"], "image_sku_not_slice"),
+        (["--sku", "nosuch"], "sku_not_found"),
+    ]:
+        option = bad[0]
+        changed = list(args)
+        changed[changed.index(option) + 1] = bad[1]
+        assert error_json(env, *changed)["code"] == code, bad
+    assert ok_json(env, "image", "list") == list(listed.values())
     assert counts(engine) == before

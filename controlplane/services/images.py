@@ -1,0 +1,111 @@
+"""The slice OS image catalog: which images slice VMs boot, by digest.
+
+A catalog row is upserted per slug (seed 004: a republished image replaces the live row's
+digest); node image cache entries holding another digest then stop counting as verified
+copies, so a node never boots a stale image under a new name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from controlplane.enums import CapacityShape, ImageStatus
+from controlplane.errors import InvalidInput, NotFound
+from controlplane.models import SHA256_PATTERN, OsImage, Sku
+
+SLUG_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    slug: str
+    digest_sha256: str
+    image_path: str
+    compatible_skus: tuple[str, ...]
+    active: bool = True
+
+
+@dataclass(frozen=True)
+class ImageView:
+    slug: str
+    status: str
+    digest_sha256: str | None
+    image_path: str | None
+    compatible_skus: list[str]
+
+
+def view(image: OsImage) -> ImageView:
+    return ImageView(
+        slug=image.slug,
+        status=image.status.value,
+        digest_sha256=image.digest_sha256,
+        image_path=(image.image_metadata or {}).get("image_path"),
+        compatible_skus=sorted(image.compatible_skus),
+    )
+
+
+def _validate(session: Session, spec: ImageSpec) -> str:
+    if not SLUG_PATTERN.match(spec.slug):
+        raise InvalidInput(
+            "image_slug_invalid",
+            f"{spec.slug!r} is not an image slug (lower case letters, digits, '.', '_', '-')",
+            {"slug": spec.slug},
+        )
+    digest = spec.digest_sha256.strip().lower()
+    if not re.match(SHA256_PATTERN, digest):
+        raise InvalidInput(
+            "image_digest_invalid",
+            f"{spec.digest_sha256!r} is not a sha256 digest (64 hex digits)",
+            {"digest": spec.digest_sha256},
+        )
+    if not os.path.isabs(spec.image_path) or os.path.normpath(spec.image_path) != spec.image_path:
+        raise InvalidInput(
+            "image_path_invalid",
+            f"{spec.image_path!r} must be an absolute, normalised path on the nodes",
+            {"path": spec.image_path},
+        )
+    if not spec.compatible_skus:
+        raise InvalidInput("image_skus_missing", "an image names at least one slice SKU", {})
+    shapes = dict(
+        session.execute(
+            select(Sku.slug, Sku.capacity_shape).where(Sku.slug.in_(spec.compatible_skus))
+        ).all()
+    )
+    for sku in spec.compatible_skus:
+        if sku not in shapes:
+            raise NotFound("sku", sku)
+        if shapes[sku] != CapacityShape.GPU_SLICE:
+            raise InvalidInput(
+                "image_sku_not_slice",
+                f"SKU {sku} is {shapes[sku].value}: only slice SKUs boot catalog images",
+                {"sku": sku},
+            )
+    return digest
+
+
+def register(session: Session, spec: ImageSpec) -> tuple[ImageView, bool]:
+    """Create or update the catalog row of ``spec.slug``; returns it and whether it changed."""
+    digest = _validate(session, spec)
+    image = session.scalars(
+        select(OsImage).where(OsImage.slug == spec.slug).with_for_update()
+    ).one_or_none()
+    before = view(image) if image is not None else None
+    if image is None:
+        image = OsImage(slug=spec.slug, image_metadata={})
+        session.add(image)
+    image.digest_sha256 = digest
+    image.compatible_skus = sorted(set(spec.compatible_skus))
+    image.image_metadata = {**(image.image_metadata or {}), "image_path": spec.image_path}
+    image.status = ImageStatus.ACTIVE if spec.active else ImageStatus.DISABLED
+    session.flush()
+    after = view(image)
+    return after, after != before
+
+
+def listing(session: Session) -> list[ImageView]:
+    return [view(i) for i in session.scalars(select(OsImage).order_by(OsImage.slug))]
