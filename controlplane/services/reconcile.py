@@ -239,8 +239,10 @@ SELECT DISTINCT n.hostname FROM nodes n
 WHERE n.profile_intent = 'slice_vm' AND (
     EXISTS (SELECT 1 FROM allocations a WHERE a.node_id = n.id
             AND a.state IN ('provisioning', 'active', 'releasing'))
+    -- Every approved slot too: a stray domain holding an available slot's disk would
+    -- otherwise share it with the next tenant unnoticed.
     OR EXISTS (SELECT 1 FROM node_resource_slots s WHERE s.node_id = n.id
-               AND s.status IN ('cleanup', 'cleanup_blocked')))
+               AND s.status <> 'disabled'))
 ORDER BY n.hostname
 """
 )
@@ -428,13 +430,14 @@ def prepare_leftover_release(session: Session, allocation_id: str) -> dict[str, 
 def block_held_slots(
     session: Session, hostname: str, held: dict[str, str], actor: str
 ) -> list[dict[str, Any]]:
-    """Slots waiting in cleanup whose disk a domain still holds: never wiped under a VM;
-    ``cleanup_blocked`` with the domain named."""
+    """Unclaimed slots (waiting in cleanup, or available) whose disk a domain holds: never
+    wiped under a VM nor offered to a tenant; ``cleanup_blocked`` with the domain named."""
     node = node_repo.get_by_hostname(session, hostname)
     rows = session.execute(
         text(
             "SELECT id, slot_index, nvme_device FROM node_resource_slots"
-            " WHERE node_id = :node AND status = 'cleanup' AND nvme_device = ANY(:disks)"
+            " WHERE node_id = :node AND status IN ('cleanup', 'available')"
+            " AND nvme_device = ANY(:disks)"
             " ORDER BY slot_index FOR UPDATE"
         ),
         {"node": node.id, "disks": list(held)},

@@ -183,3 +183,22 @@ def test_a_disk_held_by_an_unknown_domain_is_never_wiped(lab_node, engine):
             == 0
         )
         assert audit(conn) == []
+
+
+def test_an_idle_node_is_probed_and_a_stray_domain_on_an_available_disk_is_caught(lab_node, engine):
+    """No allocation ever ran here: the slot is available, yet a domain holds its disk."""
+    cp, host = lab_node
+    slot = cp.list_slots(host.hostname)[0]
+    assert slot["status"] == "available"
+    stranger_id = str(uuid.uuid4())
+    stranger = define_domain(host, stranger_id, STRANGER_MAC, slot["nvme_device"])
+
+    result = reconcile(grace_seconds=0)
+
+    assert codes(result["drift"]) == [("orphan_domain", stranger_id, "left")]
+    slot = cp.list_slots(host.hostname)[0]
+    assert slot["status"] != "available" and stranger in (slot["health_detail"] or "")
+    assert not cp.place(PlacementRequest(LAB_SKU.slug, 1))["placed"]
+    assert domains(host) == [stranger]
+    with engine.connect() as conn:
+        assert audit(conn) == []
