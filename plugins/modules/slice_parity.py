@@ -26,8 +26,8 @@ description:
     the UDP port 67 socket, V(libvirt) a libvirt socket that accepts connections, V(nat) a
     MASQUERADE rule for the subnet, V(ip_forward) IPv4 forwarding, V(tmfifo) the BF3
     management address (WARN when absent), V(historical_network_service) WARN when the
-    historical C(gpuaas-slice-host-net-baseline) unit exists or still runs (systemd: active
-    or enabled; without systemd: a pidfile or a process running its script),
+    historical C(gpuaas-slice-host-net-baseline) unit exists or still runs (active or
+    enabled under systemd, else a live pidfile or a process running its script),
     V(api_topology) fresh topology evidence without hard blocker (WARN when none is given).
   - Also returns the seed's machine-readable lines
     C(GPUAAS_SLICE_PARITY status=... check=... detail=... remediation=...) with spaces
