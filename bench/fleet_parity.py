@@ -6,7 +6,8 @@ imported by one wrapper) runs twice in this process: plain `ansible-playbook`, t
 `ansible_runner.run` (what the Prefect flows use); the ratio is ansible-runner's overhead.
 A floor run (two `ping` plays over the same inventory) shows what Ansible itself costs
 per host, so the sweep's figures can be read against it. CPU seconds are reported next to
-wall time: the sweep is CPU-bound, and CPU time does not depend on other load.
+wall time to show where the time goes; the target is judged on measured wall time only,
+and `uptime` before and after says how busy the machine was (other work inflates walls).
 Network evidence is read live from this machine's namespace (read-only).
 
     .venv/bin/python bench/fleet_parity.py [--hosts 100] [--forks 8]
@@ -141,12 +142,18 @@ def run_ansible_runner(sweep: Path, inventory: Path, forks: int, base: Path) -> 
     return elapsed, oks
 
 
+def uptime() -> str:
+    proc = subprocess.run(["uptime"], capture_output=True, text=True, check=False)
+    return proc.stdout.strip() or "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=100)
     parser.add_argument("--forks", type=int, default=4)
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="gpuaas-bench-fleet-"))
+    load_before = uptime()
     try:
         start = time.perf_counter()
         roots = make_trees(base, args.hosts)
@@ -165,11 +172,11 @@ def main() -> int:
         shutil.rmtree(base, ignore_errors=True)
 
     n = args.hosts
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"fleet parity sweep: {n} hosts, forks={args.forks}, {os.cpu_count()} CPUs")
-    print(f"  load average at the end          {load}  (other work on the machine skews walls)")
+    print(f"  uptime before  {load_before}")
+    print(f"  uptime after   {uptime()}")
+    print("  (other work on the machine inflates wall times; the CPU columns show the cost)")
     print(f"  host trees generated             {generate:7.2f} s  (not in the sweep)")
-    cores = os.cpu_count() or 1
     runs = (
         ("floor: 2x ping", floor_s, cpu_start - cpu_floor, floor_oks),
         ("ansible-playbook", playbook_s, cpu_mid - cpu_start, playbook_oks),
@@ -178,10 +185,6 @@ def main() -> int:
     print(f"  {'run':<22}{'wall s':>9}{'s/host':>8}{'CPU s':>9}{'CPU s/host':>11}{'oks':>6}")
     for name, wall, cpu, oks in runs:
         print(f"  {name:<22}{wall:9.2f}{wall / n:8.3f}{cpu:9.2f}{cpu / n:11.3f}{oks:6d}")
-    # Wall clock depends on what else runs on the machine; CPU time does not, and the
-    # sweep is CPU-bound, so CPU/cores is what the sweep takes on otherwise idle cores.
-    for name, _wall, cpu, _oks in runs[1:]:
-        print(f"  {name + ' on idle cores':<38}~{cpu / cores:6.2f} s  (CPU s / {cores} cores)")
     floor_cpu = cpu_start - cpu_floor
     print(
         f"  sweep CPU vs Ansible floor       {(cpu_mid - cpu_start) / floor_cpu:.2f}x "
@@ -192,13 +195,12 @@ def main() -> int:
         f"  ansible-runner overhead          {overhead:+7.2f} s  "
         f"({runner_s / playbook_s:.2f}x ansible-playbook)"
     )
+    # Judged on measured wall time only, the slower of the two tools.
     worst = max(playbook_s, runner_s)
-    idle = max(cpu_mid - cpu_start, cpu_end - cpu_mid) / cores
     budget = TARGET_SECONDS * n / 100
     print(
-        f"  target {budget:.0f} s for {n} hosts: measured {worst:.2f} s "
-        f"({'met' if worst <= budget else 'missed'}), idle-core estimate {idle:.2f} s "
-        f"({'met' if idle <= budget else 'missed'})"
+        f"  target {budget:.0f} s for {n} hosts: measured {worst:.2f} s wall "
+        f"({'met' if worst <= budget else 'missed'})"
     )
     return 0
 
