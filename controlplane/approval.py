@@ -375,14 +375,15 @@ def _shared_fabric_rejections(topology: TopologyMap) -> list[Rejection]:
     return found
 
 
+def is_advisory(blocker) -> bool:
+    """A blocker that is reported but never refuses a slot (e.g. tmfifo evidence)."""
+    return blocker.severity == "advisory" or blocker.code in ADVISORY_BLOCKERS
+
+
 def _blocker_rejections(topology: TopologyMap, slot: CandidateSlot) -> list[Rejection]:
     found: list[Rejection] = []
     for blocker in topology.blockers:
-        if (
-            blocker.severity == "advisory"
-            or blocker.code in ADVISORY_BLOCKERS
-            or blocker.code in DISK_BLOCKERS
-        ):
+        if is_advisory(blocker) or blocker.code in DISK_BLOCKERS:
             continue
         if blocker.slot_index is not None and blocker.slot_index != slot.slot_index:
             continue

@@ -270,7 +270,8 @@ def import_topology(
     evidence_repo.add(
         session,
         kind=EvidenceKind.TOPOLOGY,
-        passed=not topo.blockers,
+        # Advisory findings are shown in the summary but do not fail the evidence.
+        passed=not any(not approval.is_advisory(b) for b in topo.blockers),
         summary=(
             f"topology of {hostname}: {len(candidates)} candidate slots, "
             f"{len(result.approvable)} approvable, blockers: "

@@ -254,3 +254,20 @@ def test_occupancy_reports_postures_and_aggregates_without_pci(cp, engine):
     assert skus["h200-sxm-slice"]["free_gpus"] == 8
     assert skus["h200-sxm-slice"]["placeable_gpu_counts"] == [1, 2, 4, 8]
     assert "0000:" not in json.dumps(result)
+
+
+def test_topology_evidence_fails_only_on_hard_blockers(cp, engine):
+    advisory = recorded("j22u15")
+    advisory["blockers"] = [{"code": "tmfifo_missing", "detail": "no tmfifo_net0 address"}]
+    cp.import_topology("j22u15", advisory, "test")
+    cp.import_topology("j22u05", as_node(recorded("j22u05"), "j22u05"), "test")
+    with engine.connect() as conn:
+        passed = dict(
+            conn.execute(
+                text(
+                    "SELECT n.hostname, e.passed FROM evidence e JOIN nodes n ON n.id = e.node_id"
+                    " WHERE e.kind = 'topology'"
+                )
+            ).all()
+        )
+    assert passed == {"j22u15": True, "j22u05": False}
