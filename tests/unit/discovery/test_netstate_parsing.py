@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils import netstate
 
@@ -85,3 +87,78 @@ def test_fabric_routes_with_and_without_a_site_subnet():
     assert len(netstate.fabric_routes(evidence)) == 2
     assert netstate.fabric_routes(evidence, "172.16.20.0/24") == [evidence["routes"][1]]
     assert netstate.fabric_routes(evidence, "172.17.0.0/24") == []
+
+
+def recorded_runner(link: dict, ovs_rc: int):
+    """Recorded `ip -j` output with one link named ovsbr0; ovs-vsctl answers `ovs_rc`."""
+    calls = []
+
+    def runner(argv):
+        calls.append(argv)
+        if argv[:3] == ["ip", "-d", "-j"]:
+            return 0, json.dumps([{"ifname": "ovsbr0", **link}]), ""
+        if argv[0] == "ovs-vsctl":
+            return ovs_rc, "", "" if ovs_rc in (0, 2) else "database connection failed"
+        if argv[0] == "ip":
+            return 0, "[]", ""
+        return 0, "", ""
+
+    return runner, calls
+
+
+UP = {"flags": ["BROADCAST", "UP"], "addr_info": []}
+
+
+@pytest.mark.parametrize(
+    ("link", "ovs_rc", "present", "kind", "up", "asked_ovs"),
+    [
+        ({**UP, "linkinfo": {"info_kind": "bridge"}}, 2, True, "bridge", True, False),
+        ({**UP, "linkinfo": {"info_kind": "openvswitch"}}, 2, True, "openvswitch", True, False),
+        # The userspace datapath: a tap to the kernel, a bridge to OVS.
+        ({**UP, "linkinfo": {"info_kind": "tun"}}, 0, True, "openvswitch", True, True),
+        ({**UP, "linkinfo": {"info_kind": "tun"}}, 2, False, "tun", True, True),
+        ({**UP, "linkinfo": {"info_kind": "dummy"}}, 0, False, "dummy", True, False),
+        (
+            {"flags": ["BROADCAST"], "linkinfo": {"info_kind": "bridge"}},
+            2,
+            True,
+            "bridge",
+            False,
+            False,
+        ),
+        ({**UP}, 0, False, None, True, False),
+    ],
+)
+def test_bridge_kind_and_state(link, ovs_rc, present, kind, up, asked_ovs):
+    runner, calls = recorded_runner(link, ovs_rc)
+    evidence = netstate.collect(runner)
+    assert evidence["bridge_link"] is True
+    assert (evidence["bridge_present"], evidence["bridge_kind"], evidence["bridge_up"]) == (
+        present,
+        kind,
+        up,
+    )
+    assert any(c[0] == "ovs-vsctl" for c in calls) is asked_ovs
+    assert evidence["errors"] == []
+
+
+def test_unreachable_ovs_database_is_an_error_not_a_bridge():
+    runner, _calls = recorded_runner({**UP, "linkinfo": {"info_kind": "tun"}}, 1)
+    evidence = netstate.collect(runner)
+    assert evidence["bridge_present"] is False
+    assert evidence["errors"] == ["ovs-vsctl br-exists ovsbr0 exited 1: database connection failed"]
+
+
+def test_routes_for_an_address():
+    evidence = {
+        "routes": [
+            {"dst": "default", "dev": "ibp26s0"},
+            {"dst": "172.16.10.0/24", "dev": "eno8303"},
+            {"dst": "172.16.0.0/16", "dev": "ibp26s0"},
+            {"dst": "172.17.0.0/16", "dev": "ibp26s0"},
+        ]
+    }
+    assert netstate.routes_for_address(evidence, "ibp26s0", "172.16.10.5/32") == [
+        {"dst": "172.16.0.0/16", "dev": "ibp26s0"}
+    ]
+    assert netstate.routes_for_address(evidence, "ibp26s0", "10.0.0.1/8") == []
