@@ -113,9 +113,10 @@ def host_variables(
         variables["gpuaas_profile"] = BOOTSTRAP_PROFILES[node.profile_intent]
     if node.slice_subnet is not None:
         variables["gpuaas_slice_subnet"] = str(node.slice_subnet)
-    if topology and topology.get("collected_at"):
-        variables["gpuaas_topology_collected_at"] = topology["collected_at"]
-        variables["gpuaas_topology_blockers"] = topology.get("blockers") or []
+    # None (not absent) when the store holds no topology: parity then fails its
+    # topology-evidence check instead of treating the run as a local one.
+    variables["gpuaas_topology_collected_at"] = (topology or {}).get("collected_at")
+    variables["gpuaas_topology_blockers"] = (topology or {}).get("blockers") or []
     if node.management_address:
         variables["ansible_host"] = node.management_address
     variables.update(node.host_vars or {})

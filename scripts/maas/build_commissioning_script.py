@@ -24,7 +24,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 MODULE_UTILS = REPO_ROOT / "plugins" / "module_utils"
 PACKAGE = "ansible_collections.gpuaas.fleet.plugins.module_utils"
 # firmware_preflight and everything it imports, dependencies first.
-EMBEDDED = ("sysfs", "netstate", "nvme_inventory", "topology", "parity", "firmware_preflight")
+EMBEDDED = (
+    "sysfs",
+    "netstate",
+    "nvme_inventory",
+    "topology",
+    "service_manager",
+    "parity",
+    "firmware_preflight",
+)
 TARGET = REPO_ROOT / "scripts" / "maas" / "commissioning" / "50-gpuaas-slice-firmware-preflight"
 
 HEADER = '''\

@@ -118,7 +118,7 @@ def test_inventory_gives_bootstrap_and_parity_what_they_need(engine, cli_env):
 
     assert hostvars["j22u16"]["gpuaas_slot_reservations"] == []
     assert hostvars["j22u16"]["gpuaas_vfio_devices"] == []
-    assert "gpuaas_topology_collected_at" not in hostvars["j22u16"]
+    assert hostvars["j22u16"]["gpuaas_topology_collected_at"] is None
     assert hostvars["j22u17"]["gpuaas_profile"] == "baremetal"
     assert "gpuaas_profile" not in hostvars["j22u18"]
     assert hostvars["j22u18"]["gpuaas_profile_intent"] == "unknown"
