@@ -170,15 +170,23 @@ def provision_vm(
         },
         "slice_vm_provision_users": users,
     }
+    allocation_id, node = spec["allocation_id"], spec["node"]
+    progress = artifacts.host_action_progress(
+        f"provision-progress-{allocation_id}",
+        f"VM provision of allocation {allocation_id} on {node}",
+        VM_PROVISION,
+        node,
+    )
     return run_host_action(
         control_plane(),
         VM_PROVISION,
-        [spec["node"]],
+        [node],
         variables,
         ACTOR,
-        allocation_id=uuid.UUID(spec["allocation_id"]),
+        allocation_id=uuid.UUID(allocation_id),
         flow_run_id=current_run(),
-    )[spec["node"]]
+        on_event=progress,
+    )[node]
 
 
 @task(name="mark active")
@@ -284,16 +292,25 @@ def release_variables(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_release(spec: dict[str, Any]) -> HostOutcome:
-    """The VM release playbook for one allocation: stop, undefine, unreserve, wipe."""
+    """The VM release playbook for one allocation: stop, undefine, unreserve, wipe (its
+    progress an artifact of the calling task run)."""
+    allocation_id, node = spec["allocation_id"], spec["node"]
+    progress = artifacts.host_action_progress(
+        f"release-progress-{allocation_id}",
+        f"VM release and disk wipe of allocation {allocation_id} on {node}",
+        VM_RELEASE,
+        node,
+    )
     return run_host_action(
         control_plane(),
         VM_RELEASE,
-        [spec["node"]],
+        [node],
         release_variables(spec),
         ACTOR,
-        allocation_id=uuid.UUID(spec["allocation_id"]),
+        allocation_id=uuid.UUID(allocation_id),
         flow_run_id=current_run(),
-    )[spec["node"]]
+        on_event=progress,
+    )[node]
 
 
 @task(name="release VM and wipe disks on node")

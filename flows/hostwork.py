@@ -15,16 +15,21 @@ from typing import Any
 from controlplane.api import ControlPlane
 from controlplane.enums import EvidenceKind, NodeTaskKind
 from controlplane.secrets import redact, secret_values
-from flows.runner import PlaybookRun, RunResult, new_private_dir, run_playbook
+from flows.runner import EventObserver, PlaybookRun, RunResult, new_private_dir, run_playbook
 
 
 @dataclass(frozen=True)
 class HostAction:
+    """``listed_tasks``: how many tasks ``ansible-playbook --list-tasks`` shows for the
+    playbook, which sizes its progress bar; only set where every task is imported
+    statically, so that the listing is the whole main path."""
+
     kind: NodeTaskKind
     playbook: str
     module: str
     evidence_kind: EvidenceKind
     timeout: int = 1800
+    listed_tasks: int | None = None
 
 
 DISCOVER = HostAction(
@@ -38,10 +43,18 @@ PARITY = HostAction(
     NodeTaskKind.HOST_PARITY, "parity.yml", "slice_parity", EvidenceKind.PARITY, 600
 )
 VM_PROVISION = HostAction(
-    NodeTaskKind.VM_PROVISION, "vm_provision.yml", "set_stats", EvidenceKind.READINESS
+    NodeTaskKind.VM_PROVISION,
+    "vm_provision.yml",
+    "set_stats",
+    EvidenceKind.READINESS,
+    listed_tasks=10,
 )
 VM_RELEASE = HostAction(
-    NodeTaskKind.VM_RELEASE, "vm_release.yml", "set_stats", EvidenceKind.HOST_RESULT
+    NodeTaskKind.VM_RELEASE,
+    "vm_release.yml",
+    "set_stats",
+    EvidenceKind.HOST_RESULT,
+    listed_tasks=8,
 )
 STORAGE_TRANSITION = HostAction(
     NodeTaskKind.STORAGE_TRANSITION,
@@ -117,11 +130,13 @@ def run_host_action(
     allocation_id: uuid.UUID | None = None,
     flow_run_id: str | None = None,
     record: Callable[[str, uuid.UUID, RunResult], int | None] | None = None,
+    on_event: EventObserver | None = None,
 ) -> dict[str, HostOutcome]:
     """Run ``action`` on ``hostnames`` (one playbook run) and record one node task each.
 
     ``record`` may take over recording a passing host's result (discovery imports the
     candidate map into the task); otherwise the module result becomes the evidence.
+    ``on_event`` sees each runner event as it arrives (progress in the Prefect UI).
     """
     parameters = redact(extravars, secret_values(extravars))
     task_ids = {
@@ -139,6 +154,7 @@ def run_host_action(
             forks=max(1, min(len(hostnames), 16)),
         ),
         private_dir,
+        on_event,
     )
     outcomes: dict[str, HostOutcome] = {}
     for host, task_id in task_ids.items():

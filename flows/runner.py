@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import shlex
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,8 @@ TASK_EVENTS = {
 }
 # Keys of a module result that are Ansible's plumbing, not the module's answer.
 PLUMBING = ("_ansible_", "ansible_facts_discovered", "warnings", "deprecations")
+EventObserver = Callable[[dict[str, Any]], None]
+log = logging.getLogger(__name__)
 
 
 def runs_dir() -> Path:
@@ -175,6 +178,88 @@ def parse_events(
     return hosts, tasks
 
 
+@dataclass
+class TaskProgress:
+    """One host's way through a playbook, read from the runner's events as they arrive.
+
+    ``listed_tasks`` is how many tasks ``ansible-playbook --list-tasks`` shows for the
+    playbook: its main path (a rescue section is not listed, a dynamic include is listed
+    as itself). A task counts once its result for the host arrives: ok, skipped, or failed
+    under ignore_errors. The first real failure or unreachable result stops the count
+    there, so rescue tasks after it are not taken for progress. The percentage stays below
+    100 until the play's stats say the host came through; a run that never reaches its
+    stats (timeout, killed) stays at the task it was on.
+    """
+
+    host: str
+    listed_tasks: int
+    finished: int = 0
+    position: int = 0
+    task: str = ""
+    items: int = 0
+    stopped: str | None = None
+    ended: bool = False
+    passed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.listed_tasks < 1:
+            raise ValueError(f"listed_tasks must be at least 1, not {self.listed_tasks}")
+
+    def observe(self, event: dict[str, Any]) -> None:
+        kind = event.get("event", "")
+        data = event.get("event_data") or {}
+        if kind == "playbook_on_stats":
+            self.end(data)
+        elif data.get("host") != self.host or self.stopped or self.ended:
+            return
+        elif kind == "runner_on_start":
+            self.position += 1
+            self.task = data.get("task", "")
+            self.items = 0
+        elif kind.startswith("runner_item_on_"):
+            self.items += 1
+        elif kind in ("runner_on_ok", "runner_on_skipped") or (
+            kind == "runner_on_failed" and data.get("ignore_errors")
+        ):
+            self.finished += 1
+        elif kind == "runner_on_failed":
+            self.stopped = "failed"
+        elif kind == "runner_on_unreachable":
+            self.stopped = "unreachable"
+
+    def end(self, stats: dict[str, Any]) -> None:
+        """The play's stats are the verdict: a failure rescued into success still passes."""
+        self.ended = True
+        if self.host in (stats.get("dark") or {}):
+            self.stopped = "unreachable"
+        elif self.host in (stats.get("failures") or {}):
+            self.stopped = "failed"
+        elif self.host not in (stats.get("processed") or {}):
+            self.stopped = "not run"
+        else:
+            self.stopped = None
+            self.passed = True
+
+    @property
+    def percent(self) -> float:
+        if self.passed:
+            return 100.0
+        return min(99.0, 100.0 * self.finished / self.listed_tasks)
+
+    @property
+    def description(self) -> str:
+        if self.passed:
+            return "done"
+        if self.stopped == "not run":
+            return f"did not run on {self.host}"
+        where = f"task {self.position} of {self.listed_tasks}: {self.task}"
+        if self.stopped:
+            return f"{self.stopped} at {where}"
+        if self.position == 0:
+            return "starting"
+        return f"{where} ({self.items} items done)" if self.items else where
+
+
 def runner_environment() -> dict[str, str]:
     """ansible-runner needs the venv's bin on PATH and the collection path and config."""
     venv_bin = str(Path(sys.executable).parent)
@@ -268,8 +353,34 @@ def scrub_artifacts(private_data_dir: Path, secrets: frozenset[str]) -> list[str
     return changed
 
 
-def run_playbook(run: PlaybookRun, private_data_dir: Path | None = None) -> RunResult:
-    """Run a playbook; the private data directory is kept, scrubbed of the run's secrets."""
+@dataclass
+class KeepEvents:
+    """ansible-runner's ``event_handler``: shows every event to ``observer`` as it arrives,
+    unscrubbed, and always keeps it (False would drop it from job_events, which the
+    results are parsed from). The observer is a side view, such as progress in a UI: if it
+    raises, the run goes on without it, because an exception here would abort the
+    playbook mid-way and leave the host half-done."""
+
+    observer: EventObserver
+    error: Exception | None = None
+
+    def __call__(self, event: dict[str, Any]) -> bool:
+        if self.error is None:
+            try:
+                self.observer(event)
+            except Exception as exc:
+                self.error = exc
+                log.warning("event observer %r stopped: %s", self.observer, exc)
+        return True
+
+
+def run_playbook(
+    run: PlaybookRun,
+    private_data_dir: Path | None = None,
+    on_event: EventObserver | None = None,
+) -> RunResult:
+    """Run a playbook; the private data directory is kept, scrubbed of the run's secrets.
+    ``on_event`` sees each runner event as it arrives (see ``KeepEvents``)."""
     import ansible_runner
 
     playbook = playbook_path(run.playbook)
@@ -291,6 +402,7 @@ def run_playbook(run: PlaybookRun, private_data_dir: Path | None = None) -> RunR
                 ident=run.ident,
                 quiet=True,
                 suppress_env_files=True,
+                event_handler=KeepEvents(on_event) if on_event else None,
             )
         finally:
             if (private_data_dir / "artifacts").is_dir():
