@@ -10,6 +10,21 @@
    the allocation, one claim per slot (or one ``node_exclusive`` claim) and an outbox
    event; then commit. Losing a race moves on to the next choice, a bounded number of
    times. Database constraints refuse a double booking even if this code were wrong.
+
+What the preselection can change (tests/integration/test_placement_preselection.py):
+SQL orders nodes by the ranking's first two keys (partially sliced before clean, then
+the fewest free GPUs, so the least waste), read from counters that equal the eligible
+free GPUs of every row the table's checks admitted. With whole-GPU slots every node with
+enough free GPUs fits, so the page holds every node of the classes better than its last
+node's, and the choice is always in the full ranking's best (clean, waste) class. When
+that class has at most K nodes, all of them are on the page and the choice (node and
+slots) is exactly the full ranking's; first_fit (host name order) is always exact. When
+the class has more than K nodes, the page holds the K the index returns first, so the
+choice may differ from the full ranking's in the later keys only, NUMA span across
+nodes and the salted tie-break: never in packing. Rows that bypassed the table's checks
+(incomplete `available` rows, legacy fabric conflicts) make the counters over-count; such
+a node sorts later in SQL than in the ranking, so packing can then be worse than the
+full ranking's, never unsafe: the predicates still decide which slots are taken.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import uuid
 
 import pytest
@@ -145,26 +146,84 @@ def test_scheduler_ignores_unhealthy_and_draining(cp, engine):
     assert again["placed"] and again["node"] != placed["node"]
 
 
-def test_scheduler_ignores_incomplete_available_rows_that_bypassed_approval(cp, engine):
-    """If the table's own guard were gone (a restored legacy dump), the predicates still hold."""
+# One way each for an `available` row to be incomplete (DESIGN.md: slot eligibility).
+INCOMPLETE = {
+    "gpu_pci_address": "gpu_pci_address = NULL",
+    "numa_node": "numa_node = NULL",
+    "nvme_device": "nvme_device = '/dev/nvme' || slot_index || 'n1'",
+    "mac_address": "mac_address = NULL",
+    "private_ip": "private_ip = NULL",
+    "fabric_vf_pci_address": "fabric_vf_pci_address = NULL",
+    "fabric_claim_mode": "fabric_claim_mode = 'shared_device'",
+}
+
+
+def only_schedulable(engine, hostname: str) -> None:
+    sql(
+        engine,
+        "UPDATE nodes SET admin_state = 'unavailable', admin_state_reason = 'x'"
+        " WHERE hostname <> :h",
+        h=hostname,
+    )
+
+
+@pytest.mark.parametrize("field", sorted(INCOMPLETE))
+def test_scheduler_ignores_available_rows_that_are_incomplete(cp, engine, field):
+    """Rows that got into the table some other way (DESIGN.md): the scheduler refuses them.
+
+    The table's own guard is dropped in this test's private database, as a restored dump
+    or a hand edit would lack it; the counter triggers still count the rows as free.
+    """
     sql(
         engine,
         "ALTER TABLE node_resource_slots"
         " DROP CONSTRAINT ck_node_resource_slots_available_is_complete",
     )
+    only_schedulable(engine, "n00002")
     sql(
         engine,
-        "UPDATE node_resource_slots SET fabric_vf_pci_address = NULL"
-        " WHERE slot_index <> 7 AND node_id IN (SELECT id FROM nodes WHERE hostname = 'n00002')",
+        f"UPDATE node_resource_slots SET {INCOMPLETE[field]} WHERE slot_index <> 5"
+        " AND node_id = (SELECT id FROM nodes WHERE hostname = 'n00002')",
+    )
+    assert sql(
+        engine,
+        "SELECT count(*) FILTER (WHERE s.status = 'available'), max(c.free_gpus)"
+        " FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id"
+        " JOIN node_capacity c ON c.node_id = n.id WHERE n.hostname = 'n00002'",
+    ) == [(8, 8)]
+    first = place(cp, 1)
+    assert (first["node"], [s["slot_index"] for s in first["slots"]]) == ("n00002", [5])
+    refused = place(cp, 1)
+    assert (refused["code"], refused["reason"]) == ("sku_unavailable", "no_capacity")
+    assert refused["details"]["free_gpus"] == 0
+    assert_invariants(engine)
+
+
+def test_a_page_of_ineligible_nodes_does_not_end_the_search(engine):
+    """More candidate nodes than one snapshot page (16) hold only incomplete free rows."""
+    create_fleet(engine, FleetSpec(nodes=18, prefix="p"))
+    cp = ControlPlane(engine)
+    sql(
+        engine,
+        "ALTER TABLE node_resource_slots"
+        " DROP CONSTRAINT ck_node_resource_slots_available_is_complete",
+    )
+    # Seventeen partially used nodes rank first (sliced before clean), all their free
+    # rows incomplete; the one complete node is clean and ranks last.
+    bad = "n.hostname <> 'p00018'"
+    sql(
+        engine,
+        "UPDATE node_resource_slots s SET status = 'cleanup_blocked' FROM nodes n"
+        f" WHERE n.id = s.node_id AND {bad} AND s.slot_index = 0",
     )
     sql(
         engine,
-        "UPDATE node_resource_slots SET nvme_device = '/dev/nvme0n1' WHERE slot_index = 7"
-        " AND node_id IN (SELECT id FROM nodes WHERE hostname = 'n00002')",
+        "UPDATE node_resource_slots s SET mac_address = NULL FROM nodes n"
+        f" WHERE n.id = s.node_id AND {bad} AND s.slot_index > 0",
     )
-    results = [place(cp, 8) for _ in range(3)]
-    assert [r["placed"] for r in results] == [True, True, False]
-    assert "n00002" not in {r.get("node") for r in results}
+    placed = place(cp, 2)
+    assert placed["placed"] and placed["node"] == "p00018"
+    assert_invariants(engine)
 
 
 def test_a_fabric_vf_in_two_slots_is_never_claimed_twice(cp, engine):
@@ -191,11 +250,69 @@ def test_a_fabric_vf_in_two_slots_is_never_claimed_twice(cp, engine):
     assert len(claimed & {0, 1}) == 1
 
 
+def test_a_legacy_whole_device_in_a_claimed_slot_blocks_its_twin(cp, engine):
+    """Legacy metadata without a per-slot VF: the whole device conflicts across slots."""
+    only_schedulable(engine, "n00002")
+    first = place(cp, 1)
+    claimed = first["slots"][0]["slot_index"]
+    twin = (claimed + 1) % 8
+    # The claimed slot's record is rewritten to legacy whole-device metadata (allowed: the
+    # table checks completeness of `available` rows only); its twin, complete and free,
+    # names the same device as its parent.
+    sql(
+        engine,
+        "UPDATE node_resource_slots SET fabric_claim_mode = 'shared_device',"
+        " fabric_vf_pci_address = NULL, fabric_device = '0000:7f:00.0'"
+        " WHERE id = :id",
+        id=first["slots"][0]["slot_id"],
+    )
+    sql(
+        engine,
+        "UPDATE node_resource_slots SET fabric_device = '0000:7f:00.0' WHERE slot_index = :i"
+        " AND node_id = (SELECT id FROM nodes WHERE hostname = 'n00002')",
+        i=twin,
+    )
+    results = [place(cp, 1) for _ in range(7)]
+    assert [r["placed"] for r in results] == [True] * 6 + [False]
+    assert twin not in {r["slots"][0]["slot_index"] for r in results[:6]}
+    assert (results[-1]["reason"], results[-1]["details"]["free_gpus"]) == ("no_capacity", 0)
+    cp.release(uuid.UUID(first["allocation_id"]), "test")
+    freed = place(cp, 1)
+    assert freed["slots"][0]["slot_index"] == twin
+    assert_invariants(engine)
+
+
 def test_distinct_vfs_under_one_pf_place_concurrently(cp, engine):
+    """Eight requests at once for one node whose slots share a PF, each with its own VF.
+
+    The node's capacity row serialises their transactions (a request that finds it held
+    moves on, and with one node retries), so what runs concurrently are the requests;
+    none is refused as a fabric conflict.
+    """
+    only_schedulable(engine, "n00002")
     sql(engine, "UPDATE node_resource_slots SET fabric_device = '0000:1a:00.0'")
-    results = [place(cp, 1) for _ in range(8)]
-    assert all(r["placed"] for r in results)
-    assert len({r["node"] for r in results}) == 1
+    start = threading.Barrier(8)
+    outcomes: list[dict] = []
+    lock = threading.Lock()
+
+    def client() -> None:
+        start.wait()
+        for _ in range(20):
+            result = place(cp, 1)
+            if result.get("reason") != "contended":
+                break
+        with lock:
+            outcomes.append(result)
+
+    threads = [threading.Thread(target=client) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r["placed"] for r in outcomes] == [True] * 8
+    assert {r["node"] for r in outcomes} == {"n00002"}
+    assert sorted(r["slots"][0]["slot_index"] for r in outcomes) == list(range(8))
+    assert_invariants(engine)
 
 
 def test_release_moves_slots_to_cleanup_and_only_a_proof_makes_them_available(cp, engine):
@@ -255,12 +372,14 @@ def test_baremetal_release_requires_a_wipe_of_every_slot(cp, engine):
     )
     bm = place(cp, 8, BAREMETAL)
     assert bm["node"] == "n00002"
-    assert place(cp, 1)["reason"] == "no_eligible_node" or not place(cp, 1)["placed"]
+    blocked = place(cp, 1)
+    assert (blocked["code"], blocked["reason"]) == ("sku_unavailable", "no_eligible_node")
     cp.release(uuid.UUID(bm["allocation_id"]), "test")
     slots = cp.list_slots("n00002")
     assert {(s["status"], s["wipe_required"]) for s in slots} == {("cleanup", True)}
     assert_invariants(engine)
-    assert place(cp, 1)["placed"] is False
+    unwiped = place(cp, 1)
+    assert (unwiped["reason"], unwiped["details"]["free_gpus"]) == ("no_capacity", 0)
     for s in slots:
         cp.record_wipe_proof(
             "n00002", s["slot_index"], proof_for(cp, "n00002", s["slot_index"]), "t"
