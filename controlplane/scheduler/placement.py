@@ -5,11 +5,12 @@
    then load those nodes' free slots. A page whose nodes turn out to hold no eligible
    slot moves on to the next page.
 2. Rank: ``ranking.rank_*`` — pure and deterministic for a snapshot and a salt.
-3. Lock: one statement locks the chosen node's slots ``FOR UPDATE SKIP LOCKED`` (in the
-   ranking's preference order, re-checking every predicate), reserves them, and inserts
-   the allocation, one claim per slot (or one ``node_exclusive`` claim) and an outbox
-   event; then commit. Losing a race moves on to the next choice, a bounded number of
-   times. Database constraints refuse a double booking even if this code were wrong.
+3. Lock: one statement, its own transaction (autocommit), locks the chosen node's slots
+   ``FOR UPDATE SKIP LOCKED`` (in the ranking's preference order, re-checking every
+   predicate), reserves them, and inserts the allocation, one claim per slot (or one
+   ``node_exclusive`` claim) and an outbox event, or writes nothing. Losing a race moves
+   on to the next choice, a bounded number of times. Database constraints refuse a
+   double booking even if this code were wrong.
 
 What the preselection can change (tests/integration/test_placement_preselection.py):
 SQL orders nodes by the ranking's first two keys (partially sliced before clean, then
@@ -383,7 +384,11 @@ class Scheduler:
         return skus.get(slug)
 
     def place(self, request: PlacementRequest) -> Placement | Unavailable:
+        # Autocommit: every statement is its own transaction. The snapshot needs none, and
+        # the locking statement is the one short transaction that reserves, claims and
+        # records the event together (or writes nothing); no BEGIN/COMMIT round trips.
         with self.engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
             sku = self._sku(conn, request.sku)
             refusal = self._check_request(request, sku)
             if refusal is not None:
@@ -499,16 +504,13 @@ class Scheduler:
                 return None
             raise
         if not rows:
-            conn.rollback()
             race.passed_over += len(choices)
             return None
         rank = rows[0][1]
         if len(rows) != request.gpu_count or rows[0][2] is None:
             # The node was ours but its slots were not (a release or wipe held them).
-            conn.rollback()
             race.passed_over += rank
             return None
-        conn.commit()
         race.passed_over += rank - 1
         node_id = rows[0][0]
         return Placement(
@@ -528,7 +530,6 @@ class Scheduler:
         self, conn: Connection, params: dict[str, Any], request: PlacementRequest, race: _Race
     ) -> Unavailable:
         nodes, free, largest = conn.execute(SLICE_DIAGNOSIS, params).one()
-        conn.rollback()
         details = {
             "requested_gpus": request.gpu_count,
             "free_gpus": free,
@@ -598,10 +599,8 @@ class Scheduler:
                 continue
             if row is None or row[2] is None:
                 # Every candidate was held or taken, or the locked one had changed.
-                conn.rollback()
                 race.passed_over += len(ranked) if row is None else row[1]
                 continue
-            conn.commit()
             node_id, rank, claim = row
             race.passed_over += rank - 1
             return Placement(
@@ -617,7 +616,6 @@ class Scheduler:
                 passed_over=race.passed_over,
             )
         eligible = conn.execute(BAREMETAL_DIAGNOSIS, params).scalar_one()
-        conn.rollback()
         details = {
             "requested_gpus": request.gpu_count,
             "eligible_nodes": eligible,
