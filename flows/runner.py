@@ -257,7 +257,9 @@ class TaskProgress:
             return f"{self.stopped} at {where}"
         if self.position == 0:
             return "starting"
-        return f"{where} ({self.items} items done)" if self.items else where
+        if self.items:
+            return f"{where} ({self.items} item{'' if self.items == 1 else 's'} done)"
+        return where
 
 
 def runner_environment() -> dict[str, str]:

@@ -174,7 +174,7 @@ def test_a_failing_host_stops_at_its_failed_task(exercise):
         "task 1 of 6: First",
         "task 2 of 6: Skipped",
         "task 3 of 6: Looped",
-        "task 3 of 6: Looped (1 items done)",
+        "task 3 of 6: Looped (1 item done)",
         "task 3 of 6: Looped (2 items done)",
         "task 3 of 6: Looped (3 items done)",
         "task 4 of 6: Ignored failure",
