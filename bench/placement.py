@@ -1,24 +1,38 @@
 """Placement benchmark: throughput, latency, safety and packing quality.
 
-Runs against its own durable PostgreSQL cluster (fsync and synchronous_commit on):
+Starts its own PostgreSQL cluster (controlplane.embedded, fsync and synchronous_commit
+on) in a temporary directory, one database per phase, and removes it at the end:
 
-1. throughput: 16 concurrent clients place a mix of 1/2/4/8-GPU slices and 10%
-   baremetal on 1,000 nodes x 8 slots; placements/s, p50/p99 latency, lock conflicts and
-   retries, double bookings (must be 0);
-2. floor: a bare claim loop (SELECT ... FOR UPDATE SKIP LOCKED + UPDATE + INSERT + COMMIT
-   per claim on a random node, no ranking) from the same client stack, same fleet size;
-   the scheduler's throughput is printed as a fraction of it;
-3. packing: one seeded arrival/departure trace replayed through this scheduler
-   (best_fit), first_fit and random: fragmentation rejections, clean nodes left for
-   baremetal, GPU utilisation at the first rejection.
+1. floor: a bare claim loop from the same client stack (Python, SQLAlchemy, psycopg, 16
+   threads) on the same schema and fleet size: per claim one SELECT ... FOR UPDATE SKIP
+   LOCKED of a free slot on a random node, one UPDATE of its status (which fires the
+   schema's node_capacity trigger), one INSERT into a side table, a durable COMMIT; no
+   ranking. Run twice: with one connection held per client, and with a pooled
+   connection checked out per claim as the scheduler does per placement;
+2. throughput: 16 concurrent clients place a mix of 1/2/4/8-GPU slices and 10%
+   baremetal on 1,000 nodes x 8 slots: placements/s and the fraction of each floor,
+   p50/p99 latency, lock conflicts (candidate nodes passed over because a concurrent
+   transaction held or had just taken them), retries (extra locking statements after
+   every candidate of a ranking was lost), double bookings (must be 0);
+3. packing: one seeded arrival/departure trace per offered load, replayed on 1,000 x 8
+   through this scheduler (best_fit), first_fit and random (the three replays run in
+   parallel processes, each on its own database; commits are asynchronous there since
+   nothing in this phase is timed; a departure is the release service plus a set-based
+   record of one passed wipe proof per slot): fragmentation rejections (rejected while
+   the placeable free GPUs, on schedulable nodes without a baremetal tenant, were
+   enough), clean nodes left for baremetal (mean over every arrival, and over the second
+   half once the fleet is in steady state), GPU utilisation at the first rejection.
 
-Usage: python bench/placement.py [--nodes 1000] [--clients 16] [--placements 1500]
+Usage: python bench/placement.py [--only floor|throughput|trace] [--trace-load 1.0 ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import heapq
+import math
+import multiprocessing
 import random
 import shutil
 import statistics
@@ -31,13 +45,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, create_engine, text
 
 from controlplane import db, migrate
-from controlplane.api import ControlPlane
-from controlplane.audit import audit
+from controlplane.audit import CHECKS, audit
 from controlplane.embedded import EmbeddedPostgres
-from controlplane.scheduler.placement import PlacementRequest, Scheduler
+from controlplane.scheduler.placement import Placement, PlacementRequest, Scheduler
 from controlplane.scheduler.ranking import Policy
 from controlplane.services import allocations
 from controlplane.synthetic import FleetSpec, create_fleet
@@ -47,6 +60,13 @@ BAREMETAL = "h200-sxm-baremetal"
 MIX = (
     [(SLICE, 1)] * 9 + [(SLICE, 2)] * 9 + [(SLICE, 4)] * 9 + [(SLICE, 8)] * 9 + [(BAREMETAL, 8)] * 4
 )
+MEAN_GPUS_PER_REQUEST = statistics.mean(gpus for _, gpus in MIX)
+DOUBLE_BOOKING_CHECKS = (
+    "slot_in_two_active_claims",
+    "slice_claim_beside_exclusive_claim",
+    "allocation_spans_nodes",
+)
+POLICIES = (Policy.BEST_FIT, Policy.FIRST_FIT, Policy.RANDOM)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -63,118 +83,147 @@ class Cluster:
         self.pg = EmbeddedPostgres(data_dir=self.parent / "pg", durable=True)
         self.pg.start()
 
-    def database(self, name: str, fleet: FleetSpec) -> Engine:
+    def database(self, name: str, fleet: FleetSpec) -> str:
+        """A fresh, migrated database holding ``fleet``; returns its URL."""
         with psycopg.connect(
             host=str(self.pg.socket_dir), user=self.pg._role(), dbname="postgres", autocommit=True
         ) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             conn.execute(f'CREATE DATABASE "{name}"')
-        engine = db.create(self.pg.url(name), pool_size=20, max_overflow=10)
+        url = self.pg.url(name)
+        engine = db.create(url)
         migrate.upgrade(engine)
         create_fleet(engine, fleet)
-        return engine
+        engine.dispose()
+        return url
 
     def close(self) -> None:
         self.pg.stop()
         shutil.rmtree(self.parent, ignore_errors=True)
 
 
-# -- 1. throughput -----------------------------------------------------------------------
+def run_clients(clients: int, total: int, work) -> float:
+    """Run ``work(client, rng)`` ``total`` times over ``clients`` threads; wall seconds."""
+    lock = threading.Lock()
+    budget = iter(range(total))
+
+    def client(n: int) -> None:
+        rng = random.Random(n)
+        while True:
+            with lock:
+                if next(budget, None) is None:
+                    return
+            work(n, rng)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start
+
+
+# -- 1. the floor: a bare claim loop -----------------------------------------------------
+
+BARE_LOCK = text(
+    "SELECT id FROM node_resource_slots WHERE node_id = :node AND status = 'available'"
+    " LIMIT 1 FOR UPDATE SKIP LOCKED"
+)
+BARE_UPDATE = text("UPDATE node_resource_slots SET status = 'reserved' WHERE id = :id")
+BARE_INSERT = text("INSERT INTO bench_claims (slot_id, at) VALUES (:id, now())")
+
+
+def claim_once(conn: Connection, node: uuid.UUID) -> bool:
+    slot = conn.execute(BARE_LOCK, {"node": node}).scalar_one_or_none()
+    if slot is None:
+        conn.rollback()
+        return False
+    conn.execute(BARE_UPDATE, {"id": slot})
+    conn.execute(BARE_INSERT, {"id": slot})
+    conn.commit()
+    return True
+
+
+def bare_claim_loop(url: str, clients: int, total: int, per_claim_checkout: bool) -> float:
+    """Claims per second of the bare loop on a fresh copy of the fleet."""
+    engine = db.create(url, pool_size=clients, max_overflow=0)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE bench_claims (slot_id uuid PRIMARY KEY, at timestamptz)"))
+        nodes = [row[0] for row in conn.execute(text("SELECT id FROM nodes"))]
+    claimed = Counter()
+    lock = threading.Lock()
+    held: dict[int, Connection] = {}
+
+    def work(n: int, rng: random.Random) -> None:
+        node = rng.choice(nodes)
+        if per_claim_checkout:
+            with engine.connect() as conn:
+                ok = claim_once(conn, node)
+        else:
+            if n not in held:
+                held[n] = engine.connect()
+            ok = claim_once(held[n], node)
+        with lock:
+            claimed["claims" if ok else "empty_node"] += 1
+
+    seconds = run_clients(clients, total, work)
+    for conn in held.values():
+        conn.close()
+    engine.dispose()
+    return claimed["claims"] / seconds
+
+
+# -- 2. throughput -----------------------------------------------------------------------
 
 
 @dataclass
 class ThroughputResult:
     placements: int = 0
+    gpus: int = 0
     unavailable: Counter = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
     conflicts: int = 0
+    retries: int = 0
     seconds: float = 0.0
     double_bookings: int = 0
+    audit_violations: int = 0
 
 
-def throughput(engine: Engine, clients: int, total: int, seed: int) -> ThroughputResult:
-    scheduler = Scheduler(engine)
+def throughput(url: str, clients: int, total: int, candidates: int | None) -> ThroughputResult:
+    engine = db.create(url, pool_size=clients, max_overflow=0)
+    scheduler = (
+        Scheduler(engine) if candidates is None else Scheduler(engine, candidate_nodes=candidates)
+    )
     result = ThroughputResult()
     lock = threading.Lock()
-    budget = iter(range(total))
 
-    def client(n: int) -> None:
-        rng = random.Random(seed * 1000 + n)
-        while True:
-            with lock:
-                if next(budget, None) is None:
-                    return
-            sku, gpus = rng.choice(MIX)
-            start = time.perf_counter()
-            placed = scheduler.place(PlacementRequest(sku, gpus, requested_by=f"bench-{n}"))
-            elapsed = time.perf_counter() - start
-            with lock:
-                result.latencies.append(elapsed)
-                if hasattr(placed, "attempts"):
-                    result.placements += 1
-                    result.conflicts += placed.attempts - 1
-                else:
-                    result.unavailable[placed.reason or placed.code] += 1
-                    result.conflicts += placed.details.get("attempts", 0)
+    def work(n: int, rng: random.Random) -> None:
+        sku, gpus = rng.choice(MIX)
+        start = time.perf_counter()
+        placed = scheduler.place(PlacementRequest(sku, gpus, requested_by=f"bench-{n}"))
+        elapsed = time.perf_counter() - start
+        with lock:
+            result.latencies.append(elapsed)
+            if isinstance(placed, Placement):
+                result.placements += 1
+                result.gpus += gpus
+                result.retries += placed.attempts - 1
+                result.conflicts += placed.passed_over
+            else:
+                result.unavailable[placed.reason or placed.code] += 1
+                result.retries += max(placed.details.get("attempts", 0) - 1, 0)
+                result.conflicts += placed.details.get("passed_over", 0)
 
-    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    result.seconds = time.perf_counter() - start
+    result.seconds = run_clients(clients, total, work)
     with engine.connect() as conn:
-        safety = {
-            "slot_in_two_active_claims",
-            "slice_claim_beside_exclusive_claim",
-            "allocation_spans_nodes",
-        }
-        result.double_bookings = sum(len(v.rows) for v in audit(conn) if v.check in safety)
-    return result
-
-
-# -- 2. the floor: a bare claim loop -----------------------------------------------------
-
-
-def bare_claim_loop(engine: Engine, clients: int, total: int, seed: int) -> tuple[int, float]:
-    with engine.begin() as conn:
-        conn.execute(text("CREATE TABLE bench_claims (slot_id uuid PRIMARY KEY, at timestamptz)"))
-        nodes = [row[0] for row in conn.execute(text("SELECT id FROM nodes"))]
-    lock_sql = text(
-        "SELECT id FROM node_resource_slots WHERE node_id = :node AND status = 'available'"
-        " LIMIT 1 FOR UPDATE SKIP LOCKED"
+        violations = audit(conn)
+    engine.dispose()
+    result.double_bookings = sum(
+        len(v.rows) for v in violations if v.check in DOUBLE_BOOKING_CHECKS
     )
-    update_sql = text("UPDATE node_resource_slots SET status = 'reserved' WHERE id = :id")
-    insert_sql = text("INSERT INTO bench_claims (slot_id, at) VALUES (:id, now())")
-    claimed = Counter()
-    lock = threading.Lock()
-    budget = iter(range(total))
-
-    def client(n: int) -> None:
-        rng = random.Random(seed + n)
-        with engine.connect() as conn:
-            while True:
-                with lock:
-                    if next(budget, None) is None:
-                        return
-                slot = conn.execute(lock_sql, {"node": rng.choice(nodes)}).scalar_one_or_none()
-                if slot is None:
-                    conn.rollback()
-                    continue
-                conn.execute(update_sql, {"id": slot})
-                conn.execute(insert_sql, {"id": slot})
-                conn.commit()
-                with lock:
-                    claimed["claims"] += 1
-
-    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return claimed["claims"], time.perf_counter() - start
+    result.audit_violations = sum(len(v.rows) for v in violations)
+    return result
 
 
 # -- 3. packing quality on a seeded trace ---------------------------------------------------
@@ -184,142 +233,228 @@ def bare_claim_loop(engine: Engine, clients: int, total: int, seed: int) -> tupl
 class TraceResult:
     policy: str
     arrivals: int = 0
-    rejections: int = 0
+    placed: int = 0
+    rejected: Counter = field(default_factory=Counter)
     fragmentation_rejections: int = 0
-    clean_nodes_samples: list[int] = field(default_factory=list)
+    clean_nodes: list[int] = field(default_factory=list)
+    utilisation: list[float] = field(default_factory=list)
     utilisation_at_first_rejection: float | None = None
     clean_nodes_at_first_rejection: int | None = None
+    seconds: float = 0.0
+    audit_violations: int = 0
 
 
-def make_trace(seed: int, arrivals: int, mean_gap: float, mean_life: float) -> list[tuple]:
+def make_trace(seed: int, arrivals: int, mean_life: float) -> list[tuple]:
+    """(time, index, sku, gpus, lifetime): Poisson arrivals one per time unit on average."""
     rng = random.Random(seed)
     trace, clock = [], 0.0
     for i in range(arrivals):
-        clock += rng.expovariate(1 / mean_gap)
+        clock += rng.expovariate(1.0)
         sku, gpus = rng.choice(MIX)
         trace.append((clock, i, sku, gpus, rng.expovariate(1 / mean_life)))
     return trace
 
 
+# Placeable free GPUs count only slice nodes a slice could go to: a baremetal claim
+# leaves its node's slots `available`, but nothing can be placed there. Clean nodes are
+# those a baremetal request could take. The trace fleet's rows are complete and
+# approved, so the counters equal the full eligibility predicates there.
 FLEET_STATE = text(
     """
-SELECT coalesce(sum(c.free_gpus), 0),
-       count(*) FILTER (WHERE c.busy_slots = 0 AND c.slot_claims = 0 AND c.exclusive_claims = 0),
-       (SELECT coalesce(sum(gpu_count), 0) FROM allocations
-         WHERE state NOT IN ('released', 'failed'))
-FROM node_capacity c
+SELECT coalesce(sum(free_gpus) FILTER (WHERE slice_schedulable AND exclusive_claims = 0), 0),
+       count(*) FILTER (WHERE baremetal_schedulable AND busy_slots = 0 AND slot_claims = 0
+                        AND exclusive_claims = 0)
+FROM node_capacity
+"""
+)
+# The trace stands in for the host's wipe flow with set-based SQL (the per-slot proof
+# service costs more than the placement being measured): one passed wipe_proof evidence
+# row per released slot, then the slot back to `available` naming it, which the store's
+# own rule (migration 0007) checks before it clears wipe_required.
+RECORD_WIPES = text(
+    """
+INSERT INTO evidence (kind, passed, summary, recorded_by, payload, node_id, slot_id)
+SELECT 'wipe_proof', true, 'verified trace wipe of ' || s.nvme_device, 'trace',
+       jsonb_build_object('schema', CAST(:schema AS text), 'device', s.nvme_device,
+                          'method', 'trace', 'verified', true),
+       s.node_id, s.id
+FROM node_resource_slots s
+WHERE s.id = ANY(CAST(:ids AS uuid[])) AND s.status = 'cleanup' AND s.wipe_required
+RETURNING id, slot_id
+"""
+)
+RETURN_WIPED = text(
+    """
+UPDATE node_resource_slots s
+SET wipe_required = false, last_wipe_proof_id = p.id, status = 'available',
+    health_state = 'healthy', health_detail = 'wiped: evidence ' || p.id,
+    generation = s.generation + 1, updated_at = now()
+FROM unnest(CAST(:proofs AS bigint[]), CAST(:slots AS uuid[])) AS p(id, slot_id)
+WHERE s.id = p.slot_id
 """
 )
 
 
-def replay(engine: Engine, policy: Policy, trace: list[tuple], total_gpus: int) -> TraceResult:
+def depart(engine: Engine, allocation: uuid.UUID) -> None:
+    """Release (the allocation service), then record a wipe of every released slot."""
+    with db.transaction(engine) as session:
+        released = allocations.release(session, allocation, "trace")
+        proofs = session.execute(
+            RECORD_WIPES,
+            {"ids": released.slots_to_wipe, "schema": allocations.WIPE_PROOF_SCHEMA},
+        ).all()
+        session.execute(
+            RETURN_WIPED,
+            {"proofs": [p.id for p in proofs], "slots": [p.slot_id for p in proofs]},
+        )
+
+
+def replay(url: str, policy: Policy, trace: list[tuple], total_gpus: int) -> TraceResult:
+    """Replay ``trace`` through ``policy``; fleet state is read before every arrival."""
+    options = db.CONNECT_OPTIONS["options"] + " -c synchronous_commit=off"
+    engine = create_engine(url, connect_args={"options": options})
     scheduler = Scheduler(engine, policy=policy)
-    cp = ControlPlane(engine)
     result = TraceResult(policy.value)
-    departures: list[tuple[float, str]] = []
+    departures: list[tuple[float, int, uuid.UUID]] = []
+    used = 0
+    start = time.perf_counter()
     for clock, index, sku, gpus, life in trace:
         while departures and departures[0][0] <= clock:
-            _, allocation = heapq.heappop(departures)
-            depart(cp, uuid.UUID(allocation))
+            _, released_gpus, allocation = heapq.heappop(departures)
+            depart(engine, allocation)
+            used -= released_gpus
         result.arrivals += 1
         with engine.connect() as conn:
-            free, clean, used = conn.execute(FLEET_STATE).one()
-        result.clean_nodes_samples.append(clean)
+            placeable, clean = conn.execute(FLEET_STATE).one()
+        result.clean_nodes.append(clean)
+        result.utilisation.append(used / total_gpus)
         placed = scheduler.place(
             PlacementRequest(sku, gpus, allocation_id=uuid.UUID(int=index + 1))
         )
-        if hasattr(placed, "attempts"):
-            heapq.heappush(departures, (clock + life, str(placed.allocation_id)))
+        if isinstance(placed, Placement):
+            result.placed += 1
+            used += gpus
+            heapq.heappush(departures, (clock + life, gpus, placed.allocation_id))
             continue
-        result.rejections += 1
-        if free >= gpus:
+        result.rejected["baremetal" if sku == BAREMETAL else f"slice-{gpus}"] += 1
+        if placeable >= gpus:
             result.fragmentation_rejections += 1
         if result.utilisation_at_first_rejection is None:
             result.utilisation_at_first_rejection = used / total_gpus
             result.clean_nodes_at_first_rejection = clean
+    result.seconds = time.perf_counter() - start
+    with engine.connect() as conn:
+        result.audit_violations = sum(len(v.rows) for v in audit(conn))
+    engine.dispose()
     return result
 
 
-def depart(cp: ControlPlane, allocation: uuid.UUID) -> None:
-    """Release, then record the wipe each slot would get on a real host."""
-    released = cp.release(allocation, "trace")
-    if not released["slots_to_wipe"]:
-        return
-    with cp.engine.begin() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT n.hostname, s.slot_index, s.nvme_device FROM node_resource_slots s"
-                " JOIN nodes n ON n.id = s.node_id WHERE s.id = ANY(CAST(:ids AS uuid[]))"
-            ),
-            {"ids": released["slots_to_wipe"]},
-        ).all()
-    finished = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(time.time() + 1))
-    for hostname, slot_index, device in rows:
-        cp.record_wipe_proof(
-            hostname,
-            slot_index,
-            {
-                "schema": allocations.WIPE_PROOF_SCHEMA,
-                "device": device,
-                "method": "trace",
-                "verified": True,
-                "finished_at": finished,
-            },
-            "trace",
-        )
+# -- output ------------------------------------------------------------------------------
 
 
-def run_throughput(cluster: Cluster, fleet: FleetSpec, args: argparse.Namespace, floor: float):
-    engine = cluster.database("bench_throughput", fleet)
-    run = throughput(engine, args.clients, args.placements, args.seed)
-    engine.dispose()
+def run_floors(cluster: Cluster, fleet: FleetSpec, args: argparse.Namespace) -> dict[str, float]:
+    print(
+        "bare claim loop, per claim: SELECT a free slot of a random node FOR UPDATE SKIP "
+        "LOCKED, UPDATE its status (fires the node_capacity trigger), INSERT into a "
+        "one-index side table, durable COMMIT; no ranking, no allocation, claim or event rows"
+    )
+    floors = {}
+    for name, per_claim in (("held connection", False), ("checkout per claim", True)):
+        url = cluster.database("bench_floor", fleet)
+        floors[name] = bare_claim_loop(url, args.clients, args.bare_claims, per_claim)
+        print(f"bare claim loop, {name}: {floors[name]:.0f} claims/s")
+    return floors
+
+
+def run_throughput(
+    cluster: Cluster, fleet: FleetSpec, args: argparse.Namespace, floors: dict[str, float]
+) -> None:
+    url = cluster.database("bench_throughput", fleet)
+    run = throughput(url, args.clients, args.placements, args.candidate_nodes)
     rate = run.placements / run.seconds
     lat = [x * 1000 for x in run.latencies]
+    shares = ", ".join(f"{rate / floor:.0%} of the {name} loop" for name, floor in floors.items())
     print(
-        f"scheduler: {run.placements} placements in {run.seconds:.2f} s = {rate:.0f}/s "
-        f"({rate / floor:.0%} of the bare loop); p50 {statistics.median(lat):.1f} ms, "
-        f"p99 {percentile(lat, 0.99):.1f} ms; lock conflicts/retries {run.conflicts}; "
-        f"unavailable {dict(run.unavailable)}; double bookings {run.double_bookings}"
+        f"scheduler: {run.placements} placements in {run.seconds:.2f} s = {rate:.0f}/s"
+        + (f" ({shares})" if shares else "")
+        + f"; {run.gpus / run.seconds:.0f} GPUs/s placed"
+    )
+    print(
+        f"  latency per request (placed or refused): p50 {statistics.median(lat):.1f} ms, "
+        f"p99 {percentile(lat, 0.99):.1f} ms"
+    )
+    print(
+        f"  lock conflicts (candidate nodes passed over) {run.conflicts}; "
+        f"retries (extra locking statements) {run.retries}; "
+        f"unavailable {dict(run.unavailable) or 0}"
+    )
+    print(
+        f"  double bookings {run.double_bookings}; "
+        f"store audit violations {run.audit_violations} (of {len(CHECKS)} checks)"
     )
 
 
-def run_trace(cluster: Cluster, args: argparse.Namespace) -> None:
-    trace = make_trace(args.seed, args.trace_arrivals, mean_gap=1.0, mean_life=args.trace_life)
-    total_gpus = args.trace_nodes * 8
-    results = []
-    for policy in (Policy.BEST_FIT, Policy.FIRST_FIT, Policy.RANDOM):
-        engine = cluster.database(
+def ratio(ours: float, theirs: float) -> str:
+    if theirs:
+        return f"x{ours / theirs:.2f}"
+    return "n/a (both 0)" if ours == 0 else "n/a (theirs 0)"
+
+
+def run_trace(cluster: Cluster, args: argparse.Namespace, load: float) -> None:
+    fleet_gpus = args.trace_nodes * 8
+    mean_life = load * fleet_gpus / MEAN_GPUS_PER_REQUEST
+    arrivals = args.trace_arrivals or math.ceil(args.trace_lives * mean_life)
+    trace = make_trace(args.seed, arrivals, mean_life)
+    urls = {
+        policy: cluster.database(
             f"bench_trace_{policy.value}", FleetSpec(nodes=args.trace_nodes, prefix="t")
         )
-        start = time.perf_counter()
-        results.append(replay(engine, policy, trace, total_gpus))
-        engine.dispose()
-        print(f"  replayed {policy.value} in {time.perf_counter() - start:.1f} s")
+        for policy in POLICIES
+    }
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(len(POLICIES), mp_context=spawn) as pool:
+        futures = [
+            pool.submit(replay, urls[policy], policy, trace, fleet_gpus) for policy in POLICIES
+        ]
+        results = [f.result() for f in futures]
+    steady = arrivals // 2
     print(
-        f"trace: {args.trace_arrivals} arrivals on {args.trace_nodes} nodes "
-        "(seeded; 1/2/4/8-GPU slices, 10% baremetal)"
+        f"trace: offered load {load:.0%} of {fleet_gpus} GPUs ({args.trace_nodes} nodes x 8), "
+        f"{arrivals} seeded arrivals (mean lifetime {mean_life:.0f} arrivals; 1/2/4/8-GPU "
+        f"slices, 10% baremetal); 'steady' = arrivals {steady + 1}..{arrivals}"
     )
     print(
-        f"{'policy':<10} {'rejected':>9} {'fragmentation':>14} {'clean nodes (mean)':>19} "
-        f"{'clean at 1st rej':>17} {'util at 1st rej':>16}"
+        f"  {'policy':<10} {'rejected':>8} {'fragment.':>9} {'clean mean':>10} "
+        f"{'clean steady':>12} {'util steady':>11} {'clean@1st rej':>13} {'util@1st rej':>12} "
+        f"{'replay s':>8}"
     )
     for r in results:
         util = r.utilisation_at_first_rejection
         print(
-            f"{r.policy:<10} {r.rejections:>9} {r.fragmentation_rejections:>14} "
-            f"{statistics.mean(r.clean_nodes_samples):>19.1f} "
-            f"{r.clean_nodes_at_first_rejection if util is not None else '-':>17} "
-            f"{f'{util:.0%}' if util is not None else '-':>16}"
+            f"  {r.policy:<10} {sum(r.rejected.values()):>8} {r.fragmentation_rejections:>9} "
+            f"{statistics.mean(r.clean_nodes):>10.1f} "
+            f"{statistics.mean(r.clean_nodes[steady:]):>12.1f} "
+            f"{statistics.mean(r.utilisation[steady:]):>11.1%} "
+            f"{r.clean_nodes_at_first_rejection if util is not None else '-':>13} "
+            f"{f'{util:.1%}' if util is not None else '-':>12} {r.seconds:>8.0f}"
         )
-    ours, first_fit = results[0], results[1]
-    frag_ratio = ours.fragmentation_rejections / max(first_fit.fragmentation_rejections, 1)
-    clean_ratio = statistics.mean(ours.clean_nodes_samples) / max(
-        statistics.mean(first_fit.clean_nodes_samples), 1e-9
-    )
-    print(
-        f"best_fit vs first_fit: fragmentation rejections x{frag_ratio:.2f} (target <= 0.5), "
-        f"clean nodes x{clean_ratio:.2f} (target >= 1.3)"
-    )
+    for r in results:
+        print(
+            f"  {r.policy}: rejections by request {dict(sorted(r.rejected.items())) or 0}; "
+            f"store audit violations after the replay {r.audit_violations}"
+        )
+    ours, first_fit, rand = results
+    for name, other in (("first_fit", first_fit), ("random", rand)):
+        frag = ratio(ours.fragmentation_rejections, other.fragmentation_rejections)
+        clean = ratio(statistics.mean(ours.clean_nodes), statistics.mean(other.clean_nodes))
+        clean_steady = ratio(
+            statistics.mean(ours.clean_nodes[steady:]), statistics.mean(other.clean_nodes[steady:])
+        )
+        target = " (targets vs first_fit: <= x0.50, >= x1.30)" if name == "first_fit" else ""
+        print(
+            f"  best_fit vs {name}: fragmentation rejections {frag}, clean nodes mean {clean}, "
+            f"steady {clean_steady}{target}"
+        )
 
 
 def main() -> None:
@@ -328,9 +463,20 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--placements", type=int, default=1500)
     parser.add_argument("--bare-claims", type=int, default=3000)
-    parser.add_argument("--trace-nodes", type=int, default=200)
-    parser.add_argument("--trace-arrivals", type=int, default=1500)
-    parser.add_argument("--trace-life", type=float, default=420.0)
+    parser.add_argument(
+        "--candidate-nodes", type=int, help="the scheduler's K (default: its own default)"
+    )
+    parser.add_argument("--trace-nodes", type=int, default=1000)
+    parser.add_argument(
+        "--trace-load",
+        type=float,
+        action="append",
+        help="offered load: mean GPUs requested over fleet GPUs (repeatable; default 1.0, 1.1)",
+    )
+    parser.add_argument(
+        "--trace-lives", type=float, default=4.0, help="trace length in mean lifetimes"
+    )
+    parser.add_argument("--trace-arrivals", type=int, help="override the trace length")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
         "--only", choices=["floor", "throughput", "trace"], action="append", help="run a subset"
@@ -340,18 +486,14 @@ def main() -> None:
     cluster = Cluster()
     try:
         fleet = FleetSpec(nodes=args.nodes, prefix="b")
-        print(f"fleet: {args.nodes} nodes x 8 slots, durable commits, {args.clients} clients")
-        floor = float("nan")
-        if "floor" in phases:
-            engine = cluster.database("bench_floor", fleet)
-            claims, seconds = bare_claim_loop(engine, args.clients, args.bare_claims, args.seed)
-            engine.dispose()
-            floor = claims / seconds
-            print(f"bare claim loop: {claims} claims in {seconds:.2f} s = {floor:.0f} claims/s")
+        if phases & {"floor", "throughput"}:
+            print(f"fleet: {args.nodes} nodes x 8 slots, durable commits, {args.clients} clients")
+        floors = run_floors(cluster, fleet, args) if "floor" in phases else {}
         if "throughput" in phases:
-            run_throughput(cluster, fleet, args, floor)
+            run_throughput(cluster, fleet, args, floors)
         if "trace" in phases:
-            run_trace(cluster, args)
+            for load in args.trace_load or [1.0, 1.1]:
+                run_trace(cluster, args, load)
     finally:
         cluster.close()
 
