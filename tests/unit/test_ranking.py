@@ -132,3 +132,26 @@ def test_choices_are_valid_same_node_sets_and_deterministic(layout, gpus, salt):
     assert {c.node_id for c in ranked} == eligible
     keys = [(by_id[c.node_id].clean, by_id[c.node_id].free_gpus - gpus) for c in ranked]
     assert keys == sorted(keys)
+
+
+def test_text_ids_rank_like_uuids():
+    """The scheduler passes ids as text; the ranking and its tie-break do not change."""
+    layout = [free(*range(8)), free(0, 1, 2), free(4, 5, 6, 7), free(1, 6)] * 5
+    by_uuid = [node(f"n{i}", idx, clean=len(idx) == 8) for i, idx in enumerate(layout)]
+    by_text = [
+        SliceNode(
+            str(n.node_id),
+            n.hostname,
+            n.clean,
+            tuple(s._replace(slot_id=str(s.slot_id)) for s in n.slots),
+        )
+        for n in by_uuid
+    ]
+    for gpus in (1, 2, 4, 8):
+        expected = [
+            (str(c.node_id), tuple(map(str, c.slot_ids)), c.numa_span)
+            for c in rank_slice_nodes(by_uuid, gpus, "req-7")
+        ]
+        ranked = rank_slice_nodes(by_text, gpus, "req-7")
+        got = [(c.node_id, c.slot_ids, c.numa_span) for c in ranked]
+        assert got == expected
