@@ -16,6 +16,7 @@ from flows.allocation import provision_allocation, release_allocation
 from flows.fleet import approve_slots, discover_topology
 from flows.reconcile import reconcile
 from tests.integration.flows.test_allocation_flows import add_catalog_image
+from tests.integration.flows.test_progress import progress_artifact
 
 pytestmark = [
     pytest.mark.slow,
@@ -50,10 +51,19 @@ def test_provision_then_release_a_real_slice_vm_through_the_flows(lab_node, engi
     slot = cp.list_slots(host.hostname)[0]
 
     key, public = host.lab.ssh_keypair("tenant")
-    result = provision_allocation(
-        "lab-slice", 1, "lab-guest", [{"name": "gpuuser", "ssh_authorized_keys": [public]}]
+    provisioned = provision_allocation(
+        "lab-slice",
+        1,
+        "lab-guest",
+        [{"name": "gpuuser", "ssh_authorized_keys": [public]}],
+        return_state=True,
     )
+    result = provisioned.result()
     assert result["state"] == "active", result
+    progress, _ = progress_artifact(
+        provisioned.state_details.flow_run_id, f"provision-progress-{result['allocation_id']}"
+    )
+    assert progress.data == 100 and progress.description.endswith(": done")
     readiness = result["readiness"]
     assert (
         readiness["mac"],
@@ -76,8 +86,13 @@ def test_provision_then_release_a_real_slice_vm_through_the_flows(lab_node, engi
     assert cp.list_slots(host.hostname)[0]["health_state"] == "degraded"
     host.lab.virsh("start", domain)
 
-    released = release_allocation(allocation)
+    release_state = release_allocation(allocation, return_state=True)
+    released = release_state.result()
     assert [s["status"] for s in released["slots"]] == ["available"]
+    progress, _ = progress_artifact(
+        release_state.state_details.flow_run_id, f"release-progress-{allocation}"
+    )
+    assert progress.data == 100 and progress.description.endswith(": done")
     shown = cp.show_allocation(uuid.UUID(allocation))
     assert shown["state"] == "released"
     slot = cp.list_slots(host.hostname)[0]
