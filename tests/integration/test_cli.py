@@ -200,7 +200,8 @@ def test_demo_runs_against_a_given_database(cli_env, tmp_path):
     assert "unavailable h200-sxm-slice x8: sku_unavailable/" in proc.stdout
     assert "gpuaas ui" in proc.stdout
     if unavailable_reason() is None:
-        assert "ssh_ready=True" in proc.stdout
+        vm_step = proc.stdout[proc.stdout.find("5. provision") :]
+        assert "ssh_ready=True" in proc.stdout, vm_step[:4000]
         assert "released; slot 0: available (blkdiscard verified=True)" in proc.stdout
         assert "provision failed" not in proc.stdout and "release failed" not in proc.stdout
     else:
