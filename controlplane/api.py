@@ -319,31 +319,3 @@ class ControlPlane:
 
         with db.transaction(self.engine) as session:
             return reconcile.nodes_to_probe(session)
-
-    def record_host_drift(
-        self, hostname: str, observed: dict[str, Any], actor: str, node_task_id: uuid.UUID | None
-    ) -> list[dict[str, Any]]:
-        """Compare a host's reported runtime with the store; record drift as evidence."""
-        from controlplane.repositories import evidence as evidence_repo
-        from controlplane.services import reconcile
-
-        with db.transaction(self.engine) as session:
-            node = node_repo.get_by_hostname(session, hostname)
-            drift = reconcile.compare(reconcile.expected_runtime(session, hostname), observed)
-            for item in drift:
-                if item["code"] in ("domain_not_running", "mac_mismatch"):
-                    reconcile.degrade(session, item["allocation_id"], item["detail"])
-            evidence_repo.add(
-                session,
-                kind=EvidenceKind.DRIFT,
-                passed=not drift,
-                summary=(
-                    f"{hostname}: "
-                    + (", ".join(sorted({d["code"] for d in drift})) if drift else "no drift")
-                ),
-                recorded_by=actor,
-                payload={"drift": drift, "observed": observed},
-                node_id=node.id,
-                node_task_id=node_task_id,
-            )
-            return drift

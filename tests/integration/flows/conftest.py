@@ -15,6 +15,7 @@ import pytest
 from controlplane.api import ControlPlane
 from controlplane.lab.hosts import HostPlan, SimulatedFleet
 from controlplane.lab.netns import netns_unavailable_reason
+from controlplane.lab.slicehost import LAB_SKU, LabSliceHost, unavailable_reason
 from controlplane.services.inventory import NodeSpec
 
 SLICE_TAGS = ("gpuaas-profile-slice-vm",)
@@ -56,3 +57,18 @@ def simulated_fleet(tmp_path, database_url, monkeypatch, prefect_harness):
                 )
             )
         yield cp
+
+
+@pytest.fixture
+def lab_node(tmp_path, database_url, monkeypatch, prefect_harness):
+    """A registered lab slice node: a real libvirtd, dnsmasq and loop disk in namespaces."""
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    monkeypatch.setenv("GPUAAS_DATABASE_URL", database_url)
+    monkeypatch.setenv("GPUAAS_RUNS_DIR", str(tmp_path / "runs"))
+    cp = ControlPlane.from_environment()
+    cp.define_sku(LAB_SKU)
+    with LabSliceHost(tmp_path / "host") as host:
+        cp.register_node(host.node_spec())
+        yield cp, host

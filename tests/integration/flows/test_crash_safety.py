@@ -22,10 +22,9 @@ from dataclasses import dataclass
 import pytest
 from sqlalchemy import text
 
-from controlplane.api import ControlPlane
 from controlplane.audit import audit
 from controlplane.enums import AllocationState
-from controlplane.lab.slicehost import LAB_SKU, LabSliceHost, unavailable_reason
+from controlplane.lab.slicehost import LAB_SKU
 from controlplane.scheduler.placement import PlacementRequest
 from flows.fleet import approve_slots, discover_topology
 from flows.reconcile import reconcile
@@ -347,20 +346,6 @@ def test_kill_release_at_each_step_then_reconcile(approved, engine, step):
         assert "abandoned" not in releases[0].error
     others = [s for i, s in slots.items() if i not in claimed]
     assert {s["status"] for s in others} == {"available"}
-
-
-@pytest.fixture
-def lab_node(tmp_path, database_url, monkeypatch, prefect_harness):
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    monkeypatch.setenv("GPUAAS_DATABASE_URL", database_url)
-    monkeypatch.setenv("GPUAAS_RUNS_DIR", str(tmp_path / "runs"))
-    cp = ControlPlane.from_environment()
-    cp.define_sku(LAB_SKU)
-    with LabSliceHost(tmp_path / "host") as host:
-        cp.register_node(host.node_spec())
-        yield cp, host
 
 
 @pytest.mark.vm

@@ -21,7 +21,7 @@ from sqlalchemy import text
 from controlplane.api import ControlPlane
 from controlplane.audit import audit
 from controlplane.enums import AllocationState
-from controlplane.lab.slicehost import LAB_SKU, LabSliceHost, unavailable_reason
+from controlplane.lab.slicehost import LAB_SKU, LabSliceHost
 from controlplane.scheduler.placement import PlacementRequest
 from flows.fleet import approve_slots, discover_topology
 from flows.reconcile import reconcile
@@ -32,19 +32,12 @@ STRANGER_MAC = "52:54:00:aa:bb:cc"
 
 
 @pytest.fixture
-def lab_node(tmp_path, database_url, monkeypatch, prefect_harness):
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    monkeypatch.setenv("GPUAAS_DATABASE_URL", database_url)
-    monkeypatch.setenv("GPUAAS_RUNS_DIR", str(tmp_path / "runs"))
-    cp = ControlPlane.from_environment()
-    cp.define_sku(LAB_SKU)
-    with LabSliceHost(tmp_path / "host") as host:
-        cp.register_node(host.node_spec())
-        discover_topology(hostnames=[host.hostname])
-        assert approve_slots(host.hostname)["approved"] == [0]
-        yield cp, host
+def lab_node(lab_node):
+    """The lab node with its slot discovered and approved."""
+    cp, host = lab_node
+    discover_topology(hostnames=[host.hostname])
+    assert approve_slots(host.hostname)["approved"] == [0]
+    return cp, host
 
 
 def define_domain(host: LabSliceHost, allocation_id: str, mac: str, disk: str) -> str:

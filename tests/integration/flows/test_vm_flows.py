@@ -9,9 +9,7 @@ import uuid
 import pytest
 from sqlalchemy import text
 
-from controlplane.api import ControlPlane
 from controlplane.audit import audit
-from controlplane.lab.slicehost import LAB_SKU, LabSliceHost, unavailable_reason
 from flows.allocation import provision_allocation, release_allocation
 from flows.fleet import approve_slots, discover_topology
 from flows.reconcile import reconcile
@@ -24,20 +22,6 @@ pytestmark = [
     pytest.mark.vm,
     pytest.mark.xdist_group("prefect"),
 ]
-
-
-@pytest.fixture
-def lab_node(tmp_path, database_url, monkeypatch, prefect_harness):
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    monkeypatch.setenv("GPUAAS_DATABASE_URL", database_url)
-    monkeypatch.setenv("GPUAAS_RUNS_DIR", str(tmp_path / "runs"))
-    cp = ControlPlane.from_environment()
-    cp.define_sku(LAB_SKU)
-    with LabSliceHost(tmp_path / "host") as host:
-        cp.register_node(host.node_spec())
-        yield cp, host
 
 
 def test_provision_then_release_a_real_slice_vm_through_the_flows(lab_node, engine):
