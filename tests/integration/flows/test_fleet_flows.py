@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest
@@ -12,6 +11,7 @@ from controlplane.enums import AdminState
 from controlplane.services.inventory import NodeSpec
 from flows.fleet import approve_slots, discover_topology, parity_sweep
 from tests.integration.flows.conftest import SLICE_TAGS
+from tests.integration.flows.prefect_reads import table_artifact
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefect")]
 
@@ -71,28 +71,6 @@ def test_parity_sweep_marks_failing_nodes_unavailable_without_overriding_a_drain
         engine, "SELECT count(*), bool_or(passed) FROM evidence WHERE kind = 'parity'"
     )
     assert parity_evidence == [(3, False)]
-
-
-def table_artifact(flow_run_id, key: str) -> list[dict]:
-    """The rows of the table artifact ``key`` that flow run created, read back from Prefect."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (
-        ArtifactFilter,
-        ArtifactFilterFlowRunId,
-        ArtifactFilterKey,
-        ArtifactFilterType,
-    )
-
-    with get_client(sync_client=True) as client:
-        found = client.read_artifacts(
-            artifact_filter=ArtifactFilter(
-                key=ArtifactFilterKey(any_=[key]),
-                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
-                type=ArtifactFilterType(any_=["table"]),
-            )
-        )
-    assert len(found) == 1
-    return json.loads(found[0].data)
 
 
 def test_discovery_failure_fails_the_node_task_keeps_evidence_and_imports_nothing(

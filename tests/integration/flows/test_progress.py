@@ -35,6 +35,7 @@ from flows.runner import (
     run_playbook,
     runner_environment,
 )
+from tests.integration.flows.prefect_reads import progress_artifact
 from tests.integration.flows.test_allocation_flows import (
     IMAGE,
     IMAGE_DIGEST,
@@ -238,29 +239,6 @@ def test_a_broken_observer_is_dropped_and_every_event_still_kept(exercise):
     keep = KeepEvents(broken)
     assert all(keep(event) for event in events)
     assert len(calls) == 1 and str(keep.error) == "prefect api down"
-
-
-def progress_artifact(flow_run_id, key: str):
-    """The progress artifact ``key`` of that flow run, read back from Prefect."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (
-        ArtifactFilter,
-        ArtifactFilterFlowRunId,
-        ArtifactFilterKey,
-        ArtifactFilterType,
-    )
-
-    with get_client(sync_client=True) as client:
-        found = client.read_artifacts(
-            artifact_filter=ArtifactFilter(
-                key=ArtifactFilterKey(any_=[key]),
-                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
-                type=ArtifactFilterType(any_=["progress"]),
-            )
-        )
-        assert len(found) == 1
-        task_run = client.read_task_run(found[0].task_run_id)
-    return found[0], task_run
 
 
 def progress_logs(flow_run_id, title: str) -> list[tuple[int, str]]:

@@ -13,8 +13,8 @@ from controlplane.audit import audit
 from flows.allocation import provision_allocation, release_allocation
 from flows.fleet import approve_slots, discover_topology
 from flows.reconcile import reconcile
+from tests.integration.flows.prefect_reads import progress_artifact
 from tests.integration.flows.test_allocation_flows import add_catalog_image
-from tests.integration.flows.test_progress import progress_artifact
 
 pytestmark = [
     pytest.mark.slow,

@@ -1,0 +1,39 @@
+"""Read back what a flow run left in Prefect (artifacts and the task runs that made them)."""
+
+from __future__ import annotations
+
+import json
+
+
+def flow_run_artifact(flow_run_id, key: str, kind: str):
+    """The one artifact ``key`` of type ``kind`` that flow run created, and its task run."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+        ArtifactFilterType,
+    )
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[key]),
+                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
+                type=ArtifactFilterType(any_=[kind]),
+            )
+        )
+        assert len(found) == 1
+        task_run = client.read_task_run(found[0].task_run_id) if found[0].task_run_id else None
+    return found[0], task_run
+
+
+def table_artifact(flow_run_id, key: str) -> list[dict]:
+    """The rows of the table artifact ``key`` that flow run created."""
+    artifact, _ = flow_run_artifact(flow_run_id, key, "table")
+    return json.loads(artifact.data)
+
+
+def progress_artifact(flow_run_id, key: str):
+    """The progress artifact ``key`` of that flow run and the task run that made it."""
+    return flow_run_artifact(flow_run_id, key, "progress")
