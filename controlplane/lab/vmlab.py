@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import ipaddress
 import json
 import os
@@ -53,6 +54,72 @@ LIBVIRT_DIRS = {
     "var-log-libvirt": "/var/log/libvirt",
     "var-cache-libvirt": "/var/cache/libvirt",
 }
+DEV_DISK_DIRS = (Path("/dev/disk"), Path("/dev/disk/by-id"))
+DEV_DISK_REGISTRY = Path("/run/gpuaas-lab/dev-disk")
+
+
+class SharedDevDisk:
+    """/dev/disk/by-id as a mount point shared by every lab on this machine.
+
+    Each lab binds its own by-id links onto /dev/disk/by-id inside its mount namespace, so
+    the directory must exist on the machine. On a machine without udev the first lab
+    creates it, and it must stay until the last lab is gone: removing a directory detaches
+    the mounts other namespaces hold on it (Linux >= 3.18), which would take a running
+    lab's disks away. Labs register under a lock; the last one out removes what any lab
+    created, and nothing it did not.
+    """
+
+    def __init__(
+        self, registry: Path = DEV_DISK_REGISTRY, directories: tuple[Path, ...] = DEV_DISK_DIRS
+    ) -> None:
+        self.registry = registry
+        self.directories = directories
+        self.marker = registry / "users" / f"{os.getpid()}-{uuid.uuid4().hex}"
+
+    @contextlib.contextmanager
+    def _locked(self):
+        (self.registry / "users").mkdir(parents=True, exist_ok=True)
+        with open(self.registry / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def _created(self) -> list[str]:
+        path = self.registry / "created.json"
+        return json.loads(path.read_text()) if path.exists() else []
+
+    def acquire(self) -> None:
+        with self._locked():
+            created = self._created()
+            for directory in self.directories:
+                if not directory.exists():
+                    directory.mkdir()
+                    created.append(str(directory))
+            (self.registry / "created.json").write_text(json.dumps(created))
+            self.marker.write_text(str(os.getpid()))
+
+    def release(self) -> list[str]:
+        """Leave; the last lab out removes the directories labs created."""
+        errors: list[str] = []
+        with self._locked():
+            self.marker.unlink(missing_ok=True)
+            for other in (self.registry / "users").iterdir():
+                pid = int(other.name.split("-", 1)[0])
+                if not Path(f"/proc/{pid}").exists():
+                    other.unlink(missing_ok=True)  # a lab whose process died
+            if any((self.registry / "users").iterdir()):
+                return errors
+            for directory in reversed(self._created()):
+                try:
+                    Path(directory).rmdir()
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    if exc.errno != errno.ENOTEMPTY:
+                        errors.append(f"rmdir {directory}: {exc}")
+            (self.registry / "created.json").unlink(missing_ok=True)
+        return errors
+
+
 OVS_SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 LIBVIRTD_CONF = """\
 auth_unix_rw = "none"
@@ -176,7 +243,7 @@ class VmLab:
     # Show the lab's own by-id links at /dev/disk/by-id inside the lab, so slots name
     # their disks by the same stable path as on a real host (and pass slot approval).
     dev_disk_by_id: bool = False
-    created_dev_dirs: list[Path] = field(default_factory=list)
+    dev_disk: SharedDevDisk | None = None
 
     def __post_init__(self) -> None:
         if self.bridge_type not in ("linux", "openvswitch"):
@@ -228,15 +295,9 @@ class VmLab:
             except Exception as exc:  # teardown must go on
                 errors.append(f"remove domains: {exc}")
         errors += self.ns.close()
-        for directory in reversed(self.created_dev_dirs):
-            try:
-                directory.rmdir()
-            except OSError as exc:
-                # Another lab's private mount still uses it; that lab did not create it,
-                # so it stays behind as an empty directory.
-                if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY):
-                    errors.append(f"rmdir {directory}: {exc}")
-        self.created_dev_dirs.clear()
+        if self.dev_disk is not None:
+            errors += self.dev_disk.release()
+            self.dev_disk = None
         if self.loops is not None:
             try:
                 self.loops.cleanup()
@@ -258,12 +319,10 @@ class VmLab:
             script.append(f"mount --bind {self.root / name} {target}")
         if self.dev_disk_by_id:
             assert self.loops is not None
-            # A mount point is needed on the machine's /dev; only directories this lab
-            # creates are removed again, and the bind itself exists only inside the lab.
-            for directory in (Path("/dev/disk"), Path("/dev/disk/by-id")):
-                if not directory.exists():
-                    directory.mkdir()
-                    self.created_dev_dirs.append(directory)
+            # A mount point is needed on the machine's /dev (shared with other labs); the
+            # bind itself exists only inside the lab.
+            self.dev_disk = SharedDevDisk()
+            self.dev_disk.acquire()
             script.append(f"mount --bind {self.loops.by_id} /dev/disk/by-id")
         (self.root / "run" / "openvswitch").mkdir(exist_ok=True)
         (self.root / "etc-libvirt" / "libvirtd.conf").write_text(
