@@ -18,6 +18,25 @@ import pytest
 
 from controlplane.lab.netns import netns_unavailable_reason
 
+# A target's GRUB defaults before the bootstrap stages its kernel arguments.
+GRUB = 'GRUB_CMDLINE_LINUX="console=ttyS0"\n'
+# What the slice-vm path needs on this machine: its installed slice packages, the userspace
+# OVS datapath, parity reported instead of failing the host.
+SLICE_MACHINE_VARS = {
+    "slice_host_bootstrap_packages": [
+        "qemu-system-x86",
+        "libvirt-daemon-system",
+        "openvswitch-switch",
+        "dnsmasq-base",
+        "ovmf",
+    ],
+    "slice_host_bootstrap_apt_update_cache": False,
+    "slice_network_baseline_ovs_datapath_type": "netdev",
+    "gpuaas_bootstrap_parity_fail_on_failures": False,
+}
+# Parity checks that cannot pass on this machine (no VFIO, IOMMU or IPoIB fabric).
+CANNOT_PASS = {"vfio", "iommu", "ipoib_netplan", "fabric_address", "fabric_route"}
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 VENV_BIN = REPO_ROOT / ".venv" / "bin"
 

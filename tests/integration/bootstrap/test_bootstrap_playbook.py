@@ -12,13 +12,20 @@ import jinja2
 import pytest
 import yaml
 
-from tests.integration.bootstrap.conftest import REPO_ROOT, VENV_BIN, Target, target_module
+from tests.integration.bootstrap.conftest import (
+    CANNOT_PASS,
+    GRUB,
+    REPO_ROOT,
+    SLICE_MACHINE_VARS,
+    VENV_BIN,
+    Target,
+    target_module,
+)
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 PLAYBOOK = str(REPO_ROOT / "playbooks" / "bootstrap.yml")
 TEMPLATE = REPO_ROOT / "scripts" / "maas" / "cloud-init" / "gpuaas-slice-deploy.yaml.j2"
-GRUB = 'GRUB_CMDLINE_LINUX="console=ttyS0"\n'
 # Tooling this machine already has, so APT proves the step without downloading.
 BAREMETAL_VARS = {
     "gpuaas_hosts": "target",
@@ -27,25 +34,14 @@ BAREMETAL_VARS = {
 }
 
 
-# What the slice-vm path needs on this machine: its installed slice packages, the userspace
-# OVS datapath, one approved reservation, parity reported instead of failing the host.
+# This machine's slice-vm settings, one approved reservation.
 SLICE_VARS = {
+    **SLICE_MACHINE_VARS,
     "gpuaas_hosts": "target",
     "gpuaas_maas_tags": ["gpuaas-profile-slice-vm", "unrelated-tag"],
-    "slice_host_bootstrap_packages": [
-        "qemu-system-x86",
-        "libvirt-daemon-system",
-        "openvswitch-switch",
-        "dnsmasq-base",
-        "ovmf",
-    ],
-    "slice_host_bootstrap_apt_update_cache": False,
-    "slice_network_baseline_ovs_datapath_type": "netdev",
     "slice_network_baseline_reservations": [{"mac": "52:54:00:3f:a2:10", "ip": "10.100.0.10"}],
-    "gpuaas_bootstrap_parity_fail_on_failures": False,
 }
-# Checks that can pass on this machine, and those that cannot (no VFIO modules, no IOMMU,
-# no IPoIB fabric): the latter must fail with a remediation.
+# Checks that can pass on this machine; those in CANNOT_PASS must fail with a remediation.
 CAN_PASS = {
     "kvm",
     "bridge",
@@ -56,7 +52,6 @@ CAN_PASS = {
     "tmfifo",
     "historical_network_service",
 }
-CANNOT_PASS = {"vfio", "iommu", "ipoib_netplan", "fabric_address", "fabric_route"}
 
 
 def task_names(output: dict) -> list[str]:

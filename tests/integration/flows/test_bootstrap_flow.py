@@ -15,29 +15,20 @@ from controlplane.api import ControlPlane
 from controlplane.demo import recorded_map
 from controlplane.services.inventory import NodeSpec
 from flows.fleet import bootstrap_host
-from tests.integration.bootstrap.conftest import Target, target_module, target_unavailable_reason
+from tests.integration.bootstrap.conftest import (
+    CANNOT_PASS,
+    GRUB,
+    SLICE_MACHINE_VARS,
+    Target,
+    target_module,
+    target_unavailable_reason,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefect")]
 
-GRUB = 'GRUB_CMDLINE_LINUX="console=ttyS0"\n'
 HOSTSFILE = "/var/lib/gpuaas/dnsmasq/slice-hosts"
-# What the slice-vm path needs on this machine: its installed packages, the userspace OVS
-# datapath, parity reported rather than failing the run. No profile, subnet, bridge or
-# reservations here: those come from the store through the inventory.
-EXTRAVARS = {
-    "slice_host_bootstrap_packages": [
-        "qemu-system-x86",
-        "libvirt-daemon-system",
-        "openvswitch-switch",
-        "dnsmasq-base",
-        "ovmf",
-    ],
-    "slice_host_bootstrap_apt_update_cache": False,
-    "slice_network_baseline_ovs_datapath_type": "netdev",
-    "gpuaas_bootstrap_parity_fail_on_failures": False,
-}
-# Parity checks that cannot pass on this machine (no VFIO, IOMMU or IPoIB fabric).
-CANNOT_PASS = {"vfio", "iommu", "ipoib_netplan", "fabric_address", "fabric_route"}
+# The flow passes only this machine's slice-vm settings: profile, subnet, bridge and
+# reservations come from the store through the inventory.
 
 
 def module_args(artifact_dir: str, action: str) -> dict:
@@ -94,7 +85,7 @@ def register(cp: ControlPlane, target: Target, hostname: str, tags: tuple[str, .
 
 def test_a_node_without_a_profile_is_refused_before_anything_changes(target, control_plane, engine):
     register(control_plane, target, "j22u16", ())
-    state = bootstrap_host("j22u16", EXTRAVARS, return_state=True)
+    state = bootstrap_host("j22u16", SLICE_MACHINE_VARS, return_state=True)
     assert state.is_failed()
     assert "j22u16 needs exactly one profile" in state.message
     (task_state, error, output), *_ = rows(
@@ -124,7 +115,7 @@ def test_bootstrap_takes_profile_network_and_approved_slots_from_the_store(
     control_plane.approve_slots("j22u15", [0, 1, 2], "test")
     control_plane.disable_slot("j22u15", 1, "riser under investigation", "test")
 
-    verdict = bootstrap_host("j22u15", EXTRAVARS)
+    verdict = bootstrap_host("j22u15", SLICE_MACHINE_VARS)
 
     slots = {s["slot_index"]: s for s in document["candidate_slots"]}
     served = target.run("cat", HOSTSFILE).stdout.splitlines()
@@ -140,7 +131,7 @@ def test_bootstrap_takes_profile_network_and_approved_slots_from_the_store(
         " WHERE kind = 'host.bootstrap'",
     )
     assert task_state == "succeeded"
-    assert parameters == EXTRAVARS
+    assert parameters == SLICE_MACHINE_VARS
     vfio = module_args(artifact_dir, "gpuaas.fleet.vfio_binding")
     assert vfio["devices"] == sorted(
         address
