@@ -100,7 +100,16 @@ pidfile, ready = sys.argv[1], sys.argv[2]
 if os.fork():
     sys.exit(0)
 os.setsid()
-signal.signal(signal.SIGHUP, lambda *a: open(ready, "a").write("hup\\n"))
+
+
+def note_hup(*_):
+    # Written aside and renamed, so a reader never sees the file before its content.
+    with open(ready + ".tmp", "w") as handle:
+        handle.write("hup\\n")
+    os.replace(ready + ".tmp", ready)
+
+
+signal.signal(signal.SIGHUP, note_hup)
 with open(pidfile, "w") as handle:
     handle.write(str(os.getpid()))
 while True:
