@@ -39,15 +39,40 @@ def lab_mount(lab, device: str, mountpoint: Path) -> None:
     lab.run(["sh", "-c", f"echo tenant-data > {mountpoint}/data && sync"])
 
 
-def define_other_domain(lab, name: str, disk: LoopDisk, tmp_path: Path) -> None:
+def define_domain(lab, name: str, devices: str, tmp_path: Path) -> None:
+    """Define (never start) a minimal domain holding `devices` in the lab's libvirtd."""
     xml = tmp_path / f"{name}.xml"
     xml.write_text(
         f"<domain type='qemu'><name>{name}</name><memory unit='MiB'>64</memory>"
-        "<os><type arch='x86_64'>hvm</type></os><devices>"
-        f"<disk type='block' device='disk'><source dev='{disk.stable_path}'/>"
-        "<target dev='vda' bus='virtio'/></disk></devices></domain>"
+        f"<os><type arch='x86_64'>hvm</type></os><devices>{devices}</devices></domain>"
     )
     lab.virsh("define", str(xml))
+
+
+def preflight_request(lab, guest_image, slots: list[dict], mac: str, passthrough: bool) -> dict:
+    """A request every check accepts; each case changes only what it breaks."""
+    return {
+        "allocation_id": str(uuid.uuid4()),
+        "slots": slots,
+        "mac_address": mac,
+        "bridge": lab.bridge,
+        "bridge_type": "linux",
+        "profile": {"vcpus": 1, "memory_mib": 512},
+        "image": {"path": guest_image.path, "sha256": guest_image.sha256},
+        "emulation": True,
+        "pci_passthrough": passthrough,
+        "stable_dirs": [lab.stable_dir],
+    }
+
+
+def define_other_domain(lab, name: str, disk: LoopDisk, tmp_path: Path) -> None:
+    define_domain(
+        lab,
+        name,
+        f"<disk type='block' device='disk'><source dev='{disk.stable_path}'/>"
+        "<target dev='vda' bus='virtio'/></disk>",
+        tmp_path,
+    )
 
 
 def test_every_preflight_refusal(linux_lab, guest_image, tmp_path: Path):
@@ -73,18 +98,9 @@ def test_every_preflight_refusal(linux_lab, guest_image, tmp_path: Path):
     lab_mount(lab, mounted.device, mounts[0])
     lab_mount(lab, child.partitions[0], mounts[1])
     try:
-        base = {
-            "allocation_id": str(uuid.uuid4()),
-            "slots": [slot(raw.stable_path)],
-            "mac_address": "52:54:00:5a:00:20",
-            "bridge": lab.bridge,
-            "bridge_type": "linux",
-            "profile": {"vcpus": 1, "memory_mib": 512},
-            "image": {"path": guest_image.path, "sha256": guest_image.sha256},
-            "emulation": True,
-            "pci_passthrough": False,
-            "stable_dirs": [lab.stable_dir],
-        }
+        base = preflight_request(
+            lab, guest_image, [slot(raw.stable_path)], "52:54:00:5a:00:20", passthrough=False
+        )
         cases = {
             "accepted": ({}, None),
             "bridge_missing": ({"bridge": "nosuchbr0"}, ("bridge", "bridge_missing")),
@@ -199,12 +215,7 @@ def define_hostdev_domain(lab, name: str, addresses: list[str], tmp_path: Path) 
         "</source></hostdev>"
         for a in addresses
     )
-    xml = tmp_path / f"{name}.xml"
-    xml.write_text(
-        f"<domain type='qemu'><name>{name}</name><memory unit='MiB'>64</memory>"
-        f"<os><type arch='x86_64'>hvm</type></os><devices>{hostdevs}</devices></domain>"
-    )
-    lab.virsh("define", str(xml))
+    define_domain(lab, name, hostdevs, tmp_path)
 
 
 def stale_libvirt_socket(path: Path) -> str:
@@ -237,18 +248,9 @@ def test_refusals_of_held_or_repeated_devices_and_a_stopped_daemon(
                 nvme_device, **{"gpu_pci_address": gpu, "fabric_vf_pci_address": vf, **overrides}
             )
 
-        base = {
-            "allocation_id": str(uuid.uuid4()),
-            "slots": [pci_slot(raw.stable_path)],
-            "mac_address": "52:54:00:5a:00:21",
-            "bridge": lab.bridge,
-            "bridge_type": "linux",
-            "profile": {"vcpus": 1, "memory_mib": 512},
-            "image": {"path": guest_image.path, "sha256": guest_image.sha256},
-            "emulation": True,
-            "pci_passthrough": True,
-            "stable_dirs": [lab.stable_dir],
-        }
+        base = preflight_request(
+            lab, guest_image, [pci_slot(raw.stable_path)], "52:54:00:5a:00:21", passthrough=True
+        )
         cases = {
             "accepted": ({}, None),
             "gpu_in_use_by_domain": (
