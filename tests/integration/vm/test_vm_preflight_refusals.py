@@ -356,18 +356,9 @@ def test_disk_held_by_a_device_mapper_device_is_refused(linux_lab, guest_image, 
         ]
     )
     try:
-        params = {
-            "allocation_id": str(uuid.uuid4()),
-            "slots": [slot(stacked.stable_path)],
-            "mac_address": "52:54:00:5a:00:22",
-            "bridge": lab.bridge,
-            "bridge_type": "linux",
-            "profile": {"vcpus": 1, "memory_mib": 512},
-            "image": {"path": guest_image.path, "sha256": guest_image.sha256},
-            "emulation": True,
-            "pci_passthrough": False,
-            "stable_dirs": [lab.stable_dir],
-        }
+        params = preflight_request(
+            lab, guest_image, [slot(stacked.stable_path)], "52:54:00:5a:00:22", passthrough=False
+        )
         outcome = preflight_in_lab(lab, {"dm_holder": params}, tmp_path)["dm_holder"]
         assert outcome["failure"]["code"] == "dm_holder", outcome["failure"]
         assert [c["check"] for c in outcome["checks"] if not c["ok"]] == ["disk"]
