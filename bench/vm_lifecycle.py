@@ -49,6 +49,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from ansible.modules import ping as ping_module
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / ".collections"), str(REPO)]
 
@@ -93,17 +95,33 @@ def task_seconds(run: PlaybookRun) -> list[tuple[str, float]]:
 
 def ansible_floor(lab: VmLab, root: Path, module_tasks: int, rounds: int = 3) -> dict:
     """Ansible's own cost here and now: an empty playbook, and no-op module tasks with and
-    without pipelining; alternating, the best of `rounds` each (the load comes and goes)."""
+    without pipelining; alternating, the best of `rounds` each (the load comes and goes).
+
+    Repeated pings pay for building their AnsiballZ payload once; the role runs six
+    different modules, each built once per run. The `distinct` variant runs six different
+    no-op modules (copies of ping in the playbook's library/) to show that cost too."""
+    library = root / "library"
+    library.mkdir(exist_ok=True)
+    ping_source = Path(ping_module.__file__).read_text()
+    for i in range(module_tasks):
+        (library / f"gpuaas_noop_{i}.py").write_text(ping_source)
     variants = {
-        "empty": (0, "1"),
-        "ping": (module_tasks, "1"),
-        "ping_unpipelined": (module_tasks, "0"),
+        "empty": (0, "1", False),
+        "ping": (module_tasks, "1", False),
+        "ping_unpipelined": (module_tasks, "0", False),
+        "distinct": (module_tasks, "1", True),
     }
     seconds: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
-        for name, (count, pipelining) in variants.items():
+        for name, (count, pipelining, distinct) in variants.items():
             playbook = root / f"calibrate-{name}.yml"
-            tasks = [{"name": f"no-op {i}", "ansible.builtin.ping": {}} for i in range(count)]
+            tasks = [
+                {
+                    "name": f"no-op {i}",
+                    f"gpuaas_noop_{i}" if distinct else "ansible.builtin.ping": {},
+                }
+                for i in range(count)
+            ]
             playbook.write_text(
                 json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}])
             )
@@ -116,6 +134,7 @@ def ansible_floor(lab: VmLab, root: Path, module_tasks: int, rounds: int = 3) ->
     tasks = max(1, module_tasks)
     figures["per_task"] = (figures["ping"] - figures["empty"]) / tasks
     figures["per_task_unpipelined"] = (figures["ping_unpipelined"] - figures["empty"]) / tasks
+    figures["per_distinct_task"] = (figures["distinct"] - figures["empty"]) / tasks
     figures["module_tasks"] = module_tasks
     figures["rounds"] = rounds
     return figures
@@ -466,6 +485,11 @@ def report(boot: float, figures: dict, direct: dict, floor: dict, clone: dict) -
         f"  Ansible's floor here and now (best of {floor['rounds']}): empty ansible-playbook "
         f"{floor['empty']:.2f}s + {floor['module_tasks']} no-op module tasks x "
         f"{floor['per_task']:.2f}s = {floor_total:.2f} s"
+    )
+    print(
+        f"  {floor['module_tasks']} different no-op modules (each builds its own AnsiballZ "
+        f"payload, as the role's do): {floor['per_distinct_task']:.2f}s each = "
+        f"{floor['empty'] + floor['module_tasks'] * floor['per_distinct_task']:.2f} s"
     )
     print(
         f"  without pipelining (ansible.cfg as flows/runner.py uses it has none): "
