@@ -35,15 +35,22 @@ def prefect_harness() -> Iterator[None]:
         yield
 
 
+def flow_control_plane(
+    unavailable: str | None, tmp_path, database_url, monkeypatch
+) -> ControlPlane:
+    """The control plane the flows find through their environment (store and runs dir),
+    or a skip when the machine cannot host what the fixture builds."""
+    if unavailable:
+        pytest.skip(unavailable)
+    monkeypatch.setenv("GPUAAS_DATABASE_URL", database_url)
+    monkeypatch.setenv("GPUAAS_RUNS_DIR", str(tmp_path / "runs"))
+    return ControlPlane.from_environment()
+
+
 @pytest.fixture
 def simulated_fleet(tmp_path, database_url, monkeypatch, prefect_harness):
     """Registered nodes backed by recorded trees and private network namespaces."""
-    reason = netns_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    monkeypatch.setenv("GPUAAS_DATABASE_URL", database_url)
-    monkeypatch.setenv("GPUAAS_RUNS_DIR", str(tmp_path / "runs"))
-    cp = ControlPlane.from_environment()
+    cp = flow_control_plane(netns_unavailable_reason(), tmp_path, database_url, monkeypatch)
     plans = [HostPlan(host, scenario, nat) for host, (scenario, nat) in SIMULATED_FLEET.items()]
     with SimulatedFleet(tmp_path / "hosts", plans) as fleet:
         for plan in plans:
@@ -62,12 +69,7 @@ def simulated_fleet(tmp_path, database_url, monkeypatch, prefect_harness):
 @pytest.fixture
 def lab_node(tmp_path, database_url, monkeypatch, prefect_harness):
     """A registered lab slice node: a real libvirtd, dnsmasq and loop disk in namespaces."""
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    monkeypatch.setenv("GPUAAS_DATABASE_URL", database_url)
-    monkeypatch.setenv("GPUAAS_RUNS_DIR", str(tmp_path / "runs"))
-    cp = ControlPlane.from_environment()
+    cp = flow_control_plane(unavailable_reason(), tmp_path, database_url, monkeypatch)
     cp.define_sku(LAB_SKU)
     with LabSliceHost(tmp_path / "host") as host:
         cp.register_node(host.node_spec())
