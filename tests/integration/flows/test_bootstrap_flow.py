@@ -27,8 +27,6 @@ from tests.integration.bootstrap.conftest import (
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefect")]
 
 HOSTSFILE = "/var/lib/gpuaas/dnsmasq/slice-hosts"
-# The flow passes only this machine's slice-vm settings: profile, subnet, bridge and
-# reservations come from the store through the inventory.
 
 
 def module_args(artifact_dir: str, action: str) -> dict:
@@ -115,6 +113,8 @@ def test_bootstrap_takes_profile_network_and_approved_slots_from_the_store(
     control_plane.approve_slots("j22u15", [0, 1, 2], "test")
     control_plane.disable_slot("j22u15", 1, "riser under investigation", "test")
 
+    # Only this machine's settings are passed: profile, subnet, bridge and reservations
+    # come from the store through the inventory.
     verdict = bootstrap_host("j22u15", SLICE_MACHINE_VARS)
 
     slots = {s["slot_index"]: s for s in document["candidate_slots"]}
