@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
+import gc
 import heapq
 import math
 import multiprocessing
@@ -109,8 +111,14 @@ class Cluster:
 WARMUP_PER_CLIENT = 6
 
 
-def run_clients(clients: int, total: int, work) -> float:
-    """``work(client, rng, timed)``: an untimed warm-up, then ``total`` timed; seconds."""
+def run_clients(
+    clients: int,
+    total: int,
+    work,
+    timed_context: contextlib.AbstractContextManager | None = None,
+) -> float:
+    """``work(client, rng, timed)``: an untimed warm-up, then ``total`` timed (inside
+    ``timed_context`` when given); seconds."""
 
     def run(count: int, timed: bool) -> float:
         lock = threading.Lock()
@@ -133,7 +141,40 @@ def run_clients(clients: int, total: int, work) -> float:
         return time.perf_counter() - start
 
     run(clients * WARMUP_PER_CLIENT, timed=False)
-    return run(total, timed=True)
+    with timed_context or contextlib.nullcontext():
+        return run(total, timed=True)
+
+
+class FullCollections:
+    """Python's full (generation 2) garbage collections while active, as (start, end)
+    perf_counter pairs. A full collection holds the GIL throughout, so it stops every
+    client thread of this process at once."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[float, float]] = []
+        self._started = 0.0
+
+    def _observe(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses.append((self._started, time.perf_counter()))
+
+    def __enter__(self) -> FullCollections:
+        gc.callbacks.append(self._observe)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        gc.callbacks.remove(self._observe)
+
+    def overlapping(self, spans: list[tuple[float, float]]) -> int:
+        """How many of the (start, end) spans were in flight during a full collection."""
+        return sum(
+            any(start < pause_end and pause_start < end for pause_start, pause_end in self.pauses)
+            for start, end in spans
+        )
 
 
 # -- 1. the floor: a bare claim loop -----------------------------------------------------
@@ -196,6 +237,8 @@ class ThroughputResult:
     gpus: int = 0
     unavailable: Counter = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
+    spans: list[tuple[float, float]] = field(default_factory=list)
+    full_collections: FullCollections = field(default_factory=FullCollections)
     conflicts: int = 0
     retries: int = 0
     seconds: float = 0.0
@@ -215,11 +258,12 @@ def throughput(url: str, clients: int, total: int, candidates: int | None) -> Th
         sku, gpus = rng.choice(MIX)
         start = time.perf_counter()
         placed = scheduler.place(PlacementRequest(sku, gpus, requested_by=f"bench-{n}"))
-        elapsed = time.perf_counter() - start
+        end = time.perf_counter()
         if not timed:
             return
         with lock:
-            result.latencies.append(elapsed)
+            result.latencies.append(end - start)
+            result.spans.append((start, end))
             if isinstance(placed, Placement):
                 result.placements += 1
                 result.gpus += gpus
@@ -230,7 +274,7 @@ def throughput(url: str, clients: int, total: int, candidates: int | None) -> Th
                 result.retries += max(placed.details.get("attempts", 0) - 1, 0)
                 result.conflicts += placed.details.get("passed_over", 0)
 
-    result.seconds = run_clients(clients, total, work)
+    result.seconds = run_clients(clients, total, work, result.full_collections)
     with engine.connect() as conn:
         violations = audit(conn)
     engine.dispose()
@@ -397,6 +441,14 @@ def run_throughput(
     print(
         f"  latency per request (placed or refused): p50 {statistics.median(lat):.1f} ms, "
         f"p99 {percentile(lat, 0.99):.1f} ms"
+    )
+    pauses = [(end - start) * 1000 for start, end in run.full_collections.pauses]
+    stalled = run.full_collections.overlapping(run.spans)
+    print(
+        f"  Python full GCs in the timed run {len(pauses)}"
+        + (f" (max {max(pauses):.1f} ms, total {sum(pauses):.0f} ms)" if pauses else "")
+        + f": {stalled} requests ({stalled / len(run.spans):.1%}) were in flight during one "
+        "(each stops every client thread of the process)"
     )
     print(
         f"  lock conflicts (candidate nodes passed over) {run.conflicts}; "
