@@ -12,9 +12,11 @@ on) in a temporary directory, one database per phase, and removes it at the end:
    loops (floor and scheduler) follow an untimed warm-up of 6 requests per client;
 2. throughput: 16 concurrent clients place a mix of 1/2/4/8-GPU slices and 10%
    baremetal on 1,000 nodes x 8 slots: placements/s and the fraction of each floor,
-   p50/p99 latency, lock conflicts (candidate nodes passed over because a concurrent
-   transaction held or had just taken them), retries (extra locking statements after
-   every candidate of a ranking was lost), double bookings (must be 0);
+   p50/p99 latency, Python's full garbage collections in the timed run and how many
+   requests each stalled (a full collection stops every client thread), lock conflicts
+   (candidate nodes passed over because a concurrent transaction held or had just taken
+   them), retries (extra locking statements after every candidate of a ranking was
+   lost), double bookings (must be 0);
 3. packing: one seeded arrival/departure trace per offered load, replayed on 1,000 x 8
    through this scheduler (best_fit), first_fit and random (the three replays run in
    parallel processes, each on its own database; commits are asynchronous there since
@@ -24,7 +26,12 @@ on) in a temporary directory, one database per phase, and removes it at the end:
    enough), clean nodes left for baremetal (mean over every arrival, and over the second
    half once the fleet is in steady state), GPU utilisation at the first rejection.
 
-Usage: python bench/placement.py [--only floor|throughput|trace] [--trace-load 1.0 ...]
+Phases 1 and 2 run back to back in each of ``--rounds`` rounds (default 3); the summary
+gives the medians, and each scheduler/floor ratio is taken within its own round, since
+the load of a shared 2-core machine comes and goes between rounds.
+
+Usage: python bench/placement.py [--only floor|throughput|trace] [--rounds 3]
+                                 [--trace-load 1.0 ...]
 """
 
 from __future__ import annotations
@@ -411,12 +418,24 @@ def replay(url: str, policy: Policy, trace: list[tuple], total_gpus: int) -> Tra
 # -- output ------------------------------------------------------------------------------
 
 
+FLOOR_DESCRIPTION = (
+    "bare claim loop, per claim: SELECT a free slot of a random node FOR UPDATE SKIP "
+    "LOCKED, UPDATE its status (fires the node_capacity trigger), INSERT into a "
+    "one-index side table, durable COMMIT; no ranking, no allocation, claim or event rows"
+)
+
+
+@dataclass
+class Round:
+    """One round of the floor loops and the scheduler, run back to back."""
+
+    floors: dict[str, float] = field(default_factory=dict)
+    rate: float | None = None
+    p50: float | None = None
+    p99: float | None = None
+
+
 def run_floors(cluster: Cluster, fleet: FleetSpec, args: argparse.Namespace) -> dict[str, float]:
-    print(
-        "bare claim loop, per claim: SELECT a free slot of a random node FOR UPDATE SKIP "
-        "LOCKED, UPDATE its status (fires the node_capacity trigger), INSERT into a "
-        "one-index side table, durable COMMIT; no ranking, no allocation, claim or event rows"
-    )
     floors = {}
     for name, per_claim in (("held connection", False), ("checkout per claim", True)):
         url = cluster.database("bench_floor", fleet)
@@ -427,7 +446,8 @@ def run_floors(cluster: Cluster, fleet: FleetSpec, args: argparse.Namespace) -> 
 
 def run_throughput(
     cluster: Cluster, fleet: FleetSpec, args: argparse.Namespace, floors: dict[str, float]
-) -> None:
+) -> tuple[float, float, float]:
+    """Prints one scheduler run; returns placements/s, p50 and p99 latency (ms)."""
     url = cluster.database("bench_throughput", fleet)
     run = throughput(url, args.clients, args.placements, args.candidate_nodes)
     rate = run.placements / run.seconds
@@ -459,6 +479,31 @@ def run_throughput(
         f"  double bookings {run.double_bookings}; "
         f"store audit violations {run.audit_violations} (of {len(CHECKS)} checks)"
     )
+    return rate, statistics.median(lat), percentile(lat, 0.99)
+
+
+def summarise(rounds: list[Round]) -> None:
+    """Medians over the rounds; each ratio is taken within its round (same conditions)."""
+    scheduled = [r for r in rounds if r.rate is not None]
+    if len(rounds) < 2 or not scheduled:
+        return
+    print(f"median of {len(rounds)} rounds (the machine's load comes and goes between them):")
+    rates = [r.rate for r in scheduled]
+    print(
+        f"  scheduler {statistics.median(rates):.0f} placements/s "
+        f"(rounds: {', '.join(f'{x:.0f}' for x in rates)}), "
+        f"p50 {statistics.median(r.p50 for r in scheduled):.1f} ms, "
+        f"p99 {statistics.median(r.p99 for r in scheduled):.1f} ms "
+        f"(rounds: {', '.join(f'{r.p99:.0f}' for r in scheduled)})"
+    )
+    for name in scheduled[0].floors:
+        floors = [r.floors[name] for r in scheduled]
+        shares = [r.rate / r.floors[name] for r in scheduled]
+        print(
+            f"  bare loop, {name}: {statistics.median(floors):.0f} claims/s; scheduler "
+            f"{statistics.median(shares):.0%} of it (rounds: "
+            f"{', '.join(f'{x:.0%}' for x in shares)})"
+        )
 
 
 def ratio(ours: float, theirs: float) -> str:
@@ -533,6 +578,12 @@ def main() -> None:
     parser.add_argument(
         "--candidate-nodes", type=int, help="the scheduler's K (default: its own default)"
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="floor and scheduler runs, back to back, each round (medians are printed)",
+    )
     parser.add_argument("--trace-nodes", type=int, default=1000)
     parser.add_argument(
         "--trace-load",
@@ -558,9 +609,22 @@ def main() -> None:
                 f"fleet: {args.nodes} nodes x 8 slots, durable commits, {args.clients} clients; "
                 f"{args.clients * WARMUP_PER_CLIENT} untimed warm-up requests per timed loop"
             )
-        floors = run_floors(cluster, fleet, args) if "floor" in phases else {}
-        if "throughput" in phases:
-            run_throughput(cluster, fleet, args, floors)
+        if "floor" in phases:
+            print(FLOOR_DESCRIPTION)
+        rounds = []
+        round_count = args.rounds if phases & {"floor", "throughput"} else 0
+        for number in range(1, round_count + 1):
+            if args.rounds > 1:
+                print(f"-- round {number} of {args.rounds}")
+            measured = Round()
+            if "floor" in phases:
+                measured.floors = run_floors(cluster, fleet, args)
+            if "throughput" in phases:
+                measured.rate, measured.p50, measured.p99 = run_throughput(
+                    cluster, fleet, args, measured.floors
+                )
+            rounds.append(measured)
+        summarise(rounds)
         if "trace" in phases:
             for load in args.trace_load or [1.0, 1.1]:
                 run_trace(cluster, args, load)
