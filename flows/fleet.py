@@ -224,8 +224,21 @@ def transition_storage(
         "slice_storage_transition_approval": approval["reference"] if approval else "",
         "slice_storage_transition_apply": apply,
     }
+    progress = artifacts.host_action_progress(
+        f"storage-transition-progress-{hostname}",
+        f"Storage transition ({'apply' if apply else 'plan'}) of {len(devices)} disk(s) "
+        f"on {hostname}",
+        STORAGE_TRANSITION,
+        hostname,
+    )
     return run_host_action(
-        control_plane(), STORAGE_TRANSITION, [hostname], variables, ACTOR, flow_run_id=current_run()
+        control_plane(),
+        STORAGE_TRANSITION,
+        [hostname],
+        variables,
+        ACTOR,
+        flow_run_id=current_run(),
+        on_event=progress,
     )[hostname]
 
 

@@ -61,6 +61,7 @@ STORAGE_TRANSITION = HostAction(
     "storage_transition.yml",
     "storage_transition",
     EvidenceKind.STORAGE_MANIFEST,
+    listed_tasks=4,
 )
 BOOTSTRAP = HostAction(
     NodeTaskKind.HOST_BOOTSTRAP, "bootstrap.yml", "slice_parity", EvidenceKind.HOST_RESULT

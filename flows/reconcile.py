@@ -41,7 +41,7 @@ HOST_STATE = HostAction(
     NodeTaskKind.RECONCILE, "host_state.yml", "slice_host_state", EvidenceKind.HOST_RESULT, 300
 )
 DISK_WIPE = HostAction(
-    NodeTaskKind.DISK_WIPE, "disk_wipe.yml", "disk_wipe", EvidenceKind.HOST_RESULT
+    NodeTaskKind.DISK_WIPE, "disk_wipe.yml", "disk_wipe", EvidenceKind.HOST_RESULT, listed_tasks=6
 )
 
 
@@ -129,8 +129,20 @@ def wipe_cleanup_slots(
             "slice_disk_wipe_devices": [s["nvme_device"] for s in slots],
             "slice_disk_wipe_approval": "reconcile: released slot cleanup",
         }
+        progress = artifacts.host_action_progress(
+            f"wipe-progress-{hostname}",
+            f"Wipe of {len(slots)} released slot disk(s) on {hostname}",
+            DISK_WIPE,
+            hostname,
+        )
         outcome = run_host_action(
-            cp, DISK_WIPE, [hostname], variables, ACTOR, flow_run_id=current_run()
+            cp,
+            DISK_WIPE,
+            [hostname],
+            variables,
+            ACTOR,
+            flow_run_id=current_run(),
+            on_event=progress,
         )[hostname]
         proofs = {
             r["proof"]["device"]: r["proof"]

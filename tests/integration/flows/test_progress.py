@@ -25,7 +25,8 @@ from controlplane.enums import AllocationState
 from controlplane.scheduler.placement import PlacementRequest
 from flows.allocation import provision_allocation, release_allocation
 from flows.fleet import approve_slots, discover_topology
-from flows.hostwork import VM_PROVISION, VM_RELEASE
+from flows.hostwork import STORAGE_TRANSITION, VM_PROVISION, VM_RELEASE
+from flows.reconcile import DISK_WIPE
 from flows.runner import (
     TASK_EVENTS,
     KeepEvents,
@@ -154,7 +155,11 @@ def test_the_listing_sizes_progress_by_the_main_path(exercise):
     ]
 
 
-@pytest.mark.parametrize("action", [VM_PROVISION, VM_RELEASE], ids=lambda a: a.playbook)
+@pytest.mark.parametrize(
+    "action",
+    [VM_PROVISION, VM_RELEASE, STORAGE_TRANSITION, DISK_WIPE],
+    ids=lambda a: a.playbook,
+)
 def test_declared_task_counts_match_what_ansible_lists(action):
     assert action.listed_tasks == len(list_tasks(action.playbook))
 
