@@ -37,3 +37,11 @@ def table_artifact(flow_run_id, key: str) -> list[dict]:
 def progress_artifact(flow_run_id, key: str):
     """The progress artifact ``key`` of that flow run and the task run that made it."""
     return flow_run_artifact(flow_run_id, key, "progress")
+
+
+def assert_progress_done(flow_state, key: str, task_name: str, title: str) -> None:
+    """The progress artifact ``key`` of that finished flow run came from the task run
+    ``task_name`` and ended at 100%, its description ``title: done``."""
+    artifact, task_run = progress_artifact(flow_state.state_details.flow_run_id, key)
+    assert task_run.name.startswith(task_name)
+    assert (artifact.data, artifact.description) == (100.0, f"{title}: done")

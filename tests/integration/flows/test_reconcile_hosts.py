@@ -25,7 +25,7 @@ from controlplane.lab.slicehost import LAB_SKU, LabSliceHost
 from controlplane.scheduler.placement import PlacementRequest
 from flows.fleet import approve_slots, discover_topology
 from flows.reconcile import reconcile
-from tests.integration.flows.prefect_reads import progress_artifact
+from tests.integration.flows.prefect_reads import assert_progress_done
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefect")]
 
@@ -114,13 +114,11 @@ def test_orphan_domain_of_an_ended_allocation_is_released_and_a_repaired_slot_is
     state = reconcile(grace_seconds=0, return_state=True)
     again = state.result()
     assert [(r["slot"], r["now"]) for r in again["slots"]] == [(0, "available")]
-    progress, task_run = progress_artifact(
-        state.state_details.flow_run_id, f"wipe-progress-{host.hostname}"
-    )
-    assert task_run.name.startswith("wipe slots left in cleanup")
-    assert (progress.data, progress.description) == (
-        100.0,
-        f"Wipe of 1 released slot disk(s) on {host.hostname}: done",
+    assert_progress_done(
+        state,
+        f"wipe-progress-{host.hostname}",
+        "wipe slots left in cleanup",
+        f"Wipe of 1 released slot disk(s) on {host.hostname}",
     )
     assert codes(again["drift"]) == [
         ("orphan_domain", stranger_id, "left"),

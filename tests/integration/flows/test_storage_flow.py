@@ -17,7 +17,7 @@ from controlplane.errors import Conflict, InvalidInput
 from controlplane.lab.loopdev import LoopLab, require_loop
 from controlplane.services.inventory import NodeSpec
 from flows.fleet import storage_transition
-from tests.integration.flows.prefect_reads import progress_artifact
+from tests.integration.flows.prefect_reads import assert_progress_done
 from tests.integration.storage.storage_helpers import raw_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefect")]
@@ -98,13 +98,11 @@ def test_a_plan_runs_without_approval_and_changes_nothing(storage_host, engine):
     result = state.result()
     assert result["devices"] == {d: "planned" for d in storage_host.devices}
     assert result["approval_evidence_id"] is None
-    progress, task_run = progress_artifact(
-        state.state_details.flow_run_id, f"storage-transition-progress-{HOST}"
-    )
-    assert task_run.name.startswith("transition storage on host")
-    assert (progress.data, progress.description) == (
-        100.0,
-        f"Storage transition (plan) of 2 disk(s) on {HOST}: done",
+    assert_progress_done(
+        state,
+        f"storage-transition-progress-{HOST}",
+        "transition storage on host",
+        f"Storage transition (plan) of 2 disk(s) on {HOST}",
     )
     assert storage_host.fingerprints() == before
     assert storage_host.fstab.read_bytes() == fstab
