@@ -319,3 +319,39 @@ class ControlPlane:
 
         with db.transaction(self.engine) as session:
             return reconcile.nodes_to_probe(session)
+
+    def repair_claims_and_slots(self, actor: str) -> list[dict[str, Any]]:
+        from controlplane.services import reconcile
+
+        with db.transaction(self.engine) as session:
+            return reconcile.repair_store(session, actor)
+
+    def block_held_slots(
+        self, hostname: str, held: dict[str, str], actor: str
+    ) -> list[dict[str, Any]]:
+        from controlplane.services import reconcile
+
+        with db.transaction(self.engine) as session:
+            return reconcile.block_held_slots(session, hostname, held, actor)
+
+    def record_drift(
+        self,
+        hostname: str,
+        observed: dict[str, Any],
+        actor: str,
+        node_task_id: uuid.UUID | None,
+    ) -> list[dict[str, Any]]:
+        from controlplane.services import reconcile
+
+        with db.transaction(self.engine) as session:
+            return reconcile.record_drift(session, hostname, observed, actor, node_task_id)
+
+    def prepare_leftover_release(self, allocation_id: str) -> dict[str, Any]:
+        from controlplane.services import reconcile
+
+        with db.transaction(self.engine) as session:
+            return reconcile.prepare_leftover_release(session, allocation_id)
+
+    def image_for_sku(self, image: str | None, sku: str) -> dict[str, Any] | None:
+        with db.transaction(self.engine) as session:
+            return allocations.image_for_sku(session, image, sku)

@@ -11,18 +11,15 @@ the step cannot do anything twice (placement is idempotent per request id).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.states import Failed
 from sqlalchemy.exc import DBAPIError
 
-from controlplane import db
 from controlplane.enums import AllocationState
 from controlplane.errors import Conflict, GpuaasError, NotFound
 from controlplane.scheduler.placement import PlacementRequest
-from controlplane.services import allocations
 from flows import artifacts
 from flows.fleet import ACTOR, control_plane, current_run
 from flows.hostwork import VM_PROVISION, VM_RELEASE, HostOutcome, run_host_action
@@ -30,13 +27,6 @@ from flows.hostwork import VM_PROVISION, VM_RELEASE, HostOutcome, run_host_actio
 TERMINAL_RELAY_KEY = "/var/lib/gpuaas/terminal/id_ed25519.pub"
 # Fixed forever: allocation ids already derived from request ids depend on it.
 REQUEST_NAMESPACE = uuid.UUID("0b6f0c52-6a56-4f4e-9f0e-5d1c2a7e4b10")
-T = TypeVar("T")
-
-
-def in_store(operation: Callable[..., T], *args: Any) -> T:
-    """One control-plane transaction around a service call (the service boundary)."""
-    with db.transaction(control_plane().engine) as session:
-        return operation(session, *args)
 
 
 def allocation_id_for(request_id: str, project_id: str | None) -> uuid.UUID:
@@ -104,7 +94,7 @@ def existing_placement(allocation_id: uuid.UUID, sku: str, gpu_count: int) -> di
 
 @task(name="look up the image in the catalog")
 def resolve_image(image: str | None, sku: str) -> dict[str, Any] | None:
-    return in_store(allocations.image_for_sku, image, sku)
+    return control_plane().image_for_sku(image, sku)
 
 
 @task(

@@ -24,7 +24,7 @@ from prefect.states import Crashed
 from controlplane.enums import EvidenceKind, NodeTaskKind, SlotStatus
 from controlplane.services import reconcile as reconcile_service
 from flows import artifacts
-from flows.allocation import in_store, published, run_release
+from flows.allocation import published, run_release
 from flows.fleet import ACTOR, control_plane, current_run
 from flows.hostwork import HostAction, run_host_action
 
@@ -94,7 +94,7 @@ def finish_dead_runs(grace_seconds: float, stale_after_seconds: float) -> list[d
 
 @task(name="make claims and slots agree")
 def repair_claims_and_slots() -> list[dict[str, Any]]:
-    return in_store(reconcile_service.repair_store, ACTOR)
+    return control_plane().repair_claims_and_slots(ACTOR)
 
 
 @task(name="wipe slots left in cleanup")
@@ -109,7 +109,7 @@ def wipe_cleanup_slots(
     if held is not None:
         for hostname, disks in held.items():
             if disks:
-                rows.extend(in_store(reconcile_service.block_held_slots, hostname, disks, ACTOR))
+                rows.extend(cp.block_held_slots(hostname, disks, ACTOR))
     by_node: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for slot in cp.cleanup_slots(grace_seconds):
         by_node[slot["hostname"]].append(slot)
@@ -193,7 +193,7 @@ def compare_hosts() -> dict[str, Any]:
             for domain in observed.get("domains", [])
             for disk in reconcile_service.block_disks(domain)
         }
-        for item in in_store(reconcile_service.record_drift, host, observed, ACTOR, task_id):
+        for item in control_plane().record_drift(host, observed, ACTOR, task_id):
             rows.append({"node": host, **item})
         return None
 
@@ -216,7 +216,7 @@ def release_leftovers(orphans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     cp = control_plane()
     rows = []
     for orphan in orphans:
-        spec = in_store(reconcile_service.prepare_leftover_release, orphan["allocation_id"])
+        spec = control_plane().prepare_leftover_release(orphan["allocation_id"])
         outcome = run_release(spec)
         proofs = {
             p.get("device"): p
