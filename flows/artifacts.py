@@ -83,8 +83,16 @@ class PlaybookProgress:
         )
 
 
-def host_action_progress(key: str, title: str, action: HostAction, host: str) -> PlaybookProgress:
-    """Progress of ``action`` on one host, sized by the tasks its playbook lists."""
+def host_action_progress(
+    key: str, title: str, action: HostAction, host: str, loop_items: int | None = None
+) -> PlaybookProgress:
+    """Progress of ``action`` on one host, sized by the tasks its playbook lists, and by
+    ``loop_items`` within its looped task when the caller knows how many there are."""
     if action.listed_tasks is None:
         raise ValueError(f"{action.playbook} has no listed task count to size its progress")
-    return PlaybookProgress(key, title, TaskProgress(host, action.listed_tasks))
+    loop_sizes = {}
+    if loop_items is not None:
+        if action.looped_task is None:
+            raise ValueError(f"{action.playbook} declares no looped task to size by items")
+        loop_sizes[action.looped_task] = loop_items
+    return PlaybookProgress(key, title, TaskProgress(host, action.listed_tasks, loop_sizes))

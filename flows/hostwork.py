@@ -22,7 +22,8 @@ from flows.runner import EventObserver, PlaybookRun, RunResult, new_private_dir,
 class HostAction:
     """``listed_tasks``: how many tasks ``ansible-playbook --list-tasks`` shows for the
     playbook, which sizes its progress bar; only set where every task is imported
-    statically, so that the listing is the whole main path."""
+    statically, so that the listing is the whole main path. ``looped_task``: the listed
+    task that loops over the action's items (disks), so progress can move per item."""
 
     kind: NodeTaskKind
     playbook: str
@@ -30,6 +31,7 @@ class HostAction:
     evidence_kind: EvidenceKind
     timeout: int = 1800
     listed_tasks: int | None = None
+    looped_task: str | None = None
 
 
 DISCOVER = HostAction(

@@ -41,7 +41,12 @@ HOST_STATE = HostAction(
     NodeTaskKind.RECONCILE, "host_state.yml", "slice_host_state", EvidenceKind.HOST_RESULT, 300
 )
 DISK_WIPE = HostAction(
-    NodeTaskKind.DISK_WIPE, "disk_wipe.yml", "disk_wipe", EvidenceKind.HOST_RESULT, listed_tasks=6
+    NodeTaskKind.DISK_WIPE,
+    "disk_wipe.yml",
+    "disk_wipe",
+    EvidenceKind.HOST_RESULT,
+    listed_tasks=6,
+    looped_task="Erase the disk and collect its proof",
 )
 
 
@@ -134,6 +139,7 @@ def wipe_cleanup_slots(
             f"Wipe of {len(slots)} released slot disk(s) on {hostname}",
             DISK_WIPE,
             hostname,
+            loop_items=len(slots),
         )
         outcome = run_host_action(
             cp,

@@ -20,7 +20,7 @@ import shlex
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,10 +189,15 @@ class TaskProgress:
     there, so rescue tasks after it are not taken for progress. The percentage stays below
     100 until the play's stats say the host came through; a run that never reaches its
     stats (timeout, killed) stays at the task it was on.
+
+    ``loop_sizes`` names looped tasks whose item count the caller knows (task name ->
+    items): while one runs, each finished item moves the bar by its share of that task,
+    so a long loop (a wipe of several disks) does not sit still until its last item.
     """
 
     host: str
     listed_tasks: int
+    loop_sizes: Mapping[str, int] = field(default_factory=dict)
     finished: int = 0
     position: int = 0
     task: str = ""
@@ -241,10 +246,19 @@ class TaskProgress:
             self.passed = True
 
     @property
+    def loop_size(self) -> int | None:
+        """The known item count of the current task (None when it is not a known loop)."""
+        return self.loop_sizes.get(self.task)
+
+    @property
     def percent(self) -> float:
         if self.passed:
             return 100.0
-        return min(99.0, 100.0 * self.finished / self.listed_tasks)
+        done = float(self.finished)
+        running = not self.stopped and self.position == self.finished + 1
+        if running and self.loop_size:
+            done += min(self.items, self.loop_size) / self.loop_size
+        return min(99.0, 100.0 * done / self.listed_tasks)
 
     @property
     def description(self) -> str:
@@ -258,7 +272,9 @@ class TaskProgress:
         if self.position == 0:
             return "starting"
         if self.items:
-            return f"{where} ({self.items} item{'' if self.items == 1 else 's'} done)"
+            of = f" of {self.loop_size}" if self.loop_size else ""
+            plural = "" if self.items == 1 and not of else "s"
+            return f"{where} ({self.items}{of} item{plural} done)"
         return where
 
 

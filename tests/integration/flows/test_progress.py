@@ -131,10 +131,12 @@ def exercise(tmp_path_factory):
     return str(playbook), events, result
 
 
-def follow(host: str, events: list[dict], listed_tasks: int = 6) -> list[tuple[float, str]]:
+def follow(
+    host: str, events: list[dict], listed_tasks: int = 6, loop_sizes: dict | None = None
+) -> list[tuple[float, str]]:
     """Every (percent, description) the host's progress showed, in order: a new entry
     whenever the description changes, as the Prefect artifact moves."""
-    tracker = TaskProgress(host, listed_tasks)
+    tracker = TaskProgress(host, listed_tasks, loop_sizes or {})
     shown = [(tracker.percent, tracker.description)]
     for event in events:
         tracker.observe(event)
@@ -162,6 +164,30 @@ def test_the_listing_sizes_progress_by_the_main_path(exercise):
 )
 def test_declared_task_counts_match_what_ansible_lists(action):
     assert action.listed_tasks == len(list_tasks(action.playbook))
+
+
+def test_declared_looped_tasks_are_listed():
+    assert DISK_WIPE.looped_task in list_tasks(DISK_WIPE.playbook)
+
+
+def test_a_loop_of_known_size_moves_the_bar_per_item(exercise):
+    _, events, _ = exercise
+    shown = follow("passes", events, loop_sizes={"Looped": 3})
+    assert [entry for entry in shown if "Looped" in entry[1]] == [
+        (pytest.approx(100 * 2 / 6), "task 3 of 6: Looped"),
+        (pytest.approx(100 * (2 + 1 / 3) / 6), "task 3 of 6: Looped (1 of 3 items done)"),
+        (pytest.approx(100 * (2 + 2 / 3) / 6), "task 3 of 6: Looped (2 of 3 items done)"),
+        (pytest.approx(100 * 3 / 6), "task 3 of 6: Looped (3 of 3 items done)"),
+    ]
+    assert [p for p, _ in shown] == sorted(p for p, _ in shown)
+    assert shown[-1] == (100.0, "done")
+
+
+def test_a_loop_sized_too_small_never_counts_past_its_task(exercise):
+    _, events, _ = exercise
+    shown = follow("passes", events, loop_sizes={"Looped": 2})
+    assert (pytest.approx(100 * 3 / 6), "task 3 of 6: Looped (3 of 2 items done)") in shown
+    assert [p for p, _ in shown] == sorted(p for p, _ in shown)
 
 
 def test_the_observer_sees_every_event_and_the_run_keeps_them(exercise):
