@@ -199,7 +199,7 @@ def compare_hosts() -> dict[str, Any]:
             for domain in observed.get("domains", [])
             for disk in reconcile_service.block_disks(domain)
         }
-        for item in control_plane().record_drift(host, observed, ACTOR, task_id):
+        for item in cp.record_drift(host, observed, ACTOR, task_id):
             rows.append({"node": host, **item})
         return None
 
@@ -222,7 +222,7 @@ def release_leftovers(orphans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     cp = control_plane()
     rows = []
     for orphan in orphans:
-        spec = control_plane().prepare_leftover_release(orphan["allocation_id"])
+        spec = cp.prepare_leftover_release(orphan["allocation_id"])
         outcome = run_release(spec)
         proofs = {
             p.get("device"): p
