@@ -243,8 +243,7 @@ class ThroughputResult:
     placements: int = 0
     gpus: int = 0
     unavailable: Counter = field(default_factory=Counter)
-    latencies: list[float] = field(default_factory=list)
-    spans: list[tuple[float, float]] = field(default_factory=list)
+    spans: list[tuple[float, float]] = field(default_factory=list)  # (start, end) per request
     full_collections: FullCollections = field(default_factory=FullCollections)
     conflicts: int = 0
     retries: int = 0
@@ -269,7 +268,6 @@ def throughput(url: str, clients: int, total: int, candidates: int | None) -> Th
         if not timed:
             return
         with lock:
-            result.latencies.append(end - start)
             result.spans.append((start, end))
             if isinstance(placed, Placement):
                 result.placements += 1
@@ -451,7 +449,7 @@ def run_throughput(
     url = cluster.database("bench_throughput", fleet)
     run = throughput(url, args.clients, args.placements, args.candidate_nodes)
     rate = run.placements / run.seconds
-    lat = [x * 1000 for x in run.latencies]
+    lat = [(end - start) * 1000 for start, end in run.spans]
     shares = ", ".join(f"{rate / floor:.0%} of the {name} loop" for name, floor in floors.items())
     print(
         f"scheduler: {run.placements} placements in {run.seconds:.2f} s = {rate:.0f}/s"
