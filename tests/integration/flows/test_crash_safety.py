@@ -52,7 +52,8 @@ class Step:
     step's end. For a step that lasts microseconds, ``freeze`` is taken before the run
     starts and stops it inside its previous transaction; the hold is then queued behind
     that transaction's row locks and the freeze released, so the hold is granted the
-    moment the transaction commits."""
+    moment the transaction commits. A freeze without a hold is kept until the kill: it
+    stops the run at the step's end, where the run's next write waits on it."""
 
     reached: str
     hold: str | None = None
@@ -71,7 +72,9 @@ class Hold:
 
     def _hold(self, engine, sql: str) -> None:
         with engine.connect() as conn, conn.begin() as txn:
-            conn.execute(text(sql)).all()
+            result = conn.execute(text(sql))
+            if result.returns_rows:
+                result.all()
             self.granted.set()
             self.done.wait()
             txn.rollback()
@@ -103,6 +106,8 @@ HOST_ACTION_SUCCEEDED = "'succeeded'"
 # the slots lets release() update them but stops the proof step and the transition to
 # provisioning (which lock them FOR UPDATE). Placement's insert checks its SKU row's key.
 LOCK_ALLOCATION = "SELECT 1 FROM allocations WHERE state IN ({states}) FOR UPDATE"
+# SHARE lets every read through and stops every insert into node_tasks.
+HOLD_NODE_TASKS = "LOCK TABLE node_tasks IN SHARE MODE"
 PAUSE_STATE_CHANGE = "SELECT 1 FROM allocations FOR NO KEY UPDATE"
 PAUSE_PROOFS = (
     "SELECT 1 FROM node_resource_slots s JOIN allocation_resource_claims c"
@@ -116,10 +121,12 @@ PROVISION_STEPS = {
         freeze="SELECT 1 FROM skus FOR UPDATE",
         hold="SELECT 1 FROM node_resource_slots FOR KEY SHARE",
     ),
-    # Provisioning committed; no host work begun.
+    # Provisioning committed; no host work begun. Nothing before the host action writes a
+    # node task, so the run waits at its first insert there (a lock taken after the
+    # transition was seen could come too late on a busy machine).
     "provisioning": Step(
         reached=f"{allocation_sql('provisioning')} AND {no_task_sql('slice.vm_provision')}",
-        hold=LOCK_ALLOCATION.format(states="'provisioning'"),
+        freeze=HOLD_NODE_TASKS,
     ),
     "host_action": Step(reached=task_sql("slice.vm_provision", "'running'")),
     # The host action recorded its result; mark_active / mark_failed never ran.
@@ -191,7 +198,7 @@ def run_and_kill(engine, script: str, args: list[str], step: Step, timeout: floa
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline and proc.poll() is None:
-            if freeze and hold is None and lock_waiters(engine) == 1:
+            if freeze and step.hold and hold is None and lock_waiters(engine) == 1:
                 hold = Hold(engine, step.hold)
                 wait_for(lambda: lock_waiters(engine) == 2, "the hold to queue")
                 freeze.release()
