@@ -16,7 +16,8 @@ on) in a temporary directory, one database per phase, and removes it at the end:
    requests each stalled (a full collection stops every client thread), lock conflicts
    (candidate nodes passed over because a concurrent transaction held or had just taken
    them), retries (extra locking statements after every candidate of a ranking was
-   lost), double bookings (must be 0);
+   lost), double bookings (must be 0); then the same with 1-GPU slices only, the smallest
+   placement, to show what a placement costs beyond a bare claim whatever its size;
 3. packing: one seeded arrival/departure trace per offered load, replayed on 1,000 x 8
    through this scheduler (best_fit), first_fit and random (the three replays run in
    parallel processes, each on its own database; commits are asynchronous there since
@@ -68,7 +69,11 @@ from controlplane.synthetic import FleetSpec, create_fleet
 SLICE = "h200-sxm-slice"
 BAREMETAL = "h200-sxm-baremetal"
 MIX = (
-    [(SLICE, 1)] * 9 + [(SLICE, 2)] * 9 + [(SLICE, 4)] * 9 + [(SLICE, 8)] * 9 + [(BAREMETAL, 8)] * 4
+    ((SLICE, 1),) * 9
+    + ((SLICE, 2),) * 9
+    + ((SLICE, 4),) * 9
+    + ((SLICE, 8),) * 9
+    + ((BAREMETAL, 8),) * 4
 )
 MEAN_GPUS_PER_REQUEST = statistics.mean(gpus for _, gpus in MIX)
 DOUBLE_BOOKING_CHECKS = (
@@ -252,7 +257,13 @@ class ThroughputResult:
     audit_violations: int = 0
 
 
-def throughput(url: str, clients: int, total: int, candidates: int | None) -> ThroughputResult:
+def throughput(
+    url: str,
+    clients: int,
+    total: int,
+    candidates: int | None,
+    mix: tuple[tuple[str, int], ...] = MIX,
+) -> ThroughputResult:
     engine = db.create(url, pool_size=clients, max_overflow=0)
     scheduler = (
         Scheduler(engine) if candidates is None else Scheduler(engine, candidate_nodes=candidates)
@@ -261,7 +272,7 @@ def throughput(url: str, clients: int, total: int, candidates: int | None) -> Th
     lock = threading.Lock()
 
     def work(n: int, rng: random.Random, timed: bool) -> None:
-        sku, gpus = rng.choice(MIX)
+        sku, gpus = rng.choice(mix)
         start = time.perf_counter()
         placed = scheduler.place(PlacementRequest(sku, gpus, requested_by=f"bench-{n}"))
         end = time.perf_counter()
@@ -429,6 +440,7 @@ class Round:
 
     floors: dict[str, float] = field(default_factory=dict)
     rate: float | None = None
+    single_gpu_rate: float | None = None
     p50: float | None = None
     p99: float | None = None
 
@@ -480,6 +492,24 @@ def run_throughput(
     return rate, statistics.median(lat), percentile(lat, 0.99)
 
 
+def run_single_gpu(
+    cluster: Cluster, fleet: FleetSpec, args: argparse.Namespace, floors: dict[str, float]
+) -> float:
+    """The smallest placement only: what a placement costs beyond a bare claim."""
+    url = cluster.database("bench_single_gpu", fleet)
+    run = throughput(url, args.clients, args.placements, args.candidate_nodes, ((SLICE, 1),))
+    rate = run.placements / run.seconds
+    shares = ", ".join(f"{rate / floor:.0%} of the {name} loop" for name, floor in floors.items())
+    print(
+        f"1-GPU slices only: {rate:.0f} placements/s"
+        + (f" ({shares})" if shares else "")
+        + f"; double bookings {run.double_bookings}. Each reads a snapshot, then writes what a "
+        "bare claim writes (a slot and a row: its claim) plus an allocation, an outbox event "
+        "and a second counter update"
+    )
+    return rate
+
+
 def summarise(rounds: list[Round]) -> None:
     """Medians over the rounds; each ratio is taken within its round (same conditions)."""
     scheduled = [r for r in rounds if r.rate is not None]
@@ -502,6 +532,12 @@ def summarise(rounds: list[Round]) -> None:
             f"{statistics.median(shares):.0%} of it (rounds: "
             f"{', '.join(f'{x:.0%}' for x in shares)})"
         )
+        singles = [r.single_gpu_rate / r.floors[name] for r in scheduled if r.single_gpu_rate]
+        if singles:
+            print(
+                f"    1-GPU slices only: {statistics.median(singles):.0%} of it (rounds: "
+                f"{', '.join(f'{x:.0%}' for x in singles)})"
+            )
 
 
 def ratio(ours: float, theirs: float) -> str:
@@ -621,6 +657,7 @@ def main() -> None:
                 measured.rate, measured.p50, measured.p99 = run_throughput(
                     cluster, fleet, args, measured.floors
                 )
+                measured.single_gpu_rate = run_single_gpu(cluster, fleet, args, measured.floors)
             rounds.append(measured)
         summarise(rounds)
         if "trace" in phases:
