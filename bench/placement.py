@@ -454,6 +454,11 @@ def run_floors(cluster: Cluster, fleet: FleetSpec, args: argparse.Namespace) -> 
     return floors
 
 
+def floor_shares(rate: float, floors: dict[str, float]) -> str:
+    """``rate`` as a share of each floor loop measured in the same round."""
+    return ", ".join(f"{rate / floor:.0%} of the {name} loop" for name, floor in floors.items())
+
+
 def run_throughput(
     cluster: Cluster, fleet: FleetSpec, args: argparse.Namespace, floors: dict[str, float]
 ) -> tuple[float, float, float]:
@@ -462,7 +467,7 @@ def run_throughput(
     run = throughput(url, args.clients, args.placements, args.candidate_nodes)
     rate = run.placements / run.seconds
     lat = [(end - start) * 1000 for start, end in run.spans]
-    shares = ", ".join(f"{rate / floor:.0%} of the {name} loop" for name, floor in floors.items())
+    shares = floor_shares(rate, floors)
     print(
         f"scheduler: {run.placements} placements in {run.seconds:.2f} s = {rate:.0f}/s"
         + (f" ({shares})" if shares else "")
@@ -499,7 +504,7 @@ def run_single_gpu(
     url = cluster.database("bench_single_gpu", fleet)
     run = throughput(url, args.clients, args.placements, args.candidate_nodes, ((SLICE, 1),))
     rate = run.placements / run.seconds
-    shares = ", ".join(f"{rate / floor:.0%} of the {name} loop" for name, floor in floors.items())
+    shares = floor_shares(rate, floors)
     print(
         f"1-GPU slices only: {rate:.0f} placements/s"
         + (f" ({shares})" if shares else "")
