@@ -147,6 +147,16 @@ def render_nodes(nodes: list[dict[str, Any]]) -> None:
     )
 
 
+def parse_host_var(item: str) -> tuple[str, str]:
+    """``KEY=VALUE`` (the value may be empty, the key may not)."""
+    key, equals, value = item.partition("=")
+    if not equals or not key:
+        raise InvalidInput(
+            "host_var_invalid", f"--var takes KEY=VALUE, got {item!r}", {"var": item}
+        )
+    return key, value
+
+
 @node_app.command("register")
 def node_register(
     hostname: Annotated[str, typer.Argument(help="Node host name.")],
@@ -164,22 +174,25 @@ def node_register(
     as_json: JsonFlag = False,
 ) -> None:
     """Register a node (or update its registration)."""
-    host_vars = dict(item.partition("=")[::2] for item in var or [])
-    spec = NodeSpec(
-        hostname=hostname,
-        region_code=region,
-        node_family=family,
-        maas_system_id=maas_id,
-        maas_tags=tuple(tag or ()),
-        gpu_count=gpus,
-        slice_subnet=subnet,
-        slice_bridge=bridge,
-        management_address=address,
-        host_vars=host_vars,
-    )
+
+    def register() -> dict[str, Any]:
+        spec = NodeSpec(
+            hostname=hostname,
+            region_code=region,
+            node_family=family,
+            maas_system_id=maas_id,
+            maas_tags=tuple(tag or ()),
+            gpu_count=gpus,
+            slice_subnet=subnet,
+            slice_bridge=bridge,
+            management_address=address,
+            host_vars=dict(parse_host_var(item) for item in var or []),
+        )
+        return control_plane().register_node(spec)
+
     run(
         as_json,
-        lambda: control_plane().register_node(spec),
+        register,
         lambda n: out.print(
             f"{'registered' if n['created'] else 'updated'} {n['hostname']} ({n['id']})"
         ),

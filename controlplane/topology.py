@@ -1,18 +1,36 @@
 """The ``gpuaas.topology/v1`` candidate map, as the node plane reports it.
 
 Parsing is strict about structure (a broken map is bad input) and lenient about
-content (an incomplete candidate is still a candidate; approval judges it).
+content (an incomplete candidate is still a candidate; approval judges it). Every key of
+the contract is required: a map with no candidates says so with an empty list, so a
+truncated map is never read as "this host has no slots".
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.errors import InvalidInput
 
 SCHEMA = "gpuaas.topology/v1"
+# The contract's keys and the JSON type each must have.
+REQUIRED_KEYS: dict[str, type] = {
+    "node": str,
+    "collected_at": str,
+    "host": dict,
+    "gpus": list,
+    "fabric_devices": list,
+    "nvme_devices": list,
+    "slice_network": dict,
+    "candidate_slots": list,
+    "blockers": list,
+}
+JSON_TYPE_NAMES = {str: "a string", dict: "an object", list: "a list"}
+# A device path as udev names it: absolute, no whitespace, quotes or shell syntax.
+DEVICE_PATH = re.compile(r"^/dev(/[A-Za-z0-9_.:+@=,-]+)+$")
 
 
 @dataclass(frozen=True)
@@ -112,9 +130,21 @@ def _optional_int(item: dict[str, Any], key: str, where: str) -> int | None:
     return value
 
 
+def _optional_device_path(item: dict[str, Any], key: str, where: str) -> str | None:
+    value = _optional_str(item, key, where)
+    if value is None:
+        return None
+    _expect(
+        DEVICE_PATH.match(value) is not None and "/../" not in f"{value}/",
+        f"{where}.{key}",
+        f"{where}.{key} {value!r} is not a stable device path (an absolute /dev path without "
+        "spaces, quotes or other shell characters)",
+    )
+    return value
+
+
 def _list_of_dicts(doc: dict[str, Any], key: str) -> list[dict[str, Any]]:
-    value = doc.get(key, [])
-    _expect(isinstance(value, list), key, f"{key} must be a list")
+    value = doc[key]
     for i, item in enumerate(value):
         _expect(isinstance(item, dict), f"{key}[{i}]", f"{key}[{i}] must be an object")
     return value
@@ -143,8 +173,15 @@ def parse(document: Any) -> TopologyMap:
             f"unsupported topology schema {document.get('schema')!r}; expected {SCHEMA!r}",
             {"schema": document.get("schema")},
         )
-    node = document.get("node")
-    _expect(isinstance(node, str) and bool(node), "node", "node must be a non-empty string")
+    for key, kind in REQUIRED_KEYS.items():
+        _expect(key in document, key, f"the topology map has no {key!r} (a required key)")
+        _expect(
+            isinstance(document[key], kind),
+            key,
+            f"{key} must be {JSON_TYPE_NAMES[kind]}",
+        )
+    node = document["node"]
+    _expect(bool(node), "node", "node must be a non-empty string")
 
     disks = []
     for i, item in enumerate(_list_of_dicts(document, "nvme_devices")):
@@ -165,7 +202,7 @@ def parse(document: Any) -> TopologyMap:
         _expect(isinstance(signatures, list), f"{where}.signatures", "signatures must be a list")
         disks.append(
             NvmeDevice(
-                stable_path=_optional_str(item, "stable_path", where),
+                stable_path=_optional_device_path(item, "stable_path", where),
                 kernel_name=_optional_str(item, "kernel_name", where),
                 size_bytes=_optional_int(item, "size_bytes", where),
                 numa_node=_optional_int(item, "numa_node", where),
@@ -189,7 +226,7 @@ def parse(document: Any) -> TopologyMap:
             CandidateSlot(
                 slot_index=index,
                 gpu_pci_address=_optional_str(item, "gpu_pci_address", where),
-                nvme_device=_optional_str(item, "nvme_device", where),
+                nvme_device=_optional_device_path(item, "nvme_device", where),
                 numa_node=_optional_int(item, "numa_node", where),
                 fabric_claim_mode=_optional_str(item, "fabric_claim_mode", where),
                 fabric_vf_pci_address=_optional_str(item, "fabric_vf_pci_address", where),
@@ -224,11 +261,10 @@ def parse(document: Any) -> TopologyMap:
             )
         )
 
-    network = document.get("slice_network") or {}
-    _expect(isinstance(network, dict), "slice_network", "slice_network must be an object")
+    network = document["slice_network"]
     return TopologyMap(
         node=node,
-        collected_at=parse_collected_at(document.get("collected_at")),
+        collected_at=parse_collected_at(document["collected_at"]),
         nvme_devices=tuple(disks),
         candidate_slots=tuple(sorted(slots, key=lambda s: s.slot_index)),
         blockers=tuple(blockers),

@@ -99,7 +99,14 @@ def test_bad_input_gives_a_clear_error_and_writes_nothing(registered, engine, tm
     before = counts(engine)
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
+    no_slots = json.loads(DEMO_DATA.joinpath("j22u15.json").read_text())
+    del no_slots["candidate_slots"]
+    truncated = tmp_path / "truncated.json"
+    truncated.write_text(json.dumps(no_slots))
     cases = [
+        (("slots", "import", "--node", "j22u15", "--from", str(truncated)), "topology_malformed"),
+        (("node", "register", "n9", "--region", "r1", "--var", "novalue"), "host_var_invalid"),
+        (("node", "register", "n9", "--region", "r1", "--var", "=value"), "host_var_invalid"),
         (("slots", "import", "--node", "j22u15", "--from", str(broken)), "json_invalid"),
         (
             ("slots", "import", "--node", "j22u15", "--from", str(tmp_path / "nope.json")),

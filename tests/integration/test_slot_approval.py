@@ -271,3 +271,72 @@ def test_topology_evidence_fails_only_on_hard_blockers(cp, engine):
             ).all()
         )
     assert passed == {"j22u15": True, "j22u05": False}
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "node",
+        "collected_at",
+        "host",
+        "gpus",
+        "fabric_devices",
+        "nvme_devices",
+        "slice_network",
+        "candidate_slots",
+        "blockers",
+    ],
+)
+def test_map_missing_a_required_key_is_refused_and_changes_nothing(cp, engine, key):
+    cp.import_topology("j22u15", recorded("j22u15"), "test")
+    cp.approve_slots("j22u15", None, "test")
+    before = table_counts(engine)
+    broken = recorded("j22u15")
+    del broken[key]
+    with pytest.raises(GpuaasError) as refused:
+        cp.import_topology("j22u15", broken, "test")
+    assert refused.value.code == "topology_malformed"
+    assert refused.value.details == {"field": key}
+    assert key in refused.value.message
+    assert table_counts(engine) == before
+    assert {s["status"] for s in cp.list_slots("j22u15")} == {"available"}
+
+
+def test_map_that_says_it_has_no_slots_withdraws_the_approved_ones(cp):
+    cp.import_topology("j22u15", recorded("j22u15"), "test")
+    cp.approve_slots("j22u15", None, "test")
+    empty = recorded("j22u15")
+    empty["candidate_slots"] = []
+    result = cp.import_topology("j22u15", empty, "test")
+    assert result["withdrawn"] == list(range(8))
+    slots = cp.list_slots("j22u15")
+    assert {s["status"] for s in slots} == {"disabled"}
+    assert all(s["health_detail"].startswith("absent from the topology") for s in slots)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/dev/disk/by-id/x'; DROP TABLE nodes; --",
+        "/dev/disk/by-id/nvme eui",
+        '/dev/disk/by-id/"quoted"',
+        "/dev/disk/by-id/tab\there",
+        "dev/disk/by-id/relative",
+        "/dev/disk/by-id/../../sda",
+    ],
+)
+def test_disk_path_that_is_not_a_stable_path_is_refused_at_import(cp, engine, path):
+    before = table_counts(engine)
+    doc = recorded("j22u15")
+    doc["candidate_slots"][3]["nvme_device"] = path
+    with pytest.raises(GpuaasError) as refused:
+        cp.import_topology("j22u15", doc, "test")
+    assert refused.value.code == "topology_malformed"
+    assert refused.value.details == {"field": "candidate_slots[3].nvme_device"}
+    assert "not a stable device path" in refused.value.message
+    disk = recorded("j22u15")
+    disk["nvme_devices"][0]["stable_path"] = path
+    with pytest.raises(GpuaasError) as refused:
+        cp.import_topology("j22u15", disk, "test")
+    assert refused.value.details == {"field": "nvme_devices[0].stable_path"}
+    assert table_counts(engine) == before
