@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -38,13 +39,32 @@ CONNECT_OPTIONS = {"options": "-c plan_cache_mode=force_generic_plan"}
 
 
 def create(url: str, pool_size: int = 5, max_overflow: int = 20) -> Engine:
-    return create_engine(
+    engine = create_engine(
         url,
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_pre_ping=True,
         connect_args=CONNECT_OPTIONS,
     )
+    guard_against_fork(engine)
+    return engine
+
+
+def guard_against_fork(engine: Engine) -> None:
+    """A forked child never uses a pooled connection its parent opened: the socket is
+    shared, so both would speak on one session (and the pool's pre-ping would be the
+    first to). In the child the pool is replaced without closing the inherited
+    connections, which stay the parent's (SQLAlchemy's documented ``dispose(close=False)``
+    after ``os.fork``; psycopg never closes a connection in a process that did not open it).
+    """
+    engine_ref = weakref.ref(engine)
+
+    def forget_parent_connections() -> None:
+        inherited = engine_ref()
+        if inherited is not None:
+            inherited.dispose(close=False)
+
+    os.register_at_fork(after_in_child=forget_parent_connections)
 
 
 @lru_cache(maxsize=8)
