@@ -27,7 +27,13 @@ from controlplane.errors import GpuaasError, InvalidInput
 from controlplane.scheduler.placement import PlacementRequest
 from controlplane.services.inventory import NodeSpec
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+HELP = (
+    "Operate a gpuaas fleet: nodes, slots, allocations, the image catalog, storage "
+    "approvals, the Prefect UI and the demo. Human tables by default, --json for machines. "
+    'Errors exit non-zero; with --json they print {"error": {"code", "message", "details"}} '
+    "on stdout, otherwise a sentence on stderr."
+)
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP)
 db_app = typer.Typer(no_args_is_help=True, help="Database schema and the embedded PostgreSQL.")
 node_app = typer.Typer(no_args_is_help=True, help="Register and administer nodes.")
 slots_app = typer.Typer(no_args_is_help=True, help="Import topology, approve and manage slots.")

@@ -1,0 +1,31 @@
+"""The project's own metadata builds without warnings (what `make setup` prints)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from email.parser import Parser
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_metadata_builds_without_deprecation_warnings(tmp_path):
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from setuptools import build_meta; "
+            "print(build_meta.prepare_metadata_for_build_wheel(sys.argv[1]))",
+            str(tmp_path),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert build.returncode == 0, build.stderr
+    assert "Deprecat" not in build.stderr, build.stderr
+    info = tmp_path / build.stdout.strip().splitlines()[-1] / "METADATA"
+    metadata = Parser().parsestr(info.read_text())
+    assert metadata["License-Expression"] == "GPL-3.0-or-later"
