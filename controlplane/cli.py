@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy.exc import OperationalError
@@ -314,27 +315,40 @@ def slots_approve(
     )
 
 
-def render_slots(slots: list[dict[str, Any]]) -> None:
-    table(
-        "slots",
-        ["node", "slot", "status", "health", "gpu", "numa", "disk", "mac", "ip", "vf", "detail"],
-        [
-            [
-                s["node"],
-                s["slot_index"],
-                s["status"],
-                s["health_state"],
-                s["gpu_pci_address"],
-                s["numa_node"],
-                (s["nvme_device"] or "").removeprefix("/dev/disk/by-id/"),
-                s["mac_address"],
-                s["private_ip"],
-                s["fabric_vf_pci_address"],
-                s["health_detail"],
-            ]
-            for s in slots
-        ],
+def short_disk(path: str | None, width: int = 24) -> str:
+    """A by-id name that fits a table cell: its head and its distinguishing tail."""
+    name = (path or "").removeprefix("/dev/disk/by-id/")
+    if len(name) <= width:
+        return name
+    head = width // 2 - 2
+    return f"{name[:head]}…{name[-(width - head - 1) :]}"
+
+
+def render_slots(slots: list[dict[str, Any]], console: Console | None = None) -> None:
+    """One line per slot at 120 columns; the long detail folds. Every binding (MAC, VF,
+    NUMA node, full disk path) is in ``--json``."""
+    grid = Table(
+        title="slots",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 1, 0, 0),
     )
+    for column in ("node", "slot", "status", "health", "gpu", "disk", "ip"):
+        grid.add_column(column, no_wrap=True)
+    grid.add_column("detail", overflow="fold")
+    for s in slots:
+        grid.add_row(
+            s["node"],
+            str(s["slot_index"]),
+            s["status"],
+            s["health_state"],
+            (s["gpu_pci_address"] or "").removeprefix("0000:"),
+            short_disk(s["nvme_device"]),
+            s["private_ip"] or "",
+            s["health_detail"] or "",
+        )
+    (console or out).print(grid)
 
 
 @slots_app.command("list")
