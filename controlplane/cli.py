@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
+import signal
 import sys
 import time
 import uuid
@@ -20,8 +22,10 @@ import typer
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
+from controlplane import db
 from controlplane.api import ControlPlane
 from controlplane.enums import AdminState
 from controlplane.errors import GpuaasError, InvalidInput
@@ -652,17 +656,84 @@ def occupancy_command(
     run(as_json, lambda: control_plane().occupancy(region), render_occupancy)
 
 
+class StopRequested(Exception):
+    """A service manager (SIGTERM) or a closed terminal (SIGHUP) asked ``gpuaas ui`` to stop."""
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP stop ``gpuaas ui`` as Ctrl-C does: the stack's children (in
+    sessions of their own, out of reach of the signal) are stopped on the way out. A
+    repeated signal during that shutdown is ignored, so it cannot cut it short."""
+
+    def request_stop(signum: int, _frame: object) -> None:
+        for handled in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(handled, signal.SIG_IGN)
+        raise StopRequested(signal.Signals(signum).name)
+
+    for handled in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(handled, request_stop)
+
+
+def ui_store(demo: bool) -> tuple[str, str | None]:
+    """The store the UI's worker acts on and the database for Prefect's own data (None:
+    Prefect's SQLite, where the demo's runs are). Refused unless its schema is current."""
+    from controlplane import migrate
+
+    if demo:
+        from controlplane.demo import DEMO_DATABASE
+        from controlplane.embedded import EmbeddedPostgres
+
+        cluster = EmbeddedPostgres()
+        cluster.start()
+        if not cluster.database_exists(DEMO_DATABASE):
+            raise GpuaasError(
+                "demo_not_run",
+                f"the embedded PostgreSQL has no {DEMO_DATABASE} database: run `make demo` first",
+            )
+        store_url, prefect_database = cluster.url(DEMO_DATABASE), None
+    else:
+        configured = os.environ.get(db.DATABASE_URL_ENV)
+        store_url = db.database_url()
+        prefect_database = None
+        if configured:
+            from flows.serve import prefect_database_url
+
+            prefect_database = prefect_database_url(store_url)
+    engine = db.create(store_url, pool_size=1)
+    try:
+        current, head = migrate.current_revision(engine), migrate.head_revision()
+    finally:
+        engine.dispose()
+    if current != head:
+        raise GpuaasError(
+            "schema_not_current",
+            f"the store {make_url(store_url).database!r} is at schema revision {current} and "
+            f"the code needs {head}: run `gpuaas db upgrade` first"
+            + ("" if demo else " (or `gpuaas ui --demo` to open the demo's fleet)"),
+            {"database": make_url(store_url).database, "revision": current, "head": head},
+        )
+    return store_url, prefect_database
+
+
 @app.command("ui")
 def ui_command(
     port: Annotated[int, typer.Option("--port", help="Loopback port of the Prefect UI.")] = 4200,
+    demo: Annotated[
+        bool,
+        typer.Option("--demo", help="Act on the demo's fleet (after make demo) and its runs."),
+    ] = False,
 ) -> None:
-    """Start a Prefect server and worker on loopback with every deployment (Ctrl-C stops)."""
+    """Start a Prefect server and worker on loopback with every deployment (Ctrl-C,
+    SIGTERM or SIGHUP stops both)."""
     from flows.serve import prefect_stack
 
+    stop_on_signals()
     try:
-        with prefect_stack(port) as stack:
+        store_url, prefect_database = ui_store(demo)
+        with prefect_stack(store_url, port, prefect_database) as stack:
             out.print(
-                f"Prefect UI: {stack.ui_url}  (API {stack.api_url}, data: {stack.database})\n"
+                f"Prefect UI: {stack.ui_url}  (API {stack.api_url}, Prefect data: "
+                f"{stack.database}, fleet store: database {make_url(store_url).database})\n"
                 "deployments from prefect.yaml are registered on work pool gpuaas-process; "
                 "a process worker is running. Ctrl-C stops both."
             )
@@ -670,8 +741,12 @@ def ui_command(
                 time.sleep(3600)
     except KeyboardInterrupt:
         out.print("stopped")
+    except StopRequested as stop:
+        out.print(f"stopped ({stop})")
     except GpuaasError as error:
         fail(error, False)
+    except OperationalError as exc:
+        fail(GpuaasError("database_unavailable", f"cannot reach the database: {exc.orig}"), False)
 
 
 @app.command("demo")

@@ -8,10 +8,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 
-from sqlalchemy import Engine, create_engine
+import psycopg.errors
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.embedded import EmbeddedPostgres
+from controlplane.errors import GpuaasError
 
 DATABASE_URL_ENV = "GPUAAS_DATABASE_URL"
 
@@ -47,7 +50,31 @@ def create(url: str, pool_size: int = 5, max_overflow: int = 20) -> Engine:
         connect_args=CONNECT_OPTIONS,
     )
     guard_against_fork(engine)
+    event.listen(engine, "handle_error", explain_missing_schema)
     return engine
+
+
+# What a statement meets in a database whose schema is missing or behind the code.
+SCHEMA_BEHIND = (
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.UndefinedColumn,
+    psycopg.errors.UndefinedFunction,
+)
+
+
+def explain_missing_schema(context: ExceptionContext) -> GpuaasError | None:
+    """A store without the schema the code expects is an operator's next step, not a
+    crash: say which database and what to run."""
+    if not isinstance(context.original_exception, SCHEMA_BEHIND):
+        return None
+    database = context.engine.url.database if context.engine else None
+    detail = str(context.original_exception).splitlines()[0]
+    return GpuaasError(
+        "schema_not_current",
+        f"the control-plane store (database {database!r}) has no schema or an older one "
+        f"({detail}): run `gpuaas db upgrade` with the same GPUAAS_DATABASE_URL",
+        {"database": database, "error": detail},
+    )
 
 
 def guard_against_fork(engine: Engine) -> None:

@@ -7,7 +7,8 @@ a wipe proof, and the occupancy and evidence trail are printed.
 
 Without ``GPUAAS_DATABASE_URL`` the demo recreates its own ``gpuaas_demo`` database in
 the embedded cluster on every run, so it is repeatable and never touches operator data.
-Flow runs go to a local Prefect database that ``gpuaas ui`` shows afterwards.
+Flow runs go to a local Prefect database that ``gpuaas ui --demo`` shows afterwards, its
+worker acting on the demo's fleet.
 """
 
 from __future__ import annotations
@@ -221,6 +222,6 @@ def main() -> None:
     console.print(Rule("Prefect UI"))
     console.print(
         "The flow runs above are stored in the local Prefect database. To browse them and to "
-        "run any flow as a deployment:  [bold].venv/bin/gpuaas ui[/bold]  then open "
-        "http://127.0.0.1:4200"
+        "run any flow on the demo's fleet as a deployment:  [bold].venv/bin/gpuaas ui --demo"
+        "[/bold]  then open http://127.0.0.1:4200"
     )

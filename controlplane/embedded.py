@@ -154,16 +154,21 @@ class EmbeddedPostgres:
         self.ensure_database(DATABASE_NAME)
         return self.url()
 
-    def ensure_database(self, name: str) -> None:
+    def _admin(self):
         import psycopg
 
-        with psycopg.connect(
+        return psycopg.connect(
             host=str(self.socket_dir), user=self._role(), dbname="postgres", autocommit=True
-        ) as conn:
-            exists = conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", (name,)
-            ).fetchone()
-            if not exists:
+        )
+
+    def database_exists(self, name: str) -> bool:
+        with self._admin() as conn:
+            found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+            return found.fetchone() is not None
+
+    def ensure_database(self, name: str) -> None:
+        if not self.database_exists(name):
+            with self._admin() as conn:
                 conn.execute(f'CREATE DATABASE "{name}"')
 
     def stop(self) -> bool:
@@ -174,10 +179,6 @@ class EmbeddedPostgres:
 
     def recreate_database(self, name: str) -> None:
         """Drop and create a database (used by the demo for repeatable runs)."""
-        import psycopg
-
-        with psycopg.connect(
-            host=str(self.socket_dir), user=self._role(), dbname="postgres", autocommit=True
-        ) as conn:
+        with self._admin() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             conn.execute(f'CREATE DATABASE "{name}"')

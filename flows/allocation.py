@@ -211,12 +211,25 @@ def provision_allocation(
     request_id = request_id or current_run() or str(uuid.uuid4())
     try:
         catalog = resolve_image(image, sku)
+        if catalog is not None:
+            logger.info("image %s for %s: sha256 %s", catalog["slug"], sku, catalog["sha256"][:12])
+        logger.info("placing %s x%d (request %s)", sku, gpu_count, request_id)
         placed = place(sku, gpu_count, region, project_id, requested_by, request_id)
     except GpuaasError as exc:
+        logger.warning("refused: %s: %s", exc.code, exc.message)
         return Failed(message=f"{exc.code}: {exc.message}")
     if not placed["placed"]:
+        logger.warning(
+            "unavailable: %s (%s): %s", placed["code"], placed["reason"], placed["message"]
+        )
         return Failed(message=f"{placed['code']} ({placed['reason']}): {placed['message']}")
     allocation_id = placed["allocation_id"]
+    logger.info(
+        "placed allocation %s on %s, %s",
+        allocation_id,
+        placed["node"],
+        f"slots {[s['slot_index'] for s in placed['slots']]}" if placed["slots"] else "whole node",
+    )
     if placed.get("replayed") and (
         placed["state"] != AllocationState.PENDING.value or placed["flow_run_id"] != current_run()
     ):
@@ -233,6 +246,7 @@ def provision_allocation(
         logger.info("baremetal allocation %s placed on %s", allocation_id, placed["node"])
         return placed
     spec = mark_provisioning(allocation_id)
+    logger.info("allocation %s is provisioning on %s", allocation_id, spec["node"])
     try:
         outcome = provision_vm(spec, catalog, users)
     except Exception as exc:  # the host action itself blew up: fail closed
@@ -240,6 +254,7 @@ def provision_allocation(
         raise
     evidence = published(outcome, "gpuaas_slice_provision")
     readiness = evidence.get("readiness") or {}
+    log_readiness(readiness)
     artifacts.table(
         f"provision-{allocation_id}",
         f"Provision evidence for allocation {allocation_id}",
@@ -253,15 +268,42 @@ def provision_allocation(
                 **{f"readiness.{k}": v for k, v in readiness.items()},
                 **{f"timing.{k}": v for k, v in (evidence.get("timings") or {}).items()},
                 "node_task": outcome.node_task_id,
-                "artifacts": outcome.artifact_dir,
             }.items()
         ],
     )
     if not outcome.passed:
         mark_failed(allocation_id, outcome.failure or "provision failed", {"evidence": evidence})
+        logger.warning(
+            "allocation %s failed, its slots are cleanup_blocked: %s",
+            allocation_id,
+            outcome.failure,
+        )
         return Failed(message=f"allocation {allocation_id} failed: {outcome.failure}")
     mark_active(allocation_id)
+    logger.info("allocation %s is active", allocation_id)
     return {**placed, "state": "active", "readiness": readiness}
+
+
+def log_readiness(readiness: dict[str, Any]) -> None:
+    """The readiness gate's verdict: the lease against the reservation, then SSH."""
+    if not readiness:
+        return
+    logger = get_run_logger()
+    timings = readiness.get("timings") or {}
+    logger.info(
+        "lease: mac %s, expected %s, actual %s, %s%s",
+        readiness.get("mac"),
+        readiness.get("expected_ip"),
+        readiness.get("actual_ip"),
+        readiness.get("lease_state"),
+        f" after {timings['lease']} s" if "lease" in timings else "",
+    )
+    if readiness.get("ssh_ready"):
+        logger.info(
+            "SSH gate passed in %s s (login: %s)", timings.get("ssh"), readiness.get("ssh_auth")
+        )
+    else:
+        logger.warning("SSH gate not passed (%s)", readiness.get("failed_phase") or "not reached")
 
 
 @task(name="mark releasing")
@@ -317,6 +359,7 @@ def release_claims(allocation_id: str) -> dict[str, Any]:
 def record_proofs(spec: dict[str, Any], proofs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A verified proof per slot disk returns the slot; anything else blocks it."""
     cp = control_plane()
+    logger = get_run_logger()
     by_device = {p.get("device"): p for p in proofs if isinstance(p, dict)}
     rows, blocked = [], []
     for slot in spec["slots"]:
@@ -324,8 +367,21 @@ def record_proofs(spec: dict[str, Any], proofs: list[dict[str, Any]]) -> list[di
         if proof is None:
             blocked.append(slot["slot_index"])
             rows.append({"slot": slot["slot_index"], "status": "cleanup_blocked", "proof": "none"})
+            logger.warning(
+                "slot %d: no wipe proof for %s, slot stays cleanup_blocked",
+                slot["slot_index"],
+                slot["nvme_device"],
+            )
             continue
         recorded = cp.record_wipe_proof(spec["node"], slot["slot_index"], proof, ACTOR)
+        logger.info(
+            "slot %d: %s wiped by %s, verified %s; slot now %s",
+            slot["slot_index"],
+            slot["nvme_device"],
+            proof.get("method"),
+            proof.get("verified"),
+            recorded["status"],
+        )
         rows.append(
             {
                 "slot": slot["slot_index"],
@@ -342,14 +398,31 @@ def record_proofs(spec: dict[str, Any], proofs: list[dict[str, Any]]) -> list[di
 def release_allocation(allocation_id: str) -> dict[str, Any]:
     """Stop and remove the VM, wipe every slot disk with proof, then return the slots.
     Without a verified proof a slot stays cleanup_blocked."""
+    logger = get_run_logger()
     spec = mark_releasing(allocation_id)
+    logger.info(
+        "allocation %s is releasing on %s (slots %s)",
+        allocation_id,
+        spec["node"],
+        [s["slot_index"] for s in spec["slots"]],
+    )
     outcome = release_vm(spec)
     evidence = published(outcome, "gpuaas_slice_release")
+    if evidence.get("stop") is not None or evidence.get("domain_actions"):
+        logger.info(
+            "domain %s: %s; stop: %s; undefine attempts: %s",
+            evidence.get("domain"),
+            ", ".join(evidence.get("domain_actions") or []) or "nothing to do",
+            artifacts.readable(evidence.get("stop")) or "not running",
+            evidence.get("undefine_attempts"),
+        )
     release_claims(allocation_id)
     rows = record_proofs(spec, evidence.get("wipe_proofs") or [] if outcome.passed else [])
     artifacts.table(
         f"release-{allocation_id}", f"Release evidence for allocation {allocation_id}", rows
     )
     if not outcome.passed:
+        logger.warning("release of %s failed: %s", allocation_id, outcome.failure)
         return Failed(message=f"release of {allocation_id} failed: {outcome.failure}")
+    logger.info("allocation %s released", allocation_id)
     return {"allocation_id": allocation_id, "slots": rows}

@@ -16,7 +16,7 @@ from prefect.artifacts import (
 )
 
 from flows.hostwork import HostAction
-from flows.runner import TaskProgress
+from flows.runner import TASK_EVENTS, TaskProgress
 
 
 def artifact_key(text: str) -> str:
@@ -24,12 +24,27 @@ def artifact_key(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:100] or "artifact"
 
 
+def readable(value: Any) -> str:
+    """A table cell as an operator reads it: no Python reprs (``{'lease': 9.5}``)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {readable(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return ", ".join(readable(v) for v in value)
+    return str(value)
+
+
 def table(key: str, description: str, rows: list[dict[str, Any]]) -> UUID | None:
     if not rows:
         return None
     return create_table_artifact(
         key=artifact_key(key),
-        table=[{k: "" if v is None else str(v) for k, v in row.items()} for row in rows],
+        table=[{k: readable(v) for k, v in row.items()} for row in rows],
         description=description,
     )
 
@@ -48,6 +63,36 @@ def progress(key: str, description: str) -> Progress:
     )
 
 
+class TaskLog:
+    """Logs a playbook's tasks to the run's logger as they finish: every task when one host
+    runs (the steps of a provision or a release), only the failures when a batch of hosts
+    runs together (a parity sweep would otherwise log hosts times tasks lines)."""
+
+    def __init__(self, every_task: bool = True) -> None:
+        self.every_task = every_task
+        self.logger = get_run_logger()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        kind = event.get("event", "")
+        data = event.get("event_data") or {}
+        if kind not in TASK_EVENTS or not data.get("host"):
+            return
+        res = data.get("res") or {}
+        status = TASK_EVENTS[kind]
+        failed = status in ("failed", "unreachable") and not data.get("ignore_errors")
+        if not (failed or self.every_task):
+            return
+        if status == "ok" and res.get("changed"):
+            status = "changed"
+        duration = data.get("duration")
+        message = f"{data['host']}: {data.get('task', '?')}: {status}" + (
+            f" in {duration:.1f} s" if isinstance(duration, (int, float)) else ""
+        )
+        if failed:
+            message += f": {res.get('msg') or res.get('reason') or 'no message'}"[:1000]
+        self.logger.log(logging.WARNING if failed else logging.INFO, message)
+
+
 class PlaybookProgress:
     """A progress artifact that follows one host through a playbook (``TaskProgress``),
     given to the runner bridge as its event observer. The artifact moves whenever its
@@ -59,6 +104,7 @@ class PlaybookProgress:
         self.title = title
         self.tracker = tracker
         self.logger = get_run_logger()
+        self.task_log = TaskLog()
         self.shown = tracker.description
         self.artifact_id = create_progress_artifact(
             progress=tracker.percent, key=artifact_key(key), description=self.text()
@@ -68,6 +114,7 @@ class PlaybookProgress:
         return f"{self.title}: {self.tracker.description}"
 
     def __call__(self, event: dict[str, Any]) -> None:
+        self.task_log(event)
         self.tracker.observe(event)
         if self.tracker.description == self.shown:
             return

@@ -7,6 +7,7 @@ rules live in the control plane. Retries are only on the read-only host probes.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -40,6 +41,14 @@ def current_run() -> str | None:
     return str(flow_run.id) if flow_run.id else None
 
 
+def no_nodes_matched(hostnames: list[str] | None, region: str | None, intent: str | None) -> str:
+    return (
+        "no node matched (hosts: "
+        + (", ".join(hostnames) if hostnames else "any")
+        + f", region: {region or 'any'}, profile intent: {intent or 'any'}); nothing to do"
+    )
+
+
 @task(name="select nodes")
 def select_nodes(
     hostnames: list[str] | None, region: str | None, profile_intent: str | None
@@ -67,7 +76,14 @@ def discover_hosts(hostnames: list[str], extravars: dict[str, Any]) -> dict[str,
         imports[host] = cp.import_topology(host, topology, ACTOR, node_task_id=task_id)
 
     outcomes = run_host_action(
-        cp, DISCOVER, hostnames, extravars, ACTOR, flow_run_id=current_run(), record=record
+        cp,
+        DISCOVER,
+        hostnames,
+        extravars,
+        ACTOR,
+        flow_run_id=current_run(),
+        record=record,
+        on_event=artifacts.TaskLog(every_task=len(hostnames) == 1),
     )
     return {
         host: {
@@ -88,10 +104,27 @@ def discover_topology(
 ) -> dict[str, Any]:
     """Discover candidate topology on slice nodes and store each map as a node task output.
     Candidates stay disabled: approval is its own explicit step (``approve_slots``)."""
+    logger = get_run_logger()
     hosts = select_nodes(hostnames, region, "slice_vm")
     if not hosts:
+        logger.warning(no_nodes_matched(hostnames, region, "slice_vm"))
         return {}
+    logger.info("discovering topology on %d node(s): %s", len(hosts), ", ".join(hosts))
     results = discover_hosts(hosts, extravars or {})
+    for host, r in sorted(results.items()):
+        imported = r["import"] or {}
+        if r["passed"]:
+            logger.info(
+                "%s: %d candidate slot(s), approvable %s, blockers: %s",
+                host,
+                len(imported.get("created", []))
+                + len(imported.get("updated", []))
+                + len(imported.get("unchanged", [])),
+                imported.get("approvable", []),
+                ", ".join(sorted({b["code"] for b in imported.get("blockers", [])})) or "none",
+            )
+        else:
+            logger.warning("%s: discovery failed: %s", host, r["failure"])
     rows = [
         {
             "node": host,
@@ -122,10 +155,21 @@ def approve(hostname: str, slots: list[int] | None) -> dict[str, Any]:
 @flow(name="approve_slots")
 def approve_slots(hostname: str, slots: list[int] | None = None) -> dict[str, Any]:
     """Approve a node's candidate slots: every rule re-checked, all or nothing."""
+    logger = get_run_logger()
+    logger.info(
+        "approving %s of %s", f"slots {slots}" if slots else "every candidate slot", hostname
+    )
     result = approve(hostname, slots)
     if not result["refused"]:
+        logger.info(
+            "%s: approved slots %s, already available %s",
+            hostname,
+            result["approved"],
+            result["unchanged"],
+        )
         return {k: v for k, v in result.items() if k != "refused"}
     rejections = result["error"]["details"].get("rejections", [])
+    logger.warning("approval refused, nothing written: %s", result["message"])
     artifacts.table(
         "approval-rejections",
         f"Approval refused on {hostname}",
@@ -137,13 +181,20 @@ def approve_slots(hostname: str, slots: list[int] | None = None) -> dict[str, An
 @task(name="check parity on a batch of hosts", retries=2, retry_delay_seconds=5)
 def parity_batch(hostnames: list[str], extravars: dict[str, Any]) -> dict[str, HostOutcome]:
     return run_host_action(
-        control_plane(), PARITY, hostnames, extravars, ACTOR, flow_run_id=current_run()
+        control_plane(),
+        PARITY,
+        hostnames,
+        extravars,
+        ACTOR,
+        flow_run_id=current_run(),
+        on_event=artifacts.TaskLog(every_task=len(hostnames) == 1),
     )
 
 
 @task(name="apply parity verdicts")
 def apply_verdicts(outcomes: dict[str, HostOutcome]) -> list[dict[str, Any]]:
     cp = control_plane()
+    logger = get_run_logger()
     rows = []
     for host, outcome in sorted(outcomes.items()):
         results = (outcome.module_result or {}).get("results") or []
@@ -151,6 +202,14 @@ def apply_verdicts(outcomes: dict[str, HostOutcome]) -> list[dict[str, Any]]:
         if not outcome.passed and not failed:
             failed = [f"run_failed ({outcome.failure})"]
         verdict = cp.apply_parity(host, failed, ACTOR)
+        logger.log(
+            logging.WARNING if failed else logging.INFO,
+            "%s: parity %s; admin state %s%s",
+            host,
+            f"FAILED ({', '.join(failed)})" if failed else "passed",
+            verdict["admin_state"],
+            " (changed)" if verdict["changed"] else "",
+        )
         rows.append(
             {
                 "node": host,
@@ -181,7 +240,17 @@ def parity_sweep(
         return Failed(message="batch_size and parallel_batches must be at least 1")
     logger = get_run_logger()
     hosts = select_nodes(hostnames, region, profile_intent)
+    if not hosts:
+        logger.warning(no_nodes_matched(hostnames, region, profile_intent))
+        return []
     batches = [hosts[i : i + batch_size] for i in range(0, len(hosts), batch_size)]
+    logger.info(
+        "parity sweep over %d node(s) in %d batch(es) of up to %d, %d at once",
+        len(hosts),
+        len(batches),
+        batch_size,
+        parallel_batches,
+    )
     progress = artifacts.progress("parity-sweep", f"Parity sweep over {len(hosts)} nodes")
     rows: list[dict[str, Any]] = []
     with ThreadPoolTaskRunner(max_workers=parallel_batches) as runner:
@@ -257,6 +326,13 @@ def storage_transition(
     host may then touch only that record's disks, and the reference goes into the manifest
     and the evidence. Without it the flow refuses before anything runs. A plan runs without
     an approval (or checks one when given)."""
+    logger = get_run_logger()
+    logger.info(
+        "storage transition (%s) of %s on %s",
+        "apply" if apply else "plan",
+        ", ".join(devices),
+        hostname,
+    )
     if apply and not (approval or "").strip():
         return refuse_storage(
             hostname,
@@ -280,10 +356,14 @@ def storage_transition(
         ]
         or [{"device": "-", "status": outcome.failure or "nothing to do", "kernel": ""}],
     )
+    for device in result.get("devices", []):
+        logger.info("%s: %s", device.get("device"), device.get("status"))
     if not outcome.passed:
+        logger.warning("storage transition failed: %s", outcome.failure)
         return Failed(message=outcome.failure or "storage transition failed")
     if apply and approved:
-        record_raw_disks(hostname, result, approved, outcome.node_task_id)
+        recorded = record_raw_disks(hostname, result, approved, outcome.node_task_id)
+        logger.info("%d raw slice disk(s) recorded as evidence", len(recorded))
     return {
         "node_task_id": outcome.node_task_id,
         "manifest_path": result.get("manifest_path"),
@@ -293,6 +373,7 @@ def storage_transition(
 
 
 def refuse_storage(hostname: str, devices: list[str], reason: str) -> Any:
+    get_run_logger().warning("refused: %s", reason)
     artifacts.table(
         "storage-transition",
         f"Storage transition on {hostname} refused",
@@ -332,7 +413,13 @@ def record_raw_disks(
 @task(name="bootstrap host")
 def bootstrap(hostname: str, extravars: dict[str, Any]) -> HostOutcome:
     return run_host_action(
-        control_plane(), BOOTSTRAP, [hostname], extravars, ACTOR, flow_run_id=current_run()
+        control_plane(),
+        BOOTSTRAP,
+        [hostname],
+        extravars,
+        ACTOR,
+        flow_run_id=current_run(),
+        on_event=artifacts.TaskLog(),
     )[hostname]
 
 
@@ -340,6 +427,7 @@ def bootstrap(hostname: str, extravars: dict[str, Any]) -> HostOutcome:
 def bootstrap_host(hostname: str, extravars: dict[str, Any] | None = None) -> dict[str, Any]:
     """Host bootstrap and network baseline for the node's profile, proven by parity; the
     parity verdict then decides whether the node is schedulable."""
+    get_run_logger().info("bootstrapping %s", hostname)
     outcome = bootstrap(hostname, extravars or {})
     rows = apply_verdicts({hostname: outcome})
     artifacts.table(f"bootstrap-{hostname}", f"Bootstrap of {hostname}", rows)

@@ -162,7 +162,14 @@ def wipe_cleanup_slots(
                 blocked.append(slot["slot_index"])
                 continue
             status = cp.record_wipe_proof(hostname, slot["slot_index"], proof, ACTOR)["status"]
-            rows.append({"node": hostname, "slot": slot["slot_index"], "now": status})
+            rows.append(
+                {
+                    "node": hostname,
+                    "slot": slot["slot_index"],
+                    "now": status,
+                    "proof": f"{proof.get('method')}, verified {bool(proof.get('verified'))}",
+                }
+            )
         if blocked:
             cp.block_slots(hostname, blocked, f"reconcile wipe failed: {outcome.failure}", ACTOR)
             rows.extend({"node": hostname, "slot": i, "now": "cleanup_blocked"} for i in blocked)
@@ -204,7 +211,14 @@ def compare_hosts() -> dict[str, Any]:
         return None
 
     outcomes = run_host_action(
-        cp, HOST_STATE, hosts, {}, ACTOR, flow_run_id=current_run(), record=record
+        cp,
+        HOST_STATE,
+        hosts,
+        {},
+        ACTOR,
+        flow_run_id=current_run(),
+        record=record,
+        on_event=artifacts.TaskLog(every_task=False),
     )
     for host, outcome in outcomes.items():
         if not outcome.passed:
@@ -291,22 +305,34 @@ def reconcile(
     domain still holds."""
     logger = get_run_logger()
     finished = finish_dead_runs(grace_seconds, stale_after_seconds)
+    for row in finished:
+        logger.info("allocation %s", artifacts.readable(row))
+    logger.info("%d allocation(s) left by dead runs finished", len(finished))
     tasks_closed = close_abandoned_tasks(grace_seconds, stale_after_seconds)
+    logger.info("%d abandoned node task(s) closed", len(tasks_closed))
     store = repair_claims_and_slots()
+    for row in store:
+        logger.info("store repair: %s", artifacts.readable(row))
     drift: list[dict[str, Any]] = []
     held: dict[str, dict[str, str] | None] | None = None
     leftovers: list[dict[str, Any]] = []
     if compare_with_hosts:
         compared = compare_hosts()
         drift, held = compared["drift"], compared["held"]
+        for row in drift:
+            logger.warning("drift: %s", artifacts.readable(row))
+        logger.info("hosts compared with the store: %d drift finding(s)", len(drift))
         releasable = [d for d in drift if d.get("action") == "release"]
         if release_orphans and releasable:
+            logger.info("releasing %d VM(s) of ended allocations", len(releasable))
             leftovers = release_leftovers(releasable)
             released = {(r["node"], r["domain"]) for r in leftovers if r["released"]}
             for host, disks in held.items():
                 if disks:
                     held[host] = {k: v for k, v in disks.items() if (host, v) not in released}
     wiped = wipe_cleanup_slots(grace_seconds, held) if wipe_cleanup else []
+    for row in wiped:
+        logger.info("cleanup slot: %s", artifacts.readable(row))
     artifacts.table("reconcile-allocations", "Allocations finished by reconcile", finished)
     artifacts.table("reconcile-store", "Claims and slots repaired by reconcile", store)
     artifacts.table("reconcile-drift", "Drift between the store and the hosts", drift)

@@ -1,6 +1,7 @@
 """`gpuaas ui`: a Prefect server and process worker on loopback, with every deployment of
-prefect.yaml registered. The server keeps its data in PostgreSQL when GPUAAS_DATABASE_URL
-points at one (database ``<name>_prefect`` on the same server), else in Prefect's SQLite.
+prefect.yaml registered. The worker's flows use the store they are given (passed to them as
+GPUAAS_DATABASE_URL); the server keeps its own data in PostgreSQL when given a database
+for it, else in Prefect's SQLite under PREFECT_HOME.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class PrefectStack:
     api_url: str
     ui_url: str
     database: str
+    pids: tuple[int, ...]
 
 
 def prefect_home() -> Path:
@@ -40,12 +42,9 @@ def prefect_home() -> Path:
     return home
 
 
-def prefect_database_url() -> str | None:
+def prefect_database_url(store_url: str) -> str | None:
     """asyncpg URL of ``<db>_prefect`` next to the store, created if missing."""
-    url = os.environ.get(DATABASE_URL_ENV)
-    if not url:
-        return None
-    store = make_url(normalize_url(url))
+    store = make_url(normalize_url(store_url))
     if not store.drivername.startswith("postgresql"):
         return None
     import psycopg
@@ -100,8 +99,14 @@ def stop(process: subprocess.Popen) -> None:
 
 
 @contextmanager
-def prefect_stack(port: int = 4200, startup_timeout: float = 180.0) -> Iterator[PrefectStack]:
-    """Server, work pool, deployments and worker; everything stopped on exit."""
+def prefect_stack(
+    store_url: str,
+    port: int = 4200,
+    prefect_database: str | None = None,
+    startup_timeout: float = 180.0,
+) -> Iterator[PrefectStack]:
+    """Server, work pool, deployments and a worker whose flows use the store at
+    ``store_url``; everything stopped on exit."""
     home = prefect_home()
     api_url = f"http://127.0.0.1:{port}/api"
     env = {
@@ -112,11 +117,11 @@ def prefect_stack(port: int = 4200, startup_timeout: float = 180.0) -> Iterator[
         "PREFECT_SERVER_API_PORT": str(port),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "GPUAAS_REPO": str(REPO_ROOT),
+        DATABASE_URL_ENV: store_url,
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
     }
-    database = prefect_database_url()
-    if database:
-        env["PREFECT_API_DATABASE_CONNECTION_URL"] = database
+    if prefect_database:
+        env["PREFECT_API_DATABASE_CONNECTION_URL"] = prefect_database
     logs = home / "logs"
     logs.mkdir(exist_ok=True)
     processes: list[subprocess.Popen] = []
@@ -148,7 +153,8 @@ def prefect_stack(port: int = 4200, startup_timeout: float = 180.0) -> Iterator[
         yield PrefectStack(
             api_url=api_url,
             ui_url=f"http://127.0.0.1:{port}",
-            database="PostgreSQL" if database else f"SQLite in {home}",
+            database="PostgreSQL" if prefect_database else f"SQLite in {home}",
+            pids=tuple(p.pid for p in processes),
         )
     finally:
         for process in reversed(processes):

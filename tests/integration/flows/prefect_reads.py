@@ -45,3 +45,24 @@ def assert_progress_done(flow_state, key: str, task_name: str, title: str) -> No
     artifact, task_run = progress_artifact(flow_state.state_details.flow_run_id, key)
     assert task_run.name.startswith(task_name)
     assert (artifact.data, artifact.description) == (100.0, f"{title}: done")
+
+
+def flow_run_logs(flow_run_id) -> list[str]:
+    """Every log message of that flow run and its task runs, oldest first, as the UI's
+    Logs tab shows them (sent logs are flushed first)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=10)
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+            sort=LogSort.TIMESTAMP_ASC,
+        )
+    return [entry.message for entry in logs]
+
+
+def table_cells(rows: list[dict]) -> list[str]:
+    return [value for row in rows for value in row.values()]

@@ -18,6 +18,7 @@ from controlplane.audit import audit
 from controlplane.enums import AllocationState
 from flows.allocation import place, provision_allocation, release_allocation
 from flows.fleet import approve_slots, discover_topology
+from tests.integration.flows.prefect_reads import flow_run_logs
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefect")]
 
@@ -67,6 +68,16 @@ def test_failed_provision_leaves_failed_allocation_and_cleanup_blocked_slots(app
     state = provision_allocation("h200-sxm-slice", 2, IMAGE, USERS, return_state=True)
     assert state.is_failed()
     allocation_id = next(a["id"] for a in approved.list_allocations())
+    logged = "\n".join(flow_run_logs(state.state_details.flow_run_id))
+    for step in (
+        f"image {IMAGE} for h200-sxm-slice: sha256 {IMAGE_DIGEST[:12]}",
+        "placing h200-sxm-slice x2",
+        f"placed allocation {allocation_id} on j22u15, slots",
+        f"allocation {allocation_id} is provisioning on j22u15",
+        "j22u15: Check every precondition before writing anything: failed",
+        f"allocation {allocation_id} failed, its slots are cleanup_blocked",
+    ):
+        assert step in logged, (step, logged)
     shown, slots = slots_of(approved, allocation_id)
     assert shown["state"] == "failed" and shown["failure_reason"]
     assert {s["status"] for s in slots} == {"cleanup_blocked"}

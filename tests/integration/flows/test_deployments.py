@@ -10,7 +10,7 @@ import time
 import pytest
 import yaml
 
-from flows.serve import REPO_ROOT, prefect_bin, prefect_stack
+from flows.serve import REPO_ROOT, prefect_bin, prefect_database_url, prefect_stack
 
 pytestmark = [pytest.mark.slow]
 
@@ -39,9 +39,8 @@ def test_prefect_yaml_declares_every_flow_on_one_process_pool():
 
 def test_stack_serves_deployments_and_the_worker_runs_them(tmp_path, monkeypatch, database_url):
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
-    monkeypatch.setenv("GPUAAS_DATABASE_URL", database_url)
     monkeypatch.setenv("GPUAAS_RUNS_DIR", str(tmp_path / "runs"))
-    with prefect_stack(free_port()) as stack:
+    with prefect_stack(database_url, free_port(), prefect_database_url(database_url)) as stack:
         assert stack.database == "PostgreSQL"
         env = {"PREFECT_API_URL": stack.api_url, "COLUMNS": "250"}
         listed = subprocess.run(

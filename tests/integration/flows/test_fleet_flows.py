@@ -11,7 +11,7 @@ from controlplane.enums import AdminState
 from controlplane.services.inventory import NodeSpec
 from flows.fleet import approve_slots, discover_topology, parity_sweep
 from tests.integration.flows.conftest import SLICE_TAGS
-from tests.integration.flows.prefect_reads import table_artifact
+from tests.integration.flows.prefect_reads import flow_run_logs, table_artifact
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefect")]
 
@@ -44,10 +44,18 @@ def test_discovery_stores_maps_as_node_task_output_and_slots_stay_disabled(simul
 
 def test_approval_flow_approves_or_refuses_whole(simulated_fleet):
     discover_topology()
-    assert approve_slots("j22u15")["approved"] == list(range(8))
+    approved = approve_slots("j22u15", return_state=True)
+    assert approved.result()["approved"] == list(range(8))
+    assert "j22u15: approved slots [0, 1, 2, 3, 4, 5, 6, 7], already available []" in (
+        flow_run_logs(approved.state_details.flow_run_id)
+    )
     refused = approve_slots("j22u05", return_state=True)
     assert refused.is_failed()
     assert "nothing was approved" in refused.message
+    assert any(
+        line.startswith("approval refused, nothing written:")
+        for line in flow_run_logs(refused.state_details.flow_run_id)
+    )
     statuses = {(s["node"], s["status"]) for s in simulated_fleet.list_slots()}
     assert ("j22u05", "available") not in statuses
     assert ("j22u15", "available") in statuses
@@ -57,7 +65,11 @@ def test_parity_sweep_marks_failing_nodes_unavailable_without_overriding_a_drain
     simulated_fleet, engine
 ):
     simulated_fleet.set_admin_state("j22u05", AdminState.DRAINING, "operator maintenance")
-    verdicts = {r["node"]: r for r in parity_sweep(batch_size=2)}
+    swept = parity_sweep(batch_size=2, return_state=True)
+    verdicts = {r["node"]: r for r in swept.result()}
+    logged = flow_run_logs(swept.state_details.flow_run_id)
+    assert "parity sweep over 3 node(s) in 2 batch(es) of up to 2, 4 at once" in logged
+    assert any(line.startswith("j22u11: parity FAILED (") for line in logged), logged
     assert set(verdicts) == {"j22u05", "j22u11", "j22u15"}
     # No dnsmasq or libvirt runs in these namespaces: parity must fail honestly.
     assert all(v["failures"] > 0 for v in verdicts.values())
@@ -118,9 +130,9 @@ def test_discovery_failure_fails_the_node_task_keeps_evidence_and_imports_nothin
     table = table_artifact(state.state_details.flow_run_id, "topology-discovery")
     by_node = {row["node"]: row for row in table}
     assert set(by_node) == {"j22u15", "j22u99"}
-    assert by_node["j22u15"]["discovered"] == "True"
+    assert by_node["j22u15"]["discovered"] == "yes"
     assert by_node["j22u15"]["approvable slots"] == "8"
-    assert by_node["j22u99"]["discovered"] == "False"
+    assert by_node["j22u99"]["discovered"] == "no"
     assert "not a host root" in by_node["j22u99"]["failure"]
 
 
@@ -185,3 +197,13 @@ def test_parity_sweep_makes_passing_nodes_schedulable_in_bounded_concurrent_batc
 def test_parity_sweep_refuses_unbounded_settings(simulated_fleet):
     state = parity_sweep(parallel_batches=0, return_state=True)
     assert state.is_failed() and "at least 1" in state.message
+
+
+def test_parity_sweep_that_matches_no_node_says_so(simulated_fleet):
+    state = parity_sweep(region="region-nowhere", return_state=True)
+    assert state.is_completed() and state.result() == []
+    logged = flow_run_logs(state.state_details.flow_run_id)
+    assert (
+        "no node matched (hosts: any, region: region-nowhere, profile intent: slice_vm); "
+        "nothing to do"
+    ) in logged

@@ -13,7 +13,12 @@ from controlplane.audit import audit
 from flows.allocation import provision_allocation, release_allocation
 from flows.fleet import approve_slots, discover_topology
 from flows.reconcile import reconcile
-from tests.integration.flows.prefect_reads import progress_artifact
+from tests.integration.flows.prefect_reads import (
+    flow_run_logs,
+    progress_artifact,
+    table_artifact,
+    table_cells,
+)
 from tests.integration.flows.test_allocation_flows import add_catalog_image
 
 pytestmark = [
@@ -48,6 +53,27 @@ def test_provision_then_release_a_real_slice_vm_through_the_flows(lab_node, engi
         provisioned.state_details.flow_run_id, f"provision-progress-{result['allocation_id']}"
     )
     assert progress.data == 100 and progress.description.endswith(": done")
+    logged = "\n".join(flow_run_logs(provisioned.state_details.flow_run_id))
+    for step in (
+        "placing lab-slice x1",
+        f"placed allocation {result['allocation_id']} on {host.hostname}, slots [0]",
+        "is provisioning on",
+        "Check every precondition before writing anything: ok",
+        "Write the NoCloud seed",
+        "Verify the image and clone it onto the boot disk: changed",
+        "Reserve the MAC to IP mapping in dnsmasq: changed",
+        "Define and start the domain: changed",
+        "lease: mac",
+        "10.100.0.10, matched",
+        "SSH gate passed",
+        f"allocation {result['allocation_id']} is active",
+    ):
+        assert step in logged, (step, logged)
+    evidence = table_artifact(
+        provisioned.state_details.flow_run_id, f"provision-{result['allocation_id']}"
+    )
+    assert "artifacts" not in {row["field"] for row in evidence}
+    assert not [c for c in table_cells(evidence) if "{'" in c or "['" in c], evidence
     readiness = result["readiness"]
     assert (
         readiness["mac"],
@@ -77,6 +103,17 @@ def test_provision_then_release_a_real_slice_vm_through_the_flows(lab_node, engi
         release_state.state_details.flow_run_id, f"release-progress-{allocation}"
     )
     assert progress.data == 100 and progress.description.endswith(": done")
+    logged = "\n".join(flow_run_logs(release_state.state_details.flow_run_id))
+    for step in (
+        f"allocation {allocation} is releasing on {host.hostname} (slots [0])",
+        "Shut the domain down (hard stop on timeout) and undefine it with its NVRAM: changed",
+        "Remove the DHCP reservation and end the stale lease: changed",
+        "Wipe every slot disk with proof: changed",
+        "stop: ",
+        "wiped by blkdiscard, verified True; slot now available",
+        f"allocation {allocation} released",
+    ):
+        assert step in logged, (step, logged)
     shown = cp.show_allocation(uuid.UUID(allocation))
     assert shown["state"] == "released"
     slot = cp.list_slots(host.hostname)[0]
