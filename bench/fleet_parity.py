@@ -1,6 +1,6 @@
 """Fleet sweep benchmark: topology discovery + slice parity over 100 inventory hosts.
 
-Every host uses the local connection and its own generated host tree (controlplane.hosttrees),
+Every host uses the local connection and its own generated host tree (gpuaas_lab.hosttrees),
 so the figures measure Ansible + module cost, not SSH. The same sweep (both playbooks,
 imported by one wrapper) runs twice in this process: plain `ansible-playbook`, then
 `ansible_runner.run` (what the Prefect flows use); the ratio is ansible-runner's overhead.
@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from controlplane import hosttrees  # noqa: E402
+from gpuaas_lab import hosttrees  # noqa: E402
 
 TARGET_SECONDS = 60.0
 SCENARIOS = ("clean", "h200", "missing-vfs", "duplicate-fabric", "clean-rebooted")

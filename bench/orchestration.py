@@ -1,7 +1,7 @@
 """Orchestration benchmark: what the flows, the runner bridge and the store cost per
 allocation, apart from the host work itself, and a 100-allocation burst.
 
-1. Real slice VMs, where this machine can run them (controlplane.lab.slicehost: libvirtd,
+1. Real slice VMs, where this machine can run them (gpuaas_lab.slicehost: libvirtd,
    dnsmasq and a loop disk in private namespaces, a tiny guest under QEMU emulation):
    ``--cycles`` allocations each go provision_allocation -> active (lease and SSH gate)
    -> release_allocation -> wipe proof -> available, one after the other (the lab host
@@ -44,9 +44,9 @@ from sqlalchemy import Engine, create_engine, text
 from controlplane import migrate
 from controlplane.api import ControlPlane
 from controlplane.embedded import EmbeddedPostgres
-from controlplane.lab.hosts import HostPlan, SimulatedFleet
-from controlplane.lab.slicehost import LAB_SKU, LabSliceHost, unavailable_reason
 from controlplane.services.inventory import NodeSpec
+from gpuaas_lab.hosts import HostPlan, SimulatedFleet
+from gpuaas_lab.slicehost import LAB_SKU, LabSliceHost, unavailable_reason
 
 USERS = [{"name": "bench", "ssh_authorized_keys": []}]
 BURST_IMAGE = "bench-image"

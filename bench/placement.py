@@ -64,7 +64,7 @@ from controlplane.embedded import EmbeddedPostgres
 from controlplane.scheduler.placement import Placement, PlacementRequest, Scheduler
 from controlplane.scheduler.ranking import Policy
 from controlplane.services import allocations
-from controlplane.synthetic import FleetSpec, create_fleet
+from gpuaas_lab.synthetic import FleetSpec, create_fleet
 
 SLICE = "h200-sxm-slice"
 BAREMETAL = "h200-sxm-baremetal"

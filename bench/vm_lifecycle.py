@@ -1,8 +1,8 @@
 """Slice VM lifecycle benchmark: provision-to-ready and release-to-wiped, split by phase.
 
-Everything runs in one private lab (controlplane/lab/vmlab.py: network + mount namespace,
+Everything runs in one private lab (lab/gpuaas_lab/vmlab.py: network + mount namespace,
 Linux bridge, NAT, dnsmasq, libvirtd, a loop device as the slot disk) with the cached tiny
-UEFI guest (controlplane/lab/vmguest.py) under QEMU emulation, without VFIO hostdevs.
+UEFI guest (lab/gpuaas_lab/vmguest.py) under QEMU emulation, without VFIO hostdevs.
 
 1. Baseline, same run: the guest's own boot. The same domain XML our module builds is
    defined and started with plain `virsh` on a disk cloned with plain `qemu-img`, its
@@ -60,8 +60,8 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils import (  # noqa: E40
     vm_seed,
 )
 
-from controlplane.lab.vmguest import ensure_guest_image, unavailable_reason  # noqa: E402
-from controlplane.lab.vmlab import (  # noqa: E402
+from gpuaas_lab.vmguest import ensure_guest_image, unavailable_reason  # noqa: E402
+from gpuaas_lab.vmlab import (  # noqa: E402
     PlaybookRun,
     VmLab,
     make_allocation,

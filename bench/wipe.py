@@ -33,7 +33,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils.disk_wipe import (  #
     run_wipe,
 )
 
-from controlplane.lab.loopdev import MIB, LoopLab, loop_unavailable_reason  # noqa: E402
+from gpuaas_lab.loopdev import MIB, LoopLab, loop_unavailable_reason  # noqa: E402
 
 METHODS = ("nvme_format", "blkdiscard", "write_zeroes", "zero")
 DATA_MIB = 256

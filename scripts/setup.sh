@@ -35,12 +35,21 @@ fi
 [ -n "$python_bin" ] || { echo "setup: Python 3.11 is required" >&2; exit 1; }
 
 stamp="$venv/.gpuaas-setup"
-want=$(cat requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.lock pyproject.toml lab/pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   [ -x "$venv/bin/python" ] || "$python_bin" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -r requirements.lock
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e .
+  # The project and the lab package (demo, labs, synthetic fleets: development only, not
+  # product code), editable. setuptools explains editable installs at length on every
+  # build: its output is shown only if the install fails.
+  for project in . lab; do
+    if ! log=$("$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+        -e "$project" 2>&1); then
+      echo "$log" >&2
+      exit 1
+    fi
+  done
   echo "$want" > "$stamp"
 fi
 

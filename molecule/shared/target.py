@@ -2,7 +2,7 @@
 
 There is no container engine here, so a target is built from kernel primitives:
 
-- a uniquely named network namespace (controlplane/lab/netns.py) with an uplink veth to a
+- a uniquely named network namespace (lab/gpuaas_lab/netns.py) with an uplink veth to a
   "world" namespace (192.0.2.254, the default route) and, when asked, a `tmfifo_net0`
   veth whose peer in the world namespace is the BF3 side (192.168.100.2/30);
 - a private mount namespace, held by a `sleep` process, in which /etc, /var and
@@ -19,7 +19,7 @@ There is no container engine here, so a target is built from kernel primitives:
     target.py disks   STATE_DIR --shares N --raw M  # loop disks: host shares (mounted in
                                                 # the target, in its fstab) and raw disks
     target.py create-vmlab STATE_DIR [--bridge-type linux]  # a slice host for the VM roles:
-        # controlplane.lab.vmlab's lab (bridge, NAT, dnsmasq, libvirtd, a slot disk) and one
+        # gpuaas_lab.vmlab's lab (bridge, NAT, dnsmasq, libvirtd, a slot disk) and one
         # allocation's role variables in STATE_DIR/allocation.json
     target.py check-network STATE_DIR --bridge ovsbr0 --bridge-type openvswitch \
         --slot MAC=IP --slot MAC=IP --unapproved-mac MAC   # behaviour checks, JSON out
@@ -47,10 +47,10 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
-from controlplane.lab.loopdev import LoopLab  # noqa: E402
-from controlplane.lab.netns import NetNamespace, NetnsError  # noqa: E402
-from controlplane.lab.vmguest import ensure_guest_image  # noqa: E402
-from controlplane.lab.vmlab import VmLab, VmLabError, make_allocation  # noqa: E402
+from gpuaas_lab.loopdev import LoopLab  # noqa: E402
+from gpuaas_lab.netns import NetNamespace, NetnsError  # noqa: E402
+from gpuaas_lab.vmguest import ensure_guest_image  # noqa: E402
+from gpuaas_lab.vmlab import VmLab, VmLabError, make_allocation  # noqa: E402
 
 VENV_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
 OVERLAID = ("/etc", "/var", "/usr/local")

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from controlplane.lab.slicehost import unavailable_reason
+from gpuaas_lab.slicehost import unavailable_reason
 
-DEMO_DATA = resources.files("controlplane.demo_data")
+DEMO_DATA = resources.files("gpuaas_lab.demo_data")
 
 
 def gpuaas(env, *args, stdin=None):
     return subprocess.run(
-        [sys.executable, "-m", "controlplane", *args],
+        [sys.executable, "-m", "gpuaas_cli", *args],
         env=env,
         capture_output=True,
         text=True,

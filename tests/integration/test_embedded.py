@@ -28,7 +28,7 @@ def pgdata():
 
 def gpuaas(env, *args):
     proc = subprocess.run(
-        [sys.executable, "-m", "controlplane", *args, "--json"],
+        [sys.executable, "-m", "gpuaas_cli", *args, "--json"],
         env=env,
         capture_output=True,
         text=True,

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from controlplane.api import ControlPlane
-from controlplane.demo import recorded_map
 from controlplane.enums import AdminState
 from controlplane.services.inventory import NodeSpec
+from gpuaas_lab.demo import recorded_map
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ from controlplane.audit import audit
 from controlplane.enums import AdminState
 from controlplane.errors import GpuaasError
 from controlplane.scheduler.placement import PlacementRequest
-from controlplane.synthetic import FleetSpec, create_fleet
+from gpuaas_lab.synthetic import FleetSpec, create_fleet
 
 SLICE = "h200-sxm-slice"
 BAREMETAL = "h200-sxm-baremetal"

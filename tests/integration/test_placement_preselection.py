@@ -17,7 +17,7 @@ from sqlalchemy import text
 from controlplane.repositories.capacity import ELIGIBLE_SLOTS_SQL
 from controlplane.scheduler.placement import Placement, PlacementRequest, Scheduler
 from controlplane.scheduler.ranking import Policy, SliceNode, SlotView, rank_slice_nodes
-from controlplane.synthetic import FleetSpec, create_fleet
+from gpuaas_lab.synthetic import FleetSpec, create_fleet
 
 SLICE = "h200-sxm-slice"
 NODES = 60

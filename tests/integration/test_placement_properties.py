@@ -22,7 +22,7 @@ from controlplane.enums import AdminState
 from controlplane.errors import GpuaasError
 from controlplane.repositories.capacity import ELIGIBLE_SLOTS_SQL
 from controlplane.scheduler.placement import PlacementRequest
-from controlplane.synthetic import FleetSpec, create_fleet
+from gpuaas_lab.synthetic import FleetSpec, create_fleet
 
 SLICE = "h200-sxm-slice"
 BAREMETAL = "h200-sxm-baremetal"

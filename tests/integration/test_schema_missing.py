@@ -38,7 +38,7 @@ def test_control_plane_on_an_empty_database_names_the_fix(empty_database_url, ca
 
 def test_cli_on_an_empty_database_names_the_fix(empty_database_url):
     proc = subprocess.run(
-        [sys.executable, "-m", "controlplane", "node", "list", "--json"],
+        [sys.executable, "-m", "gpuaas_cli", "node", "list", "--json"],
         env={"GPUAAS_DATABASE_URL": empty_database_url, "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,

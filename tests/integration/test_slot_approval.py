@@ -18,9 +18,7 @@ SLICE = ("gpuaas-profile-slice-vm",)
 
 
 def recorded(name: str) -> dict:
-    return json.loads(
-        resources.files("controlplane.demo_data").joinpath(f"{name}.json").read_text()
-    )
+    return json.loads(resources.files("gpuaas_lab.demo_data").joinpath(f"{name}.json").read_text())
 
 
 def as_node(doc: dict, hostname: str) -> dict:

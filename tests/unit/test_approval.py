@@ -17,7 +17,7 @@ NODE = approval.NodeFacts(
 
 
 def clean_map() -> dict:
-    text = resources.files("controlplane.demo_data").joinpath("j22u15.json").read_text()
+    text = resources.files("gpuaas_lab.demo_data").joinpath("j22u15.json").read_text()
     return json.loads(text)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from controlplane.lab.vmlab import SharedDevDisk
+from gpuaas_lab.vmlab import SharedDevDisk
 
 
 def labs(tmp_path, count):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.lab.netns import netns_unavailable_reason
+from gpuaas_lab.netns import netns_unavailable_reason
 
 # A target's GRUB defaults before the bootstrap stages its kernel arguments.
 GRUB = 'GRUB_CMDLINE_LINUX="console=ttyS0"\n'

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane import hosttrees
-from controlplane.lab.netns import NetNamespace, require_netns
+from gpuaas_lab import hosttrees
+from gpuaas_lab.netns import NetNamespace, require_netns
 from tests.integration.discovery.discovery_helpers import REPO, VENV_BIN
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.lab.netns import NetNamespace
+from gpuaas_lab.netns import NetNamespace
 
 REPO = Path(__file__).resolve().parents[3]
 VENV_BIN = Path(sys.executable).parent

@@ -160,7 +160,7 @@ def test_parity_flips_with_the_namespace_state(slice_ns, trees, ansible_env, tmp
 def ok_json(env: dict, *args: str) -> dict:
     """The gpuaas CLI as an operator runs it, --json output."""
     proc = subprocess.run(
-        [sys.executable, "-m", "controlplane", *args, "--json"],
+        [sys.executable, "-m", "gpuaas_cli", *args, "--json"],
         env=env,
         capture_output=True,
         text=True,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.lab.netns import NetNamespace
+from gpuaas_lab.netns import NetNamespace
 from tests.integration.discovery.discovery_helpers import (
     GATEWAY,
     parity_in,

@@ -1,6 +1,6 @@
 """Flow tests: Prefect's test harness, the real store, ansible-runner on simulated hosts.
 
-A simulated host is a recorded host tree (controlplane.hosttrees) read by the modules,
+A simulated host is a recorded host tree (gpuaas_lab.hosttrees) read by the modules,
 plus a network namespace of its own holding the live slice network (bridge, NAT,
 forwarding, uplink) that discovery and parity inspect. Modules run inside the namespace
 through an interpreter wrapper, so every host sees only its own network.
@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import pytest
 
 from controlplane.api import ControlPlane
-from controlplane.lab.hosts import HostPlan, SimulatedFleet
-from controlplane.lab.netns import netns_unavailable_reason
-from controlplane.lab.slicehost import LAB_SKU, LabSliceHost, unavailable_reason
 from controlplane.services.inventory import NodeSpec
+from gpuaas_lab.hosts import HostPlan, SimulatedFleet
+from gpuaas_lab.netns import netns_unavailable_reason
+from gpuaas_lab.slicehost import LAB_SKU, LabSliceHost, unavailable_reason
 
 SLICE_TAGS = ("gpuaas-profile-slice-vm",)
 # hostname -> (host tree scenario, slice network has NAT)

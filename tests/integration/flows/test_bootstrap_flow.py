@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import text
 
 from controlplane.api import ControlPlane
-from controlplane.demo import recorded_map
 from controlplane.services.inventory import NodeSpec
 from flows.fleet import bootstrap_host
+from gpuaas_lab.demo import recorded_map
 from tests.integration.bootstrap.conftest import (
     CANNOT_PASS,
     GRUB,

@@ -24,10 +24,10 @@ from sqlalchemy import text
 
 from controlplane.audit import audit
 from controlplane.enums import AllocationState
-from controlplane.lab.slicehost import LAB_SKU
 from controlplane.scheduler.placement import PlacementRequest
 from flows.fleet import approve_slots, discover_topology
 from flows.reconcile import reconcile
+from gpuaas_lab.slicehost import LAB_SKU
 from tests.integration.flows.test_allocation_flows import add_catalog_image
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefect")]

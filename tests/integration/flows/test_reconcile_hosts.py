@@ -1,5 +1,5 @@
 """Reconcile against a real slice host: libvirtd, dnsmasq and a loop disk in the lab's
-namespaces (controlplane.lab.slicehost), probed by slice_host_state through the flows.
+namespaces (gpuaas_lab.slicehost), probed by slice_host_state through the flows.
 
 Domains are defined (not started) from the collection's own domain XML builder, so the
 host reports them as it would any slice VM, without the cost of booting a guest.
@@ -21,10 +21,10 @@ from sqlalchemy import text
 from controlplane.api import ControlPlane
 from controlplane.audit import audit
 from controlplane.enums import AllocationState
-from controlplane.lab.slicehost import LAB_SKU, LabSliceHost
 from controlplane.scheduler.placement import PlacementRequest
 from flows.fleet import approve_slots, discover_topology
 from flows.reconcile import reconcile
+from gpuaas_lab.slicehost import LAB_SKU, LabSliceHost
 from tests.integration.flows.prefect_reads import assert_progress_done
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefect")]

@@ -15,12 +15,13 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from controlplane import db, hosttrees
+from controlplane import db
 from controlplane.api import ControlPlane
 from controlplane.secrets import SCRUBBED
 from controlplane.services.inventory import NodeSpec
 from flows.hostwork import DISCOVER, run_host_action
 from flows.runner import PlaybookRun, run_playbook, scrub_artifacts
+from gpuaas_lab import hosttrees
 
 pytestmark = [pytest.mark.slow]
 

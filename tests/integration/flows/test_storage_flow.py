@@ -14,9 +14,9 @@ from sqlalchemy import text
 
 from controlplane.api import ControlPlane
 from controlplane.errors import Conflict, InvalidInput
-from controlplane.lab.loopdev import LoopLab, require_loop
 from controlplane.services.inventory import NodeSpec
 from flows.fleet import storage_transition
+from gpuaas_lab.loopdev import LoopLab, require_loop
 from tests.integration.flows.prefect_reads import assert_progress_done
 from tests.integration.storage.storage_helpers import raw_state
 

@@ -21,9 +21,9 @@ import pytest
 
 from controlplane import db
 from controlplane.api import ControlPlane
-from controlplane.demo import DEMO_DATABASE
 from controlplane.services.inventory import NodeSpec
 from flows.serve import prefect_bin
+from gpuaas_lab.demo import DEMO_DATABASE
 from tests.integration.flows.test_deployments import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("prefect")]
@@ -61,7 +61,7 @@ class UiProcess:
     def __init__(self, env: dict[str, str], *args: str) -> None:
         self.port = free_port()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "controlplane", "ui", "--port", str(self.port), *args],
+            [sys.executable, "-m", "gpuaas_cli", "ui", "--port", str(self.port), *args],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -139,7 +139,7 @@ def demo_fleet(pg_cluster, template_database):
             slice_subnet="10.100.0.0/24",
         )
     )
-    recorded = resources.files("controlplane.demo_data").joinpath("j22u15.json").read_text()
+    recorded = resources.files("gpuaas_lab.demo_data").joinpath("j22u15.json").read_text()
     cp.import_topology("j22u15", json.loads(recorded), "test")
     try:
         yield cp

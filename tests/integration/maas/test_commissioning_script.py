@@ -17,7 +17,7 @@ import yaml
 from ansible_collections.gpuaas.fleet.plugins.module_utils import firmware_preflight as fp
 from ansible_collections.gpuaas.fleet.plugins.module_utils import parity, sysfs
 
-from controlplane import hosttrees
+from gpuaas_lab import hosttrees
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = REPO_ROOT / "scripts" / "maas" / "commissioning" / "50-gpuaas-slice-firmware-preflight"

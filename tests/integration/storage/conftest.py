@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.lab.loopdev import LoopLab, require_loop
+from gpuaas_lab.loopdev import LoopLab, require_loop
 from tests.integration.storage.storage_helpers import ansible_environment
 
 

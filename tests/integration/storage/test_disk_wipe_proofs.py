@@ -22,7 +22,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils.disk_wipe import (
     write_markers,
 )
 
-from controlplane.lab.loopdev import MIB, read_direct, signatures, write_direct
+from gpuaas_lab.loopdev import MIB, read_direct, signatures, write_direct
 from tests.integration.storage.storage_helpers import raw_state, run_module, run_playbook
 
 pytestmark = pytest.mark.root

@@ -16,7 +16,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils.storage_transition im
     run_transition,
 )
 
-from controlplane.lab.loopdev import LoopLab, require_loop, start_mount_namespace
+from gpuaas_lab.loopdev import LoopLab, require_loop, start_mount_namespace
 from tests.integration.storage.storage_helpers import raw_state
 
 pytestmark = pytest.mark.root

@@ -21,7 +21,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils.storage_transition im
     run_transition,
 )
 
-from controlplane.lab.loopdev import (
+from gpuaas_lab.loopdev import (
     LoopDisk,
     LoopLab,
     private_mount_namespace_argv,

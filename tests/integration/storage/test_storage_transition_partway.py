@@ -13,7 +13,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils.storage_transition im
     run_transition,
 )
 
-from controlplane.lab.loopdev import run
+from gpuaas_lab.loopdev import run
 from tests.integration.storage.storage_helpers import raw_state
 
 pytestmark = pytest.mark.root

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.lab.vmguest import GuestImage, ensure_guest_image, unavailable_reason
-from controlplane.lab.vmlab import (
+from gpuaas_lab.vmguest import GuestImage, ensure_guest_image, unavailable_reason
+from gpuaas_lab.vmlab import (
     Allocation,
     VmLab,
     make_allocation,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.lab.netns import NetNamespace, unique_ifname
+from gpuaas_lab.netns import NetNamespace, unique_ifname
 
 pytestmark = [pytest.mark.root]
 

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from controlplane.lab.loopdev import signatures
-from controlplane.lab.vmlab import PlaybookRun, VmLab
+from gpuaas_lab.loopdev import signatures
+from gpuaas_lab.vmlab import PlaybookRun, VmLab
 
 pytestmark = [pytest.mark.root, pytest.mark.vm, pytest.mark.slow]
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.lab.loopdev import LoopDisk
-from controlplane.lab.vmlab import REPO_ROOT
+from gpuaas_lab.loopdev import LoopDisk
+from gpuaas_lab.vmlab import REPO_ROOT
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import ansible_runner
 import pytest
 
-from controlplane.lab.vmlab import REPO_ROOT, VENV_BIN
+from gpuaas_lab.vmlab import REPO_ROOT, VENV_BIN
 
 pytestmark = [pytest.mark.root]
 

@@ -27,7 +27,7 @@ import time
 import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_domain
 
-from controlplane.lab.loopdev import signatures, write_direct
+from gpuaas_lab.loopdev import signatures, write_direct
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane import hosttrees
+from gpuaas_lab import hosttrees
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils import firmware_preflight as fp
 from ansible_collections.gpuaas.fleet.plugins.module_utils import parity
 
-from controlplane import hosttrees
+from gpuaas_lab import hosttrees
 
 PROC_DISABLED = """[Key=BIOS.Setup.1-1#ProcSettings]
 LogicalProc=Disabled

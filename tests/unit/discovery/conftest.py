@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils import topology
 
-from controlplane import hosttrees
+from gpuaas_lab import hosttrees
 
 COLLECTED_AT = "2026-04-24T10:00:00Z"
 

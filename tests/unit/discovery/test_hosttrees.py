@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from controlplane import hosttrees
+from gpuaas_lab import hosttrees
 
 
 def test_mountinfo_refers_to_block_devices_by_major_minor(host_tree):
@@ -65,7 +65,7 @@ def test_unknown_scenario(tmp_path):
 def test_cli_writes_a_tree(tmp_path):
     dest = tmp_path / "j22u11"
     proc = subprocess.run(
-        [sys.executable, "-m", "controlplane.hosttrees", "missing-vfs", "j22u11", str(dest)],
+        [sys.executable, "-m", "gpuaas_lab.hosttrees", "missing-vfs", "j22u11", str(dest)],
         capture_output=True,
         text=True,
         check=True,

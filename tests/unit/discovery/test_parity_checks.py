@@ -12,7 +12,7 @@ import sys
 import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils import parity, sysfs
 
-from controlplane import hosttrees
+from gpuaas_lab import hosttrees
 
 NOW = datetime.datetime(2026, 4, 24, 10, 30, tzinfo=datetime.UTC)
 

@@ -10,7 +10,7 @@ import os
 import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils import topology
 
-from controlplane import hosttrees
+from gpuaas_lab import hosttrees
 
 H200_GPUS = {
     "0000:1b:00.0": 0,

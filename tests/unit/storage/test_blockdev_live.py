@@ -15,7 +15,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils.blockdev import (
     read_mountinfo,
 )
 
-from controlplane.lab.loopdev import private_mount_namespace_argv, run
+from gpuaas_lab.loopdev import private_mount_namespace_argv, run
 
 pytestmark = pytest.mark.root
 

@@ -12,7 +12,7 @@ import yaml
 from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_seed
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import VmError
 
-from controlplane.lab.vmguest import USERDATA_AWK
+from gpuaas_lab.vmguest import USERDATA_AWK
 
 ALLOCATION = "158ea147-0115-407f-bbd5-1850c32b9517"
 TENANT_KEY = (
@@ -64,7 +64,7 @@ def test_meta_data_instance_id_is_the_allocation_and_network_config_matches_the_
 
 @pytest.mark.skipif(shutil.which("busybox") is None, reason="busybox missing")
 def test_the_tiny_guest_parser_reads_the_same_users_and_keys(tmp_path: Path):
-    """The guest's awk parser (controlplane/lab/vmguest.py) agrees with a YAML parser."""
+    """The guest's awk parser (lab/gpuaas_lab/vmguest.py) agrees with a YAML parser."""
     seed = files()
     (tmp_path / "user-data").write_bytes(seed["user-data"])
     (tmp_path / "parser.awk").write_text(USERDATA_AWK)

@@ -25,11 +25,12 @@ from typing import Any
 from rich.console import Console
 from rich.rule import Rule
 
-from controlplane import cli, db
+from controlplane import db
 from controlplane.api import ControlPlane
 from controlplane.embedded import EmbeddedPostgres
 from controlplane.scheduler.placement import PlacementRequest
 from controlplane.services.inventory import NodeSpec
+from gpuaas_cli import render
 
 DEMO_DATABASE = "gpuaas_demo"
 ACTOR = "demo"
@@ -62,7 +63,7 @@ PLACEMENTS = [
 
 def recorded_map(hostname: str) -> dict[str, Any]:
     return json.loads(
-        resources.files("controlplane.demo_data").joinpath(f"{hostname}.json").read_text()
+        resources.files("gpuaas_lab.demo_data").joinpath(f"{hostname}.json").read_text()
     )
 
 
@@ -80,7 +81,7 @@ def demo_control_plane(console: Console) -> ControlPlane:
 
 
 def simulation_unavailable_reason() -> str | None:
-    from controlplane.lab.netns import netns_unavailable_reason
+    from gpuaas_lab.netns import netns_unavailable_reason
 
     return netns_unavailable_reason()
 
@@ -88,7 +89,7 @@ def simulation_unavailable_reason() -> str | None:
 @contextlib.contextmanager
 def simulated_hosts(root: Path) -> Iterator[dict[str, dict[str, Any]] | None]:
     """Host vars of simulated slice hosts, or None when this machine cannot build them."""
-    from controlplane.lab.hosts import HostPlan, SimulatedFleet
+    from gpuaas_lab.hosts import HostPlan, SimulatedFleet
 
     plans = [HostPlan(h, scenario, nat) for h, _, _, scenario, nat in SAMPLE_FLEET if scenario]
     with SimulatedFleet(root, plans) as fleet:
@@ -121,12 +122,12 @@ def discover_and_approve(cp: ControlPlane, console: Console, simulated: bool) ->
         for hostname in slice_hosts:
             outcome = results.get(hostname, {}) if isinstance(results, dict) else {}
             if outcome.get("import"):
-                cli.render_import(outcome["import"])
+                render.render_import(outcome["import"])
             else:
                 console.print(f"[red]{hostname}[/red]: discovery failed: {outcome.get('failure')}")
     else:
         for hostname in slice_hosts:
-            cli.render_import(cp.import_topology(hostname, recorded_map(hostname), ACTOR))
+            render.render_import(cp.import_topology(hostname, recorded_map(hostname), ACTOR))
     console.print(Rule("3. approve slots through the approve_slots flow (all or nothing)"))
     for hostname in slice_hosts:
         state = approve_slots(hostname, return_state=True)
@@ -165,7 +166,7 @@ def place_mix(cp: ControlPlane, console: Console) -> list[dict[str, Any]]:
 
 
 def render_trail(cp: ControlPlane, console: Console) -> None:
-    cli.table(
+    render.table(
         "evidence trail (newest first)",
         ["id", "kind", "passed", "node", "summary"],
         [
@@ -178,7 +179,7 @@ def render_trail(cp: ControlPlane, console: Console) -> None:
 def main() -> None:
     from flows.serve import prefect_home
 
-    console = cli.out
+    console = render.out
     os.environ.setdefault("PREFECT_HOME", str(prefect_home()))
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     # The flows run against a temporary local Prefect server; on a busy 2-core machine it
@@ -197,7 +198,7 @@ def main() -> None:
         with hosts_cm or contextlib.nullcontext() as host_vars:
             console.print(Rule("1. register the sample fleet (profile intent from MAAS tags)"))
             register(cp, host_vars)
-            cli.render_nodes(cp.list_nodes())
+            render.render_nodes(cp.list_nodes())
             console.print(Rule("2. discover topology (candidates stay disabled)"))
             if reason:
                 console.print(
@@ -210,13 +211,13 @@ def main() -> None:
             place_mix(cp, console)
 
             console.print(Rule("5. provision a slice VM for real, release it with a wipe proof"))
-            from controlplane.lab.demo_vm import run_vm_demo
+            from gpuaas_lab.demo_vm import run_vm_demo
 
             run_vm_demo(cp, console, Path(scratch) / "vm")
 
             console.print(Rule("6. slots and occupancy"))
-            cli.render_slots(cp.list_slots())
-            cli.render_occupancy(cp.occupancy())
+            render.render_slots(cp.list_slots())
+            render.render_occupancy(cp.occupancy())
             console.print(Rule("7. evidence"))
             render_trail(cp, console)
     console.print(Rule("Prefect UI"))

@@ -6,7 +6,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from controlplane.cli import app
+from gpuaas_cli.app import app
 
 
 def command_paths(command, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

@@ -8,29 +8,25 @@ from __future__ import annotations
 
 import getpass
 import json
-import os
-import signal
 import sys
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich import box
 from rich.console import Console
-from rich.table import Table
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from controlplane import db
 from controlplane.api import ControlPlane
 from controlplane.enums import AdminState
 from controlplane.errors import GpuaasError, InvalidInput
 from controlplane.scheduler.placement import PlacementRequest
 from controlplane.services.inventory import NodeSpec
+from gpuaas_cli import lab, render
+from gpuaas_cli.render import out
 
 HELP = (
     "Operate a gpuaas fleet: nodes, slots, allocations, the image catalog, storage "
@@ -55,8 +51,6 @@ app.add_typer(storage_app, name="storage")
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
 NodeOpt = Annotated[str, typer.Option("--node", help="Node host name.")]
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded as evidence).")]
-
-out = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def actor() -> str:
@@ -96,15 +90,6 @@ def run(as_json: bool, action: Callable[[], Any], render: Callable[[Any], None])
         render(result)
 
 
-def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
-    grid = Table(title=title, title_justify="left")
-    for column in columns:
-        grid.add_column(column)
-    for row in rows:
-        grid.add_row(*("" if v is None else str(v) for v in row))
-    out.print(grid)
-
-
 # -- db ---------------------------------------------------------------------------------
 
 
@@ -135,27 +120,6 @@ def db_stop(as_json: JsonFlag = False) -> None:
 
 
 # -- node -------------------------------------------------------------------------------
-
-
-def render_nodes(nodes: list[dict[str, Any]]) -> None:
-    table(
-        "nodes",
-        ["hostname", "region", "family", "intent", "admin state", "subnet", "bridge", "maas id"],
-        [
-            [
-                n["hostname"],
-                n["region_code"],
-                n["node_family"],
-                n["profile_intent"],
-                n["admin_state"]
-                + (f" ({n['admin_state_reason']})" if n["admin_state_reason"] else ""),
-                n["slice_subnet"],
-                n["slice_bridge"],
-                n["maas_system_id"],
-            ]
-            for n in nodes
-        ],
-    )
 
 
 def parse_host_var(item: str) -> tuple[str, str]:
@@ -215,7 +179,7 @@ def node_list(
     region: Annotated[str | None, typer.Option("--region")] = None, as_json: JsonFlag = False
 ) -> None:
     """List nodes."""
-    run(as_json, lambda: control_plane().list_nodes(region), render_nodes)
+    run(as_json, lambda: control_plane().list_nodes(region), render.render_nodes)
 
 
 @node_app.command("drain")
@@ -267,26 +231,6 @@ def read_topology(source: str) -> Any:
     return document
 
 
-def render_import(result: dict[str, Any]) -> None:
-    out.print(
-        f"imported topology of {result['hostname']} collected at {result['collected_at']}: "
-        f"created {result['created']}, updated {result['updated']}, unchanged {result['unchanged']}"
-    )
-    if result["blockers"]:
-        counts = Counter(b["code"] for b in result["blockers"])
-        out.print(
-            "blockers: "
-            + ", ".join(f"{code} x{n}" if n > 1 else code for code, n in counts.items())
-        )
-    out.print(f"approvable slots: {result['approvable']}")
-    for index, reasons in sorted(result["not_approvable"].items()):
-        out.print(
-            f"slot {index} not approvable: " + ", ".join(sorted({r["code"] for r in reasons}))
-        )
-    for drift in result["drift"]:
-        out.print(f"drift on slot {drift['slot_index']} ({drift['status']})")
-
-
 @slots_app.command("import")
 def slots_import(
     node: NodeOpt,
@@ -297,7 +241,7 @@ def slots_import(
     run(
         as_json,
         lambda: control_plane().import_topology(node, read_topology(source), actor()),
-        render_import,
+        render.render_import,
     )
 
 
@@ -319,48 +263,12 @@ def slots_approve(
     )
 
 
-def short_disk(path: str | None, width: int = 24) -> str:
-    """A by-id name that fits a table cell: its head and its distinguishing tail."""
-    name = (path or "").removeprefix("/dev/disk/by-id/")
-    if len(name) <= width:
-        return name
-    head = width // 2 - 2
-    return f"{name[:head]}…{name[-(width - head - 1) :]}"
-
-
-def render_slots(slots: list[dict[str, Any]], console: Console | None = None) -> None:
-    """One line per slot at 120 columns; the long detail folds. Every binding (MAC, VF,
-    NUMA node, full disk path) is in ``--json``."""
-    grid = Table(
-        title="slots",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        padding=(0, 1, 0, 0),
-    )
-    for column in ("node", "slot", "status", "health", "gpu", "disk", "ip"):
-        grid.add_column(column, no_wrap=True)
-    grid.add_column("detail", overflow="fold")
-    for s in slots:
-        grid.add_row(
-            s["node"],
-            str(s["slot_index"]),
-            s["status"],
-            s["health_state"],
-            (s["gpu_pci_address"] or "").removeprefix("0000:"),
-            short_disk(s["nvme_device"]),
-            s["private_ip"] or "",
-            s["health_detail"] or "",
-        )
-    (console or out).print(grid)
-
-
 @slots_app.command("list")
 def slots_list(
     node: Annotated[str | None, typer.Option("--node")] = None, as_json: JsonFlag = False
 ) -> None:
     """List slots (optionally of one node)."""
-    run(as_json, lambda: control_plane().list_slots(node), render_slots)
+    run(as_json, lambda: control_plane().list_slots(node), render.render_slots)
 
 
 @slots_app.command("disable")
@@ -451,21 +359,7 @@ def image_register(
 def image_list(as_json: JsonFlag = False) -> None:
     """The catalog's images."""
 
-    def render(rows: list[dict[str, Any]]) -> None:
-        table = Table(title="images")
-        for column in ("slug", "status", "sha256", "path", "skus"):
-            table.add_column(column)
-        for r in rows:
-            table.add_row(
-                r["slug"],
-                r["status"],
-                r["digest_sha256"] or "",
-                r["image_path"] or "",
-                ", ".join(r["compatible_skus"]),
-            )
-        out.print(table)
-
-    run(as_json, lambda: control_plane().list_images(), render)
+    run(as_json, lambda: control_plane().list_images(), render.render_images)
 
 
 # -- storage ----------------------------------------------------------------------------
@@ -501,17 +395,6 @@ def parse_allocation_id(value: str) -> uuid.UUID:
         return uuid.UUID(value)
     except ValueError as exc:
         raise InvalidInput("allocation_id_invalid", f"{value!r} is not an allocation id") from exc
-
-
-def render_allocation(a: dict[str, Any]) -> None:
-    out.print(
-        f"allocation {a['id']}: {a['capacity_shape']} {a['sku']} x{a['gpu_count']} on "
-        f"{a['node']} — {a['state']}"
-        + (f" ({a['failure_reason']})" if a.get("failure_reason") else "")
-    )
-    for claim in a.get("claims", []):
-        target = f"slot {claim['slot_index']}" if claim["slot_index"] is not None else "whole node"
-        out.print(f"  claim {claim['kind']} on {target}: {claim['state']}")
 
 
 @alloc_app.command("create")
@@ -568,7 +451,7 @@ def alloc_show(
     run(
         as_json,
         lambda: control_plane().show_allocation(parse_allocation_id(allocation)),
-        render_allocation,
+        render.render_allocation,
     )
 
 
@@ -580,72 +463,11 @@ def alloc_list(
     run(
         as_json,
         lambda: control_plane().list_allocations(state),
-        lambda rows: table(
-            "allocations",
-            ["id", "shape", "sku", "gpus", "state", "node", "created"],
-            [
-                [
-                    a["id"],
-                    a["capacity_shape"],
-                    a["sku"],
-                    a["gpu_count"],
-                    a["state"],
-                    a["node"],
-                    a["created_at"],
-                ]
-                for a in rows
-            ],
-        ),
+        render.render_allocations,
     )
 
 
 # -- occupancy --------------------------------------------------------------------------
-
-
-def render_occupancy(result: dict[str, Any]) -> None:
-    table(
-        "node occupancy",
-        [
-            "node",
-            "region",
-            "intent",
-            "posture",
-            "slots",
-            "available",
-            "in use",
-            "cleanup",
-            "blocked",
-        ],
-        [
-            [
-                n["hostname"],
-                n["region_code"],
-                n["profile_intent"],
-                n["posture"],
-                n["slots"]["slots"],
-                n["slots"]["available"],
-                n["slots"]["in_use"],
-                n["slots"]["cleanup"],
-                n["slots"]["cleanup_blocked"],
-            ]
-            for n in result["nodes"]
-        ],
-    )
-    table(
-        "availability per SKU",
-        ["sku", "shape", "free GPUs", "largest same-node", "nodes", "placeable GPU counts"],
-        [
-            [
-                s["sku"],
-                s["capacity_shape"],
-                s["free_gpus"],
-                s["largest_same_node"],
-                s["nodes_with_capacity"],
-                ", ".join(map(str, s["placeable_gpu_counts"])) or "none",
-            ]
-            for s in result["skus"]
-        ],
-    )
 
 
 @app.command("occupancy")
@@ -653,66 +475,7 @@ def occupancy_command(
     region: Annotated[str | None, typer.Option("--region")] = None, as_json: JsonFlag = False
 ) -> None:
     """Node postures and aggregate availability per SKU (no PCI details)."""
-    run(as_json, lambda: control_plane().occupancy(region), render_occupancy)
-
-
-class StopRequested(Exception):
-    """A service manager (SIGTERM) or a closed terminal (SIGHUP) asked ``gpuaas ui`` to stop."""
-
-
-def stop_on_signals() -> None:
-    """SIGTERM and SIGHUP stop ``gpuaas ui`` as Ctrl-C does: the stack's children (in
-    sessions of their own, out of reach of the signal) are stopped on the way out. A
-    repeated signal during that shutdown is ignored, so it cannot cut it short."""
-
-    def request_stop(signum: int, _frame: object) -> None:
-        for handled in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(handled, signal.SIG_IGN)
-        raise StopRequested(signal.Signals(signum).name)
-
-    for handled in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(handled, request_stop)
-
-
-def ui_store(demo: bool) -> tuple[str, str | None]:
-    """The store the UI's worker acts on and the database for Prefect's own data (None:
-    Prefect's SQLite, where the demo's runs are). Refused unless its schema is current."""
-    from controlplane import migrate
-
-    if demo:
-        from controlplane.demo import DEMO_DATABASE
-        from controlplane.embedded import EmbeddedPostgres
-
-        cluster = EmbeddedPostgres()
-        cluster.start()
-        if not cluster.database_exists(DEMO_DATABASE):
-            raise GpuaasError(
-                "demo_not_run",
-                f"the embedded PostgreSQL has no {DEMO_DATABASE} database: run `make demo` first",
-            )
-        store_url, prefect_database = cluster.url(DEMO_DATABASE), None
-    else:
-        configured = os.environ.get(db.DATABASE_URL_ENV)
-        store_url = db.database_url()
-        prefect_database = None
-        if configured:
-            from flows.serve import prefect_database_url
-
-            prefect_database = prefect_database_url(store_url)
-    engine = db.create(store_url, pool_size=1)
-    try:
-        current, head = migrate.current_revision(engine), migrate.head_revision()
-    finally:
-        engine.dispose()
-    if current != head:
-        raise GpuaasError(
-            "schema_not_current",
-            f"the store {make_url(store_url).database!r} is at schema revision {current} and "
-            f"the code needs {head}: run `gpuaas db upgrade` first"
-            + ("" if demo else " (or `gpuaas ui --demo` to open the demo's fleet)"),
-            {"database": make_url(store_url).database, "revision": current, "head": head},
-        )
-    return store_url, prefect_database
+    run(as_json, lambda: control_plane().occupancy(region), render.render_occupancy)
 
 
 @app.command("ui")
@@ -725,23 +488,27 @@ def ui_command(
 ) -> None:
     """Start a Prefect server and worker on loopback with every deployment (Ctrl-C,
     SIGTERM or SIGHUP stops both)."""
+    # Prefect and Alembic are slow to import: only this command needs them.
     from flows.serve import prefect_stack
+    from gpuaas_cli import ui
 
-    stop_on_signals()
+    ui.stop_on_signals()
     try:
-        store_url, prefect_database = ui_store(demo)
+        store_url, prefect_database = ui.ui_store(demo)
         with prefect_stack(store_url, port, prefect_database) as stack:
+            # soft_wrap: a long data path must not split a line that scripts read.
             out.print(
                 f"Prefect UI: {stack.ui_url}  (API {stack.api_url}, Prefect data: "
                 f"{stack.database}, fleet store: database {make_url(store_url).database})\n"
                 "deployments from prefect.yaml are registered on work pool gpuaas-process; "
-                "a process worker is running. Ctrl-C stops both."
+                "a process worker is running. Ctrl-C stops both.",
+                soft_wrap=True,
             )
             while True:
                 time.sleep(3600)
     except KeyboardInterrupt:
         out.print("stopped")
-    except StopRequested as stop:
+    except ui.StopRequested as stop:
         out.print(f"stopped ({stop})")
     except GpuaasError as error:
         fail(error, False)
@@ -752,8 +519,11 @@ def ui_command(
 @app.command("demo")
 def demo_command() -> None:
     """Run the end-to-end demo on the configured (default: embedded) database."""
-    from controlplane import demo
-
+    try:
+        demo = lab.import_lab("demo")
+    except GpuaasError as error:
+        fail(error, False)
+        return
     demo.main()
 
 

@@ -22,7 +22,7 @@ Scenarios (all parameterised by hostname, so a demo can make j22u05, j22u11, j22
 - `missing_vfs`: the NUMA 1 fabric PF has only two VFs enabled;
 - `clean_host`: storage transition done, no shares, every data disk raw.
 
-Stdlib only. `python -m controlplane.hosttrees SCENARIO HOSTNAME DEST` writes one tree.
+Stdlib only. `python -m gpuaas_lab.hosttrees SCENARIO HOSTNAME DEST` writes one tree.
 """
 
 from __future__ import annotations

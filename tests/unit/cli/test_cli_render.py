@@ -8,14 +8,14 @@ from importlib import resources
 
 from rich.console import Console
 
-from controlplane import cli
+from gpuaas_cli import render
 
 
 def fleet_slots(detail: str) -> list[dict]:
     rows = []
     for host in ("j22u15", "j22u16"):
         doc = json.loads(
-            resources.files("controlplane.demo_data").joinpath(f"{host}.json").read_text()
+            resources.files("gpuaas_lab.demo_data").joinpath(f"{host}.json").read_text()
         )
         for c in doc["candidate_slots"]:
             rows.append(
@@ -38,7 +38,7 @@ def fleet_slots(detail: str) -> list[dict]:
 
 def rendered(slots: list[dict]) -> list[str]:
     console = Console(width=120, file=io.StringIO(), record=True)
-    cli.render_slots(slots, console)
+    render.render_slots(slots, console)
     return [line for line in console.export_text().splitlines() if line.strip()]
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane import hosttrees
-from controlplane.lab.netns import NetNamespace
+from gpuaas_lab import hosttrees
+from gpuaas_lab.netns import NetNamespace
 
 SLICE_SUBNET = "10.100.0.0/24"
 GATEWAY = "10.100.0.1/24"

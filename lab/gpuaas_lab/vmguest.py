@@ -18,7 +18,7 @@ from the installed Debian packages (scripts/system-packages.txt). The cache key 
 versions of all those packages plus the hash of this file, so a new kernel or a change
 here rebuilds. Cache: $GPUAAS_CACHE_DIR or ~/.cache/gpuaas, under `vmguest/<key>/`.
 
-    python -m controlplane.lab.vmguest build [CACHE_DIR]   # prints the image record as JSON
+    python -m gpuaas_lab.vmguest build [CACHE_DIR]   # prints the image record as JSON
 """
 
 from __future__ import annotations
@@ -592,7 +592,7 @@ poweroff
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m controlplane.lab.vmguest")
+    parser = argparse.ArgumentParser(prog="python -m gpuaas_lab.vmguest")
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="build (or reuse) the cached guest image")
     build.add_argument("cache_dir", nargs="?", type=Path, help="default: $GPUAAS_CACHE_DIR")

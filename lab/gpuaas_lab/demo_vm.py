@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from controlplane.api import ControlPlane
-from controlplane.lab.slicehost import LAB_SKU, LabSliceHost, unavailable_reason
+from gpuaas_lab.slicehost import LAB_SKU, LabSliceHost, unavailable_reason
 
 
 def run_vm_demo(cp: ControlPlane, console: Console, root: Path) -> None:

@@ -1,6 +1,6 @@
 """Real loop-device disks for storage tests, with teardown that runs even on failure.
 
-    from controlplane.lab.loopdev import LoopLab, require_loop
+    from gpuaas_lab.loopdev import LoopLab, require_loop
 
     require_loop()                               # pytest.skip with a reason if not possible
     with LoopLab(tmp_path) as lab:

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane import hosttrees
-from controlplane.lab.hosts import interpreter_in
-from controlplane.lab.vmguest import GuestImage, ensure_guest_image
-from controlplane.lab.vmguest import unavailable_reason as guest_unavailable_reason
-from controlplane.lab.vmlab import VmLab, vm_lab_unavailable_reason
 from controlplane.services.images import ImageSpec
 from controlplane.services.inventory import NodeSpec, SkuSpec
+from gpuaas_lab import hosttrees
+from gpuaas_lab.hosts import interpreter_in
+from gpuaas_lab.vmguest import GuestImage, ensure_guest_image
+from gpuaas_lab.vmguest import unavailable_reason as guest_unavailable_reason
+from gpuaas_lab.vmlab import VmLab, vm_lab_unavailable_reason
 
 GPU = "0000:1b:00.0"
 FABRIC_PF = "0000:1a:00.0"

@@ -1,6 +1,6 @@
 """A private slice-host lab for real VM tests: bridge, NAT, dnsmasq, libvirtd, a raw disk.
 
-Everything lives in one uniquely named network namespace (controlplane/lab/netns.py) plus a
+Everything lives in one uniquely named network namespace (lab/gpuaas_lab/netns.py) plus a
 private mount namespace held by a `sleep` process, in which the lab's own directories are
 bind-mounted over /run, /etc/libvirt, /var/lib/libvirt, /var/log/libvirt and
 /var/cache/libvirt. Inside it, the lab's virtlogd, libvirtd (and for the Open vSwitch lab
@@ -42,9 +42,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controlplane.lab.loopdev import LoopDisk, LoopLab, loop_unavailable_reason
-from controlplane.lab.netns import Daemon, NetNamespace, NetnsError, netns_unavailable_reason
-from controlplane.lab.vmguest import GuestImage
+from gpuaas_lab.loopdev import LoopDisk, LoopLab, loop_unavailable_reason
+from gpuaas_lab.netns import Daemon, NetNamespace, NetnsError, netns_unavailable_reason
+from gpuaas_lab.vmguest import GuestImage
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO_ROOT / ".venv" / "bin"

@@ -3,7 +3,7 @@
 Everything a test builds lives inside one uniquely named network namespace, so the test
 never touches the machine's own interfaces, routes, iptables rules or sysctls:
 
-    from controlplane.lab.netns import NetNamespace, require_netns
+    from gpuaas_lab.netns import NetNamespace, require_netns
 
     require_netns()                       # pytest.skip with a reason if not root/no `ip netns`
     with NetNamespace("disc") as ns:      # creates e.g. "disc-4711-a1b2c3"

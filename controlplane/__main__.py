@@ -1,3 +1,0 @@
-from controlplane.cli import main
-
-main()

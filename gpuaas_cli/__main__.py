@@ -1,0 +1,3 @@
+from gpuaas_cli.app import main
+
+main()

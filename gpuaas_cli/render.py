@@ -1,0 +1,193 @@
+"""How the ``gpuaas`` CLI shows results to people: rich tables sized for a terminal.
+Machines get ``--json`` instead, straight from the control plane's results."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+out = Console(width=None if sys.stdout.isatty() else 200)
+
+
+def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    grid = Table(title=title, title_justify="left")
+    for column in columns:
+        grid.add_column(column)
+    for row in rows:
+        grid.add_row(*("" if v is None else str(v) for v in row))
+    out.print(grid)
+
+
+def render_nodes(nodes: list[dict[str, Any]]) -> None:
+    table(
+        "nodes",
+        ["hostname", "region", "family", "intent", "admin state", "subnet", "bridge", "maas id"],
+        [
+            [
+                n["hostname"],
+                n["region_code"],
+                n["node_family"],
+                n["profile_intent"],
+                n["admin_state"]
+                + (f" ({n['admin_state_reason']})" if n["admin_state_reason"] else ""),
+                n["slice_subnet"],
+                n["slice_bridge"],
+                n["maas_system_id"],
+            ]
+            for n in nodes
+        ],
+    )
+
+
+def render_import(result: dict[str, Any]) -> None:
+    out.print(
+        f"imported topology of {result['hostname']} collected at {result['collected_at']}: "
+        f"created {result['created']}, updated {result['updated']}, unchanged {result['unchanged']}"
+    )
+    if result["blockers"]:
+        counts = Counter(b["code"] for b in result["blockers"])
+        out.print(
+            "blockers: "
+            + ", ".join(f"{code} x{n}" if n > 1 else code for code, n in counts.items())
+        )
+    out.print(f"approvable slots: {result['approvable']}")
+    for index, reasons in sorted(result["not_approvable"].items()):
+        out.print(
+            f"slot {index} not approvable: " + ", ".join(sorted({r["code"] for r in reasons}))
+        )
+    for drift in result["drift"]:
+        out.print(f"drift on slot {drift['slot_index']} ({drift['status']})")
+
+
+def short_disk(path: str | None, width: int = 24) -> str:
+    """A by-id name that fits a table cell: its head and its distinguishing tail."""
+    name = (path or "").removeprefix("/dev/disk/by-id/")
+    if len(name) <= width:
+        return name
+    head = width // 2 - 2
+    return f"{name[:head]}…{name[-(width - head - 1) :]}"
+
+
+def render_slots(slots: list[dict[str, Any]], console: Console | None = None) -> None:
+    """One line per slot at 120 columns; the long detail folds. Every binding (MAC, VF,
+    NUMA node, full disk path) is in ``--json``."""
+    grid = Table(
+        title="slots",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 1, 0, 0),
+    )
+    for column in ("node", "slot", "status", "health", "gpu", "disk", "ip"):
+        grid.add_column(column, no_wrap=True)
+    grid.add_column("detail", overflow="fold")
+    for s in slots:
+        grid.add_row(
+            s["node"],
+            str(s["slot_index"]),
+            s["status"],
+            s["health_state"],
+            (s["gpu_pci_address"] or "").removeprefix("0000:"),
+            short_disk(s["nvme_device"]),
+            s["private_ip"] or "",
+            s["health_detail"] or "",
+        )
+    (console or out).print(grid)
+
+
+def render_allocation(a: dict[str, Any]) -> None:
+    out.print(
+        f"allocation {a['id']}: {a['capacity_shape']} {a['sku']} x{a['gpu_count']} on "
+        f"{a['node']} — {a['state']}"
+        + (f" ({a['failure_reason']})" if a.get("failure_reason") else "")
+    )
+    for claim in a.get("claims", []):
+        target = f"slot {claim['slot_index']}" if claim["slot_index"] is not None else "whole node"
+        out.print(f"  claim {claim['kind']} on {target}: {claim['state']}")
+
+
+def render_occupancy(result: dict[str, Any]) -> None:
+    table(
+        "node occupancy",
+        [
+            "node",
+            "region",
+            "intent",
+            "posture",
+            "slots",
+            "available",
+            "in use",
+            "cleanup",
+            "blocked",
+        ],
+        [
+            [
+                n["hostname"],
+                n["region_code"],
+                n["profile_intent"],
+                n["posture"],
+                n["slots"]["slots"],
+                n["slots"]["available"],
+                n["slots"]["in_use"],
+                n["slots"]["cleanup"],
+                n["slots"]["cleanup_blocked"],
+            ]
+            for n in result["nodes"]
+        ],
+    )
+    table(
+        "availability per SKU",
+        ["sku", "shape", "free GPUs", "largest same-node", "nodes", "placeable GPU counts"],
+        [
+            [
+                s["sku"],
+                s["capacity_shape"],
+                s["free_gpus"],
+                s["largest_same_node"],
+                s["nodes_with_capacity"],
+                ", ".join(map(str, s["placeable_gpu_counts"])) or "none",
+            ]
+            for s in result["skus"]
+        ],
+    )
+
+
+def render_images(rows: list[dict[str, Any]]) -> None:
+    table(
+        "images",
+        ["slug", "status", "sha256", "path", "skus"],
+        [
+            [
+                r["slug"],
+                r["status"],
+                r["digest_sha256"],
+                r["image_path"],
+                ", ".join(r["compatible_skus"]),
+            ]
+            for r in rows
+        ],
+    )
+
+
+def render_allocations(rows: list[dict[str, Any]]) -> None:
+    table(
+        "allocations",
+        ["id", "shape", "sku", "gpus", "state", "node", "created"],
+        [
+            [
+                a["id"],
+                a["capacity_shape"],
+                a["sku"],
+                a["gpu_count"],
+                a["state"],
+                a["node"],
+                a["created_at"],
+            ]
+            for a in rows
+        ],
+    )
