@@ -188,7 +188,8 @@ def real_vm_cycles(cp: ControlPlane, engine: Engine, root: Path, cycles: int) ->
 
 
 def burst(cp: ControlPlane, engine: Engine, root: Path, args: argparse.Namespace) -> None:
-    from flows.allocation import allocation_id_for, provision_allocation
+    from controlplane.services.requests import allocation_id_for
+    from flows.allocation import provision_allocation
     from flows.fleet import approve_slots, discover_topology
 
     plans = [HostPlan(f"bench{i:03d}", "clean") for i in range(args.nodes)]

@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from dataclasses import asdict
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
 
 from controlplane import db
 from controlplane.enums import AdminState, AllocationState, EvidenceKind, NodeTaskKind
 from controlplane.inventory import build_inventory
+from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
 from controlplane.scheduler.placement import PlacementRequest, Scheduler
-from controlplane.services import allocations, images, inventory, occupancy, tasks
+from controlplane.secrets import scrub
+from controlplane.services import (
+    allocations,
+    images,
+    inventory,
+    occupancy,
+    reconcile,
+    requests,
+    tasks,
+    wipes,
+)
 from controlplane.services import slots as slot_service
 
 
@@ -128,6 +141,34 @@ class ControlPlane:
         """Place a request: a placement, or an explicit unavailable result (``placed``)."""
         return self.scheduler.place(request).as_dict()
 
+    def place_request(
+        self, request: PlacementRequest, request_id: str, flow_run_id: str | None = None
+    ) -> dict[str, Any]:
+        """Place once per request id: a repeated request (a retry, a second client call)
+        returns the allocation the first one placed (``replayed``), never a second one.
+        ``flow_run_id`` names the run driving the allocation, if it has none yet."""
+        request = dataclasses.replace(
+            request, allocation_id=requests.allocation_id_for(request_id, request.project_id)
+        )
+        with db.transaction(self.engine) as session:
+            placed = requests.replay(session, request.allocation_id, request.sku, request.gpu_count)
+        if placed is None:
+            try:
+                placed = {**self.scheduler.place(request).as_dict(), "replayed": False}
+            except IntegrityError as exc:
+                if db.violated_constraint(exc) != "pk_allocations":
+                    raise
+                # A concurrent attempt of the same request committed first.
+                with db.transaction(self.engine) as session:
+                    placed = requests.replay(
+                        session, request.allocation_id, request.sku, request.gpu_count
+                    )
+        if placed and placed["placed"] and flow_run_id and not placed.get("flow_run_id"):
+            with db.transaction(self.engine) as session:
+                allocations.set_flow_run(session, request.allocation_id, flow_run_id)
+            placed["flow_run_id"] = flow_run_id
+        return placed
+
     def release(self, allocation_id: uuid.UUID, actor: str) -> dict[str, Any]:
         with db.transaction(self.engine) as session:
             return asdict(allocations.release(session, allocation_id, actor))
@@ -136,9 +177,15 @@ class ControlPlane:
         self, hostname: str, slot_index: int, proof: Any, actor: str
     ) -> dict[str, Any]:
         with db.transaction(self.engine) as session:
-            return asdict(
-                allocations.record_wipe_proof(session, hostname, slot_index, proof, actor)
-            )
+            return asdict(wipes.record_wipe_proof(session, hostname, slot_index, proof, actor))
+
+    def settle_wipe(
+        self, hostname: str, slot_indexes: list[int], proofs: list[Any], failure: str, actor: str
+    ) -> wipes.WipeSettlement:
+        """Match the proofs a host sent to the slots' disks, record each, and block every
+        slot left without a usable proof (``failure`` says why), in one transaction."""
+        with db.transaction(self.engine) as session:
+            return wipes.settle(session, hostname, slot_indexes, proofs, failure, actor)
 
     def record_storage_approval(
         self, hostname: str, devices: list[str], reference: str, actor: str
@@ -188,12 +235,6 @@ class ControlPlane:
     ) -> bool:
         with db.transaction(self.engine) as session:
             return allocations.fail(session, allocation_id, reason, actor, details)
-
-    def block_slots(
-        self, hostname: str, slot_indexes: list[int], reason: str, actor: str
-    ) -> list[int]:
-        with db.transaction(self.engine) as session:
-            return allocations.block_slots(session, hostname, slot_indexes, reason, actor)
 
     def begin_task(
         self,
@@ -268,9 +309,6 @@ class ControlPlane:
         actor: str,
         node_task_id: uuid.UUID | None = None,
     ) -> int:
-        from controlplane.repositories import evidence as evidence_repo
-        from controlplane.secrets import scrub
-
         with db.transaction(self.engine) as session:
             node = node_repo.get_by_hostname(session, hostname)
             return evidence_repo.add(
@@ -285,20 +323,14 @@ class ControlPlane:
             ).id
 
     def in_flight(self, grace_seconds: float) -> list[Any]:
-        from controlplane.services import reconcile
-
         with db.transaction(self.engine) as session:
             return reconcile.in_flight(session, dt.timedelta(seconds=grace_seconds))
 
     def finish_in_flight(self, stuck: Any, actor: str) -> str:
-        from controlplane.services import reconcile
-
         with db.transaction(self.engine) as session:
             return reconcile.finish(session, stuck, actor)
 
     def cleanup_slots(self, grace_seconds: float) -> list[dict[str, Any]]:
-        from controlplane.services import reconcile
-
         with db.transaction(self.engine) as session:
             return reconcile.cleanup_slots(session, dt.timedelta(seconds=grace_seconds))
 
@@ -315,40 +347,30 @@ class ControlPlane:
             return inventory.define_sku(session, spec)
 
     def nodes_to_probe(self) -> list[str]:
-        from controlplane.services import reconcile
-
         with db.transaction(self.engine) as session:
             return reconcile.nodes_to_probe(session)
 
     def repair_claims_and_slots(self, actor: str) -> list[dict[str, Any]]:
-        from controlplane.services import reconcile
-
         with db.transaction(self.engine) as session:
             return reconcile.repair_store(session, actor)
 
     def block_held_slots(
         self, hostname: str, held: dict[str, str], actor: str
     ) -> list[dict[str, Any]]:
-        from controlplane.services import reconcile
-
         with db.transaction(self.engine) as session:
             return reconcile.block_held_slots(session, hostname, held, actor)
 
-    def record_drift(
+    def record_host_state(
         self,
         hostname: str,
         observed: dict[str, Any],
         actor: str,
         node_task_id: uuid.UUID | None,
-    ) -> list[dict[str, Any]]:
-        from controlplane.services import reconcile
-
+    ) -> reconcile.HostComparison:
         with db.transaction(self.engine) as session:
-            return reconcile.record_drift(session, hostname, observed, actor, node_task_id)
+            return reconcile.record_host_state(session, hostname, observed, actor, node_task_id)
 
     def prepare_leftover_release(self, allocation_id: str) -> dict[str, Any]:
-        from controlplane.services import reconcile
-
         with db.transaction(self.engine) as session:
             return reconcile.prepare_leftover_release(session, allocation_id)
 

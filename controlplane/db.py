@@ -11,9 +11,9 @@ from functools import lru_cache
 import psycopg.errors
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import ExceptionContext
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.embedded import EmbeddedPostgres
 from controlplane.errors import GpuaasError
 
 DATABASE_URL_ENV = "GPUAAS_DATABASE_URL"
@@ -28,11 +28,18 @@ def normalize_url(url: str) -> str:
 
 
 def database_url() -> str:
-    """``GPUAAS_DATABASE_URL`` when set, else the embedded cluster (started on demand)."""
+    """``GPUAAS_DATABASE_URL``: flows, workers and services act only on the store they are
+    told about, never on a private database of their own (the CLI alone falls back to
+    its embedded PostgreSQL, see gpuaas_cli/store.py)."""
     url = os.environ.get(DATABASE_URL_ENV)
-    if url:
-        return normalize_url(url)
-    return EmbeddedPostgres().start()
+    if not url:
+        raise GpuaasError(
+            "database_not_configured",
+            f"{DATABASE_URL_ENV} is not set: this process needs the URL of the control-plane "
+            "store (a Prefect worker gets it from its environment; docs/operations.md)",
+            {"variable": DATABASE_URL_ENV},
+        )
+    return normalize_url(url)
 
 
 # The hot statements are prepared once per connection (psycopg does so after a few runs);
@@ -105,3 +112,8 @@ def transaction(engine: Engine) -> Iterator[Session]:
     factory = sessionmaker(engine, expire_on_commit=False)
     with factory() as session, session.begin():
         yield session
+
+
+def violated_constraint(error: IntegrityError) -> str | None:
+    """The name of the constraint an IntegrityError reports (PostgreSQL's diagnostics)."""
+    return getattr(getattr(error.orig, "diag", None), "constraint_name", None)

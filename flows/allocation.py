@@ -10,6 +10,7 @@ the step cannot do anything twice (placement is idempotent per request id).
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -18,22 +19,13 @@ from prefect.states import Failed
 from sqlalchemy.exc import DBAPIError
 
 from controlplane.enums import AllocationState
-from controlplane.errors import Conflict, GpuaasError, NotFound
+from controlplane.errors import GpuaasError
 from controlplane.scheduler.placement import PlacementRequest
 from flows import artifacts
 from flows.fleet import ACTOR, control_plane, current_run
 from flows.hostwork import VM_PROVISION, VM_RELEASE, HostOutcome, run_host_action
 
 TERMINAL_RELAY_KEY = "/var/lib/gpuaas/terminal/id_ed25519.pub"
-# Fixed forever: allocation ids already derived from request ids depend on it.
-REQUEST_NAMESPACE = uuid.UUID("0b6f0c52-6a56-4f4e-9f0e-5d1c2a7e4b10")
-
-
-def allocation_id_for(request_id: str, project_id: str | None) -> uuid.UUID:
-    """The allocation a client request becomes: derived from the request id (scoped by
-    project), so the allocations primary key refuses a second allocation for the same
-    request and a repeated placement finds the first one instead."""
-    return uuid.uuid5(REQUEST_NAMESPACE, f"{project_id or ''}/{request_id}")
 
 
 def store_io_failed(task, task_run, state) -> bool:
@@ -62,36 +54,6 @@ def published(outcome: HostOutcome, key: str) -> dict[str, Any]:
     return value
 
 
-def existing_placement(allocation_id: uuid.UUID, sku: str, gpu_count: int) -> dict[str, Any] | None:
-    """The placement an earlier attempt of the same request already committed."""
-    try:
-        shown = control_plane().show_allocation(allocation_id)
-    except NotFound:
-        return None
-    if (shown["sku"], shown["gpu_count"]) != (sku, gpu_count):
-        raise Conflict(
-            "request_id_reused",
-            f"this request id already placed allocation {allocation_id} for "
-            f"{shown['sku']} x{shown['gpu_count']}, not {sku} x{gpu_count}",
-            {"allocation_id": str(allocation_id)},
-        )
-    return {
-        "placed": True,
-        "allocation_id": shown["id"],
-        "capacity_shape": shown["capacity_shape"],
-        "sku": shown["sku"],
-        "gpu_count": shown["gpu_count"],
-        "node": shown["node"],
-        "slots": [
-            {"slot_index": c["slot_index"]} for c in shown["claims"] if c["slot_index"] is not None
-        ],
-        "state": shown["state"],
-        "failure_reason": shown["failure_reason"],
-        "flow_run_id": shown["runtime_metadata"].get("flow_run_id"),
-        "replayed": True,
-    }
-
-
 @task(name="look up the image in the catalog")
 def resolve_image(image: str | None, sku: str) -> dict[str, Any] | None:
     return control_plane().image_for_sku(image, sku)
@@ -112,24 +74,17 @@ def place(
     request_id: str,
 ) -> dict[str, Any]:
     """Place once per request id: a retry after a committed placement returns it."""
-    cp = control_plane()
-    allocation_id = allocation_id_for(request_id, project_id)
-    placed = existing_placement(allocation_id, sku, gpu_count)
-    if placed is None:
-        placed = cp.place(
-            PlacementRequest(
-                sku=sku,
-                gpu_count=gpu_count,
-                region=region,
-                project_id=project_id,
-                requested_by=requested_by,
-                allocation_id=allocation_id,
-            )
-        )
-    if placed["placed"] and current_run() and not placed.get("flow_run_id"):
-        cp.set_allocation_flow_run(allocation_id, current_run())
-        placed["flow_run_id"] = current_run()
-    return placed
+    return control_plane().place_request(
+        PlacementRequest(
+            sku=sku,
+            gpu_count=gpu_count,
+            region=region,
+            project_id=project_id,
+            requested_by=requested_by,
+        ),
+        request_id,
+        flow_run_id=current_run(),
+    )
 
 
 @task(name="mark provisioning")
@@ -355,43 +310,27 @@ def release_claims(allocation_id: str) -> dict[str, Any]:
     return control_plane().release(uuid.UUID(allocation_id), ACTOR)
 
 
-@task(name="record wipe proofs")
-def record_proofs(spec: dict[str, Any], proofs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+@task(name="settle wipe proofs")
+def settle_proofs(spec: dict[str, Any], proofs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A verified proof per slot disk returns the slot; anything else blocks it."""
-    cp = control_plane()
     logger = get_run_logger()
-    by_device = {p.get("device"): p for p in proofs if isinstance(p, dict)}
-    rows, blocked = [], []
-    for slot in spec["slots"]:
-        proof = by_device.get(slot["nvme_device"])
-        if proof is None:
-            blocked.append(slot["slot_index"])
-            rows.append({"slot": slot["slot_index"], "status": "cleanup_blocked", "proof": "none"})
-            logger.warning(
-                "slot %d: no wipe proof for %s, slot stays cleanup_blocked",
-                slot["slot_index"],
-                slot["nvme_device"],
-            )
-            continue
-        recorded = cp.record_wipe_proof(spec["node"], slot["slot_index"], proof, ACTOR)
-        logger.info(
-            "slot %d: %s wiped by %s, verified %s; slot now %s",
-            slot["slot_index"],
-            slot["nvme_device"],
-            proof.get("method"),
-            proof.get("verified"),
-            recorded["status"],
+    settled = control_plane().settle_wipe(
+        spec["node"],
+        [s["slot_index"] for s in spec["slots"]],
+        proofs,
+        "release produced no wipe proof",
+        ACTOR,
+    )
+    for slot in settled.slots:
+        logger.log(
+            logging.INFO if slot.verified else logging.WARNING,
+            "slot %d: %s %s; slot now %s",
+            slot.slot_index,
+            slot.device,
+            f"wiped ({slot.proof})" if slot.proof != "none" else "has no usable wipe proof",
+            slot.status,
         )
-        rows.append(
-            {
-                "slot": slot["slot_index"],
-                "status": recorded["status"],
-                "proof": f"{proof.get('method')} verified={proof.get('verified')}",
-            }
-        )
-    if blocked:
-        cp.block_slots(spec["node"], blocked, "release produced no wipe proof", ACTOR)
-    return rows
+    return [{"slot": s.slot_index, "status": s.status, "proof": s.proof} for s in settled.slots]
 
 
 @flow(name="release_allocation")
@@ -417,7 +356,7 @@ def release_allocation(allocation_id: str) -> dict[str, Any]:
             evidence.get("undefine_attempts"),
         )
     release_claims(allocation_id)
-    rows = record_proofs(spec, evidence.get("wipe_proofs") or [] if outcome.passed else [])
+    rows = settle_proofs(spec, evidence.get("wipe_proofs") or [] if outcome.passed else [])
     artifacts.table(
         f"release-{allocation_id}", f"Release evidence for allocation {allocation_id}", rows
     )

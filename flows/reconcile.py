@@ -21,8 +21,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
 from prefect.states import Crashed
 
-from controlplane.enums import EvidenceKind, NodeTaskKind, SlotStatus
-from controlplane.services import reconcile as reconcile_service
+from controlplane.enums import EvidenceKind, NodeTaskKind
 from flows import artifacts
 from flows.allocation import published, run_release
 from flows.fleet import ACTOR, control_plane, current_run
@@ -150,29 +149,22 @@ def wipe_cleanup_slots(
             flow_run_id=current_run(),
             on_event=progress,
         )[hostname]
-        proofs = {
-            r["proof"]["device"]: r["proof"]
+        proofs = [
+            r["proof"]
             for r in (outcome.module_result or {}).get("results", [])
             if isinstance(r, dict) and isinstance(r.get("proof"), dict)
-        }
-        blocked = []
-        for slot in slots:
-            proof = proofs.get(slot["nvme_device"])
-            if proof is None:
-                blocked.append(slot["slot_index"])
-                continue
-            status = cp.record_wipe_proof(hostname, slot["slot_index"], proof, ACTOR)["status"]
-            rows.append(
-                {
-                    "node": hostname,
-                    "slot": slot["slot_index"],
-                    "now": status,
-                    "proof": f"{proof.get('method')}, verified {bool(proof.get('verified'))}",
-                }
-            )
-        if blocked:
-            cp.block_slots(hostname, blocked, f"reconcile wipe failed: {outcome.failure}", ACTOR)
-            rows.extend({"node": hostname, "slot": i, "now": "cleanup_blocked"} for i in blocked)
+        ]
+        settled = cp.settle_wipe(
+            hostname,
+            [s["slot_index"] for s in slots],
+            proofs,
+            f"reconcile wipe failed: {outcome.failure}",
+            ACTOR,
+        )
+        rows.extend(
+            {"node": hostname, "slot": s.slot_index, "now": s.status, "proof": s.proof}
+            for s in settled.slots
+        )
     return rows
 
 
@@ -201,13 +193,9 @@ def compare_hosts() -> dict[str, Any]:
             evidence_summary=f"host state of {host}",
             actor=ACTOR,
         )
-        held[host] = {
-            disk: domain["name"]
-            for domain in observed.get("domains", [])
-            for disk in reconcile_service.block_disks(domain)
-        }
-        for item in cp.record_drift(host, observed, ACTOR, task_id):
-            rows.append({"node": host, **item})
+        compared = cp.record_host_state(host, observed, ACTOR, task_id)
+        held[host] = compared.held
+        rows.extend({"node": host, **item} for item in compared.drift)
         return None
 
     outcomes = run_host_action(
@@ -238,41 +226,28 @@ def release_leftovers(orphans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for orphan in orphans:
         spec = cp.prepare_leftover_release(orphan["allocation_id"])
         outcome = run_release(spec)
-        proofs = {
-            p.get("device"): p
-            for p in (published(outcome, "gpuaas_slice_release").get("wipe_proofs") or [])
-            if isinstance(p, dict) and outcome.passed
-        }
-        statuses = {s["slot_index"]: s["status"] for s in cp.list_slots(spec["node"])}
-        unproven = []
-        for slot in spec["slots"]:
-            index, proof = slot["slot_index"], proofs.get(slot["nvme_device"])
-            status = statuses[index]
-            if status == SlotStatus.CLEANUP.value and proof is not None:
-                status = cp.record_wipe_proof(spec["node"], index, proof, ACTOR)["status"]
-            elif status == SlotStatus.CLEANUP.value:
-                unproven.append(index)
-                status = SlotStatus.CLEANUP_BLOCKED.value
-            rows.append(
-                {
-                    "node": spec["node"],
-                    "allocation": spec["allocation_id"],
-                    "domain": orphan["domain"],
-                    "released": outcome.passed,
-                    "slot": index,
-                    "proof": "verified" if proof and proof.get("verified") else "none",
-                    "now": status,
-                    "node_task": outcome.node_task_id,
-                }
-            )
-        if unproven:
-            cp.block_slots(
-                spec["node"],
-                unproven,
-                f"reconcile: release of leftover domain {orphan['domain']} gave no proof: "
-                f"{outcome.failure}",
-                ACTOR,
-            )
+        proofs = published(outcome, "gpuaas_slice_release").get("wipe_proofs") or []
+        settled = cp.settle_wipe(
+            spec["node"],
+            [s["slot_index"] for s in spec["slots"]],
+            proofs if outcome.passed else [],
+            f"reconcile: release of leftover domain {orphan['domain']} gave no proof: "
+            f"{outcome.failure}",
+            ACTOR,
+        )
+        rows.extend(
+            {
+                "node": spec["node"],
+                "allocation": spec["allocation_id"],
+                "domain": orphan["domain"],
+                "released": outcome.passed,
+                "slot": slot.slot_index,
+                "proof": "verified" if slot.verified else "none",
+                "now": slot.status,
+                "node_task": outcome.node_task_id,
+            }
+            for slot in settled.slots
+        )
     return rows
 
 

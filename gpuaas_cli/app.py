@@ -20,13 +20,13 @@ from rich.console import Console
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from controlplane.api import ControlPlane
 from controlplane.enums import AdminState
 from controlplane.errors import GpuaasError, InvalidInput
 from controlplane.scheduler.placement import PlacementRequest
 from controlplane.services.inventory import NodeSpec
 from gpuaas_cli import lab, render
 from gpuaas_cli.render import out
+from gpuaas_cli.store import control_plane
 
 HELP = (
     "Operate a gpuaas fleet: nodes, slots, allocations, the image catalog, storage "
@@ -55,10 +55,6 @@ ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded as evide
 
 def actor() -> str:
     return f"cli:{getpass.getuser()}"
-
-
-def control_plane() -> ControlPlane:
-    return ControlPlane.from_environment()
 
 
 def fail(error: GpuaasError, as_json: bool) -> None:
@@ -403,15 +399,24 @@ def alloc_create(
     gpus: Annotated[int, typer.Option("--gpus", help="GPU count.")],
     region: Annotated[str | None, typer.Option("--region")] = None,
     project: Annotated[str | None, typer.Option("--project")] = None,
+    request_id: Annotated[
+        str | None,
+        typer.Option(
+            "--request-id",
+            help="Client request id: sending the same id again (per project) shows the "
+            "allocation it placed instead of placing another. Default: a new id.",
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Place an allocation (claims only; provisioning is the flows' job)."""
 
     def create() -> dict[str, Any]:
-        result = control_plane().place(
+        result = control_plane().place_request(
             PlacementRequest(
                 sku=sku, gpu_count=gpus, region=region, project_id=project, requested_by=actor()
-            )
+            ),
+            request_id or str(uuid.uuid4()),
         )
         if not result["placed"]:
             details = {"reason": result["reason"], **result["details"]}
@@ -422,7 +427,8 @@ def alloc_create(
         as_json,
         create,
         lambda r: out.print(
-            f"placed {r['allocation_id']}: {r['capacity_shape']} x{r['gpu_count']} on {r['node']}"
+            f"{'already placed' if r['replayed'] else 'placed'} {r['allocation_id']}: "
+            f"{r['capacity_shape']} x{r['gpu_count']} on {r['node']}"
             + (f" slots {[s['slot_index'] for s in r['slots']]}" if r["slots"] else " (whole node)")
         ),
     )

@@ -12,6 +12,7 @@ from controlplane import db, migrate
 from controlplane.embedded import EmbeddedPostgres
 from controlplane.errors import GpuaasError
 from flows.serve import prefect_database_url
+from gpuaas_cli import store
 from gpuaas_cli.lab import import_lab
 
 
@@ -48,7 +49,7 @@ def ui_store(demo: bool) -> tuple[str, str | None]:
         store_url, prefect_database = cluster.url(demo_database), None
     else:
         configured = os.environ.get(db.DATABASE_URL_ENV)
-        store_url = db.database_url()
+        store_url = store.store_url()
         prefect_database = prefect_database_url(store_url) if configured else None
     engine = db.create(store_url, pool_size=1)
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import Row, select, text
 from sqlalchemy.orm import Session
 
 from controlplane.errors import NotFound
@@ -60,3 +60,22 @@ def listing(
     if hostname:
         stmt = stmt.where(Node.hostname == hostname)
     return [(slot, host) for slot, host in session.execute(stmt).all()]
+
+
+# A baremetal tenant had every disk of the node: every slot of it owes a wipe before
+# reuse (an available one waits in cleanup; a disabled one stays out of scheduling).
+RELEASE_NODE_SLOTS = text(
+    """
+UPDATE node_resource_slots
+SET status = CASE WHEN status = 'available' THEN 'cleanup' ELSE status END,
+    wipe_required = true, health_detail = :detail,
+    generation = generation + 1, updated_at = now()
+WHERE node_id = :node AND status IN ('available', 'disabled')
+RETURNING id, slot_index
+"""
+)
+
+
+def release_node_slots(session: Session, node_id: uuid.UUID, detail: str) -> Sequence[Row]:
+    """Every unclaimed slot of a released whole node now owes a wipe (id, slot_index)."""
+    return session.execute(RELEASE_NODE_SLOTS, {"node": node_id, "detail": detail}).all()

@@ -1,9 +1,9 @@
-"""Allocation lifecycle after placement: release, wipe proofs, reads.
+"""Allocation lifecycle after placement: transitions, release, reads.
 
 Release never returns a slot to ``available``: claimed slots go to ``cleanup`` with
 ``wipe_required`` (and a baremetal release marks every slot of the node, because the
 tenant had every disk). Only a verified wipe proof for the slot's own disk, finished
-after the release, brings a slot back.
+after the release, brings a slot back (services/wipes.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from controlplane.enums import (
@@ -37,13 +37,8 @@ from controlplane.models import (
     Sku,
 )
 from controlplane.repositories import evidence as evidence_repo
-from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
 from controlplane.secrets import scrub
-
-WIPE_PROOF_SCHEMA = "gpuaas.wipe_proof/v1"
-# How far a host's clock may run ahead of the control plane's when it stamps a proof.
-PROOF_CLOCK_SKEW = dt.timedelta(minutes=5)
 
 RELEASE_CLAIMS = text(
     """
@@ -59,16 +54,6 @@ SET status = CASE WHEN status = 'cleanup_blocked' THEN 'cleanup_blocked' ELSE 'c
     wipe_required = true, health_detail = :detail,
     generation = generation + 1, updated_at = now()
 WHERE id = ANY(CAST(:slots AS uuid[]))
-"""
-)
-# A baremetal tenant had every disk of the node: every slot needs a wipe before reuse.
-RELEASE_NODE_SLOTS = text(
-    """
-UPDATE node_resource_slots
-SET status = CASE WHEN status = 'available' THEN 'cleanup' ELSE status END,
-    wipe_required = true, health_detail = :detail,
-    generation = generation + 1, updated_at = now()
-WHERE node_id = :node AND status IN ('available', 'disabled')
 """
 )
 FINISH_ALLOCATION = text(
@@ -109,15 +94,9 @@ def release(session: Session, allocation_id: uuid.UUID, actor: str) -> ReleaseRe
         session.execute(RELEASE_SLOTS, {"slots": slot_ids, "detail": detail})
     for claim in claims:
         if claim.claim_kind == "node_exclusive":
-            wiped = session.execute(
-                text(
-                    "SELECT id FROM node_resource_slots WHERE node_id = :node"
-                    " AND status IN ('available', 'disabled')"
-                ),
-                {"node": claim.node_id},
-            ).scalars()
-            slot_ids.extend(wiped)
-            session.execute(RELEASE_NODE_SLOTS, {"node": claim.node_id, "detail": detail})
+            slot_ids.extend(
+                s.id for s in slot_repo.release_node_slots(session, claim.node_id, detail)
+            )
     session.execute(FINISH_ALLOCATION, {"allocation": allocation_id})
     session.execute(
         RELEASED_EVENT,
@@ -126,128 +105,6 @@ def release(session: Session, allocation_id: uuid.UUID, actor: str) -> ReleaseRe
     return ReleaseResult(
         str(allocation_id), True, AllocationState.RELEASED.value, [str(s) for s in slot_ids]
     )
-
-
-def _proof_time(proof: dict[str, Any]) -> dt.datetime:
-    finished = proof.get("finished_at")
-    try:
-        stamp = dt.datetime.fromisoformat(str(finished).replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise InvalidInput(
-            "proof_malformed", f"finished_at {finished!r} is not an ISO 8601 time", {}
-        ) from exc
-    if stamp.tzinfo is None:
-        raise InvalidInput("proof_malformed", "finished_at must carry a time zone", {})
-    latest = dt.datetime.now(dt.UTC) + PROOF_CLOCK_SKEW
-    if stamp > latest:
-        raise InvalidInput(
-            "proof_from_the_future",
-            f"the proof finished at {stamp.isoformat()}, later than this clock allows "
-            f"({latest.isoformat()}); check the host's clock",
-            {"finished_at": stamp.isoformat()},
-        )
-    return stamp
-
-
-@dataclass
-class ProofResult:
-    hostname: str
-    slot_index: int
-    status: str
-    evidence_id: int
-    verified: bool
-
-
-def record_wipe_proof(
-    session: Session, hostname: str, slot_index: int, proof: Any, actor: str
-) -> ProofResult:
-    """Record a disk wipe proof for a slot; a verified one returns it to ``available``."""
-    if not isinstance(proof, dict) or proof.get("schema") != WIPE_PROOF_SCHEMA:
-        raise InvalidInput(
-            "proof_schema",
-            f"a wipe proof must be a {WIPE_PROOF_SCHEMA} object",
-            {"schema": proof.get("schema") if isinstance(proof, dict) else None},
-        )
-    node = node_repo.get_by_hostname(session, hostname)
-    slot = slot_repo.get(session, node.id, slot_index, for_update=True)
-    if proof.get("device") != slot.nvme_device:
-        raise InvalidInput(
-            "proof_device_mismatch",
-            f"the proof is for {proof.get('device')!r}; slot {slot_index} of {hostname} owns "
-            f"{slot.nvme_device!r}",
-            {"proof_device": proof.get("device"), "slot_device": slot.nvme_device},
-        )
-    active = session.scalar(
-        select(AllocationResourceClaim.id).where(
-            AllocationResourceClaim.slot_id == slot.id, AllocationResourceClaim.state == "active"
-        )
-    )
-    if active is not None:
-        raise Conflict(
-            "slot_claimed", f"slot {slot_index} of {hostname} is still claimed; release first", {}
-        )
-    if slot.status == SlotStatus.CLEANUP_BLOCKED:
-        raise Conflict(
-            "slot_cleanup_blocked",
-            f"slot {slot_index} of {hostname} is cleanup_blocked; inspect and repair it first",
-            {},
-        )
-    if slot.status not in (SlotStatus.CLEANUP, SlotStatus.RELEASING, SlotStatus.DISABLED):
-        raise Conflict(
-            "slot_not_in_cleanup",
-            f"slot {slot_index} of {hostname} is {slot.status.value}; nothing to wipe",
-            {"status": slot.status.value},
-        )
-    finished = _proof_time(proof)
-    last_release = session.scalar(
-        select(
-            func.coalesce(AllocationResourceClaim.releasing_at, AllocationResourceClaim.released_at)
-        )
-        .where(AllocationResourceClaim.node_id == node.id)
-        .where(
-            (AllocationResourceClaim.slot_id == slot.id)
-            | (AllocationResourceClaim.claim_kind == "node_exclusive")
-        )
-        .order_by(AllocationResourceClaim.created_at.desc())
-        .limit(1)
-    )
-    if last_release is not None and finished <= last_release:
-        raise InvalidInput(
-            "proof_predates_release",
-            f"the proof finished at {finished.isoformat()}, before the slot was released at "
-            f"{last_release.isoformat()}",
-            {},
-        )
-    verified = proof.get("verified") is True
-    row = evidence_repo.add(
-        session,
-        kind=EvidenceKind.WIPE_PROOF,
-        passed=verified,
-        summary=(
-            f"{'verified' if verified else 'FAILED'} wipe of {slot.nvme_device} "
-            f"({proof.get('method', 'unknown method')}) for slot {slot_index} of {hostname}"
-        ),
-        recorded_by=actor,
-        payload=scrub(proof),
-        node_id=node.id,
-        slot_id=slot.id,
-    )
-    now = dt.datetime.now(dt.UTC)
-    if verified:
-        slot.wipe_required = False
-        slot.last_wipe_proof_id = row.id
-        if slot.status != SlotStatus.DISABLED:
-            slot.status = SlotStatus.AVAILABLE
-            slot.health_state = HealthState.HEALTHY
-            slot.health_detail = f"wiped: evidence {row.id}"
-    else:
-        slot.status = SlotStatus.CLEANUP_BLOCKED
-        slot.health_state = HealthState.FAILED
-        slot.health_detail = f"wipe not verified: evidence {row.id}"
-    slot.generation += 1
-    slot.updated_at = now
-    session.flush()
-    return ProofResult(hostname, slot_index, slot.status.value, row.id, verified)
 
 
 def allocation_view(session: Session, allocation_id: uuid.UUID) -> dict[str, Any]:
@@ -447,36 +304,6 @@ def fail(
         {"a": allocation_id, "payload": json.dumps({"reason": reason})},
     )
     return True
-
-
-def block_slots(
-    session: Session, hostname: str, slot_indexes: list[int], reason: str, actor: str
-) -> list[int]:
-    """Slots whose cleanup could not be proven: ``cleanup_blocked`` until an operator acts."""
-    node = node_repo.get_by_hostname(session, hostname)
-    blocked = []
-    for index in slot_indexes:
-        slot = slot_repo.get(session, node.id, index, for_update=True)
-        if slot.status in (SlotStatus.CLEANUP, SlotStatus.RELEASING):
-            slot.status = SlotStatus.CLEANUP_BLOCKED
-            slot.health_state = HealthState.FAILED
-            slot.health_detail = reason[:2000]
-            slot.wipe_required = True
-            slot.generation += 1
-            slot.updated_at = dt.datetime.now(dt.UTC)
-            blocked.append(index)
-    session.flush()
-    if blocked:
-        evidence_repo.add(
-            session,
-            kind=EvidenceKind.HOST_RESULT,
-            passed=False,
-            summary=f"slots {blocked} of {hostname} cleanup_blocked: {reason}"[:2000],
-            recorded_by=actor,
-            payload={"slots": blocked, "reason": reason},
-            node_id=node.id,
-        )
-    return blocked
 
 
 def runtime_spec(session: Session, allocation_id: uuid.UUID) -> dict[str, Any]:

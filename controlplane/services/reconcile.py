@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session
 from controlplane.enums import AllocationState, EvidenceKind
 from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import nodes as node_repo
-from controlplane.services import allocations
+from controlplane.repositories import slots as slot_repo
+from controlplane.services import allocations, wipes
 
 IN_FLIGHT_SQL = text(
     """
@@ -69,7 +70,7 @@ def finish(session: Session, stuck: InFlight, actor: str) -> str:
             ),
             {"ids": released.slots_to_wipe},
         ).scalars()
-        allocations.block_slots(session, stuck.hostname, list(indexes), reason, actor)
+        wipes.block_slots(session, stuck.hostname, list(indexes), reason, actor)
     return "released"
 
 
@@ -131,17 +132,6 @@ WHERE id = ANY(CAST(:slots AS uuid[]))
 RETURNING node_id, slot_index
 """
 )
-# A baremetal tenant had every disk of the node (as allocations.RELEASE_NODE_SLOTS).
-NODE_SLOTS_TO_CLEANUP_SQL = text(
-    """
-UPDATE node_resource_slots
-SET status = CASE WHEN status = 'available' THEN 'cleanup' ELSE status END,
-    wipe_required = true, health_detail = :detail,
-    generation = generation + 1, updated_at = now()
-WHERE node_id = :node AND status IN ('available', 'disabled')
-RETURNING slot_index
-"""
-)
 HOSTNAMES_SQL = text("SELECT id, hostname FROM nodes WHERE id = ANY(CAST(:ids AS uuid[]))")
 
 
@@ -163,9 +153,7 @@ def repair_store(session: Session, actor: str) -> list[dict[str, Any]]:
                 BLOCK_SLOTS_SQL, {"slots": [claim.slot_id], "detail": detail}
             ).all()
         else:
-            slots = session.execute(
-                NODE_SLOTS_TO_CLEANUP_SQL, {"node": claim.node_id, "detail": detail}
-            ).all()
+            slots = slot_repo.release_node_slots(session, claim.node_id, detail)
         rows.append(
             {
                 "code": "claim_of_finished_allocation",
@@ -368,13 +356,23 @@ def orphan_verdict(session: Session, hostname: str, orphan: dict[str, Any]) -> d
     return {"action": "release", "why": f"its allocation is {row.state}"}
 
 
-def record_drift(
+@dataclass(frozen=True)
+class HostComparison:
+    """A host's reported runtime judged against the store: the drift found (each item a
+    code, a detail and, for orphan domains, reconcile's verdict) and which raw disks its
+    domains hold (disk -> domain), so no cleanup wipes a disk under a VM."""
+
+    drift: list[dict[str, Any]]
+    held: dict[str, str]
+
+
+def record_host_state(
     session: Session,
     hostname: str,
     observed: dict[str, Any],
     actor: str,
     node_task_id: uuid.UUID | None,
-) -> list[dict[str, Any]]:
+) -> HostComparison:
     """Compare a host's reported runtime with the store, degrade the slots of allocations
     whose VM is not what it should be, judge orphan domains, and record drift evidence."""
     node = node_repo.get_by_hostname(session, hostname)
@@ -397,7 +395,12 @@ def record_drift(
         node_id=node.id,
         node_task_id=node_task_id,
     )
-    return drift
+    held = {
+        disk: domain["name"]
+        for domain in observed.get("domains", [])
+        for disk in block_disks(domain)
+    }
+    return HostComparison(drift, held)
 
 
 PROTECT_SLOTS_SQL = text(
