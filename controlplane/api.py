@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -13,7 +14,6 @@ from sqlalchemy.exc import IntegrityError
 
 from controlplane import db
 from controlplane.enums import AdminState, AllocationState, EvidenceKind, NodeTaskKind
-from controlplane.inventory import build_inventory
 from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
@@ -21,6 +21,7 @@ from controlplane.scheduler.placement import PlacementRequest, Scheduler
 from controlplane.secrets import scrub
 from controlplane.services import (
     allocations,
+    events,
     images,
     inventory,
     occupancy,
@@ -30,6 +31,7 @@ from controlplane.services import (
     wipes,
 )
 from controlplane.services import slots as slot_service
+from controlplane.services.ansible_inventory import build_inventory
 
 
 def node_view(node) -> dict[str, Any]:
@@ -168,6 +170,14 @@ class ControlPlane:
                 allocations.set_flow_run(session, request.allocation_id, flow_run_id)
             placed["flow_run_id"] = flow_run_id
         return placed
+
+    def publish_events(
+        self, send: Callable[[list[events.StoreEvent]], None], limit: int = 500
+    ) -> list[events.StoreEvent]:
+        """Hand the oldest unpublished allocation events to ``send``; they count as
+        published only if it returns (one transaction)."""
+        with db.transaction(self.engine) as session:
+            return events.publish(session, send, limit)
 
     def release(self, allocation_id: uuid.UUID, actor: str) -> dict[str, Any]:
         with db.transaction(self.engine) as session:

@@ -9,7 +9,6 @@ after the release, brings a slot back (services/wipes.py).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +36,7 @@ from controlplane.models import (
     Sku,
 )
 from controlplane.repositories import evidence as evidence_repo
+from controlplane.repositories import outbox
 from controlplane.repositories import slots as slot_repo
 from controlplane.secrets import scrub
 
@@ -60,12 +60,6 @@ FINISH_ALLOCATION = text(
     """
 UPDATE allocations SET state = 'released', released_at = now(), updated_at = now()
 WHERE id = :allocation
-"""
-)
-RELEASED_EVENT = text(
-    """
-INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-VALUES ('allocation', :allocation, 'allocation.released', CAST(:payload AS jsonb))
 """
 )
 
@@ -98,10 +92,7 @@ def release(session: Session, allocation_id: uuid.UUID, actor: str) -> ReleaseRe
                 s.id for s in slot_repo.release_node_slots(session, claim.node_id, detail)
             )
     session.execute(FINISH_ALLOCATION, {"allocation": allocation_id})
-    session.execute(
-        RELEASED_EVENT,
-        {"allocation": allocation_id, "payload": json.dumps({"released_by": actor})},
-    )
+    outbox.add_allocation_event(session, allocation_id, "allocation.released", {"by": actor})
     return ReleaseResult(
         str(allocation_id), True, AllocationState.RELEASED.value, [str(s) for s in slot_ids]
     )
@@ -243,17 +234,7 @@ def transition(
             ),
             {"a": allocation_id},
         )
-    session.execute(
-        text(
-            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
-            " VALUES ('allocation', :a, :event, CAST(:payload AS jsonb))"
-        ),
-        {
-            "a": allocation_id,
-            "event": f"allocation.{target.value}",
-            "payload": json.dumps({"by": actor}),
-        },
-    )
+    outbox.add_allocation_event(session, allocation_id, f"allocation.{target.value}", {"by": actor})
     session.flush()
     return True
 
@@ -296,13 +277,7 @@ def fail(
         node_id=allocation.node_id,
         allocation_id=allocation_id,
     )
-    session.execute(
-        text(
-            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)"
-            " VALUES ('allocation', :a, 'allocation.failed', CAST(:payload AS jsonb))"
-        ),
-        {"a": allocation_id, "payload": json.dumps({"reason": reason})},
-    )
+    outbox.add_allocation_event(session, allocation_id, "allocation.failed", {"reason": reason})
     return True
 
 

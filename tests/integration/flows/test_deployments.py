@@ -33,6 +33,7 @@ def test_prefect_yaml_declares_every_flow_on_one_process_pool():
         "flows/allocation.py:provision_allocation",
         "flows/allocation.py:release_allocation",
         "flows/reconcile.py:reconcile",
+        "flows/events.py:publish_events",
     }
     assert {d["work_pool"]["name"] for d in config["deployments"]} == {"gpuaas-process"}
 
