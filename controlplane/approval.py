@@ -1,9 +1,9 @@
 """Slot approval rules: a pure validator over a candidate map and facts from the store.
 
-Every rule in DESIGN.md and seed phase 2 is here, each rejection with a machine-readable
-code and a sentence. ``storable_rejections`` is the subset that would also make the
-database refuse the rows (malformed values, collisions); import applies it, approval
-applies everything.
+Every approval rule is here (docs/store-invariants.md, docs/slice-host.md), each
+rejection with a machine-readable code and a sentence. ``storable_rejections`` is the
+subset that would also make the database refuse the rows (malformed values,
+collisions); import applies it, approval applies everything.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The slice OS image catalog: which images slice VMs boot, by digest.
 
-A catalog row is upserted per slug (seed 004: a republished image replaces the live row's
-digest); node image cache entries holding another digest then stop counting as verified
-copies, so a node never boots a stale image under a new name.
+A catalog row is upserted per slug (a republished image replaces the live row's digest,
+docs/slice-host.md, "Image cache"); node image cache entries holding another digest then
+stop counting as verified copies, so a node never boots a stale image under a new name.
 """
 
 from __future__ import annotations

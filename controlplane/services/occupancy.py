@@ -1,4 +1,4 @@
-"""Node posture and aggregate availability (seed 001: occupancy is derived, never stored)."""
+"""Node posture and aggregate availability (derived from slots and claims, never stored)."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ def host_state_vars(directory: Path) -> dict[str, Any]:
 
 
 def build_host_network(ns: NetNamespace, nat: bool) -> None:
-    """The converged slice network of the runbook; without NAT when ``nat`` is false."""
+    """The converged slice network of a slice host; without NAT when ``nat`` is false."""
     ns.add_bridge(BRIDGE, GATEWAY)
     ns.add_dummy("eno8303", "192.0.2.15/24")
     ns.add_route("default", "eno8303", via="192.0.2.1")

@@ -18,7 +18,7 @@ Scenarios (all parameterised by hostname, so a demo can make j22u05, j22u11, j22
   carrying a mounted /shareN partition as in the seeds, plus the mounted BOSS OS disk;
 - `after_reboot`: the same host after a reboot, kernel NVMe names shuffled (the BOSS disk
   moves from nvme4n1 to nvme7n1), identical by-id identities and PCI addresses;
-- `duplicate_fabric`: one whole fabric device and no VFs (the j22u05 story);
+- `duplicate_fabric`: one whole fabric device and no VFs (docs/slice-host.md, "Shared devices");
 - `missing_vfs`: the NUMA 1 fabric PF has only two VFs enabled;
 - `clean_host`: storage transition done, no shares, every data disk raw.
 

@@ -84,7 +84,7 @@ class LabSliceHost:
         self.lab = VmLab(self.root / "lab", bridge_type="linux", dev_disk_by_id=True)
         try:
             self.lab.start()
-            # An uplink with a default route, as the runbook's hosts have.
+            # An uplink with a default route, as fleet hosts have.
             self.lab.ns.add_dummy("eno8303", "192.0.2.21/24")
             self.lab.ns.add_route("default", "eno8303", via="192.0.2.1")
             eui = "000000000000000100a0752400" + secrets.token_hex(3)

@@ -146,7 +146,7 @@ def test_scheduler_ignores_unhealthy_and_draining(cp, engine):
     assert again["placed"] and again["node"] != placed["node"]
 
 
-# One way each for an `available` row to be incomplete (DESIGN.md: slot eligibility).
+# One way each for an `available` row to be incomplete (docs/store-invariants.md, "The slot rule").
 INCOMPLETE = {
     "gpu_pci_address": "gpu_pci_address = NULL",
     "numa_node": "numa_node = NULL",
@@ -169,7 +169,8 @@ def only_schedulable(engine, hostname: str) -> None:
 
 @pytest.mark.parametrize("field", sorted(INCOMPLETE))
 def test_scheduler_ignores_available_rows_that_are_incomplete(cp, engine, field):
-    """Rows that got into the table some other way (DESIGN.md): the scheduler refuses them.
+    """Rows that got into the table some other way (docs/store-invariants.md): the
+    scheduler refuses them.
 
     The table's own guard is dropped in this test's private database, as a restored dump
     or a hand edit would lack it; the counter triggers still count the rows as free.

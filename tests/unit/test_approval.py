@@ -65,7 +65,7 @@ def test_missing_binding(field, code):
 
 
 def test_shared_fabric_device_without_vfs_is_refused_for_every_slot():
-    """The j22u05 story: one whole fabric device passed through to every slot."""
+    """A shared device (docs/slice-host.md): one whole fabric device behind every slot."""
     doc = clean_map()
     for s in doc["candidate_slots"]:
         s["fabric_claim_mode"] = "shared_device"
