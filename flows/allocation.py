@@ -327,7 +327,9 @@ def settle_proofs(spec: dict[str, Any], proofs: list[dict[str, Any]]) -> list[di
             "slot %d: %s %s; slot now %s",
             slot.slot_index,
             slot.device,
-            f"wiped ({slot.proof})" if slot.proof != "none" else "has no usable wipe proof",
+            f"wiped by {slot.method}, verified {slot.verified}"
+            if slot.proof != "none"
+            else "has no wipe proof",
             slot.status,
         )
     return [{"slot": s.slot_index, "status": s.status, "proof": s.proof} for s in settled.slots]

@@ -201,6 +201,7 @@ class SlotSettlement:
     device: str
     status: str
     proof: str
+    method: str | None
     verified: bool
     evidence_id: int | None = None
 
@@ -242,7 +243,10 @@ def settle(
         device, proof = slot.nvme_device, by_device.get(slot.nvme_device)
         described = "none" if proof is None else describe(proof)
         claimed = proof is not None and proof.get("verified") is True
-        settled[index] = SlotSettlement(index, device, slot.status.value, described, claimed)
+        method = None if proof is None else proof.get("method")
+        settled[index] = SlotSettlement(
+            index, device, slot.status.value, described, method, claimed
+        )
         if slot.status not in AWAITING_WIPE or (
             slot.status is SlotStatus.DISABLED and not slot.wipe_required
         ):
@@ -257,7 +261,13 @@ def settle(
             unproven.setdefault(reason, []).append(index)
             continue
         settled[index] = SlotSettlement(
-            index, device, recorded.status, described, recorded.verified, recorded.evidence_id
+            index,
+            device,
+            recorded.status,
+            described,
+            method,
+            recorded.verified,
+            recorded.evidence_id,
         )
     for reason, indexes in unproven.items():
         for index in block_slots(session, hostname, indexes, reason, actor):
