@@ -34,46 +34,6 @@ from controlplane.services import slots as slot_service
 from controlplane.services.ansible_inventory import build_inventory
 
 
-def node_view(node) -> dict[str, Any]:
-    return {
-        "id": str(node.id),
-        "hostname": node.hostname,
-        "region_code": node.region_code,
-        "node_family": node.node_family,
-        "maas_system_id": node.maas_system_id,
-        "maas_tags": list(node.maas_tags or []),
-        "profile_intent": node.profile_intent.value,
-        "admin_state": node.admin_state.value,
-        "admin_state_reason": node.admin_state_reason,
-        "gpu_count": node.gpu_count,
-        "slice_subnet": str(node.slice_subnet) if node.slice_subnet is not None else None,
-        "slice_bridge": node.slice_bridge,
-        "management_address": node.management_address,
-        "host_vars": dict(node.host_vars or {}),
-    }
-
-
-def slot_view(slot, hostname: str) -> dict[str, Any]:
-    return {
-        "id": str(slot.id),
-        "node": hostname,
-        "slot_index": slot.slot_index,
-        "status": slot.status.value,
-        "health_state": slot.health_state.value,
-        "health_detail": slot.health_detail,
-        "gpu_pci_address": slot.gpu_pci_address,
-        "numa_node": slot.numa_node,
-        "nvme_device": slot.nvme_device,
-        "mac_address": str(slot.mac_address) if slot.mac_address is not None else None,
-        "private_ip": str(slot.private_ip).split("/")[0] if slot.private_ip is not None else None,
-        "fabric_claim_mode": slot.fabric_claim_mode.value,
-        "fabric_vf_pci_address": slot.fabric_vf_pci_address,
-        "fabric_device": slot.fabric_device,
-        "wipe_required": slot.wipe_required,
-        "generation": slot.generation,
-    }
-
-
 class ControlPlane:
     """Entry point for the CLI, flows and tests."""
 
@@ -91,41 +51,41 @@ class ControlPlane:
         migrate.upgrade(self.engine)
         return migrate.current_revision(self.engine)
 
-    def register_node(self, spec: inventory.NodeSpec) -> dict[str, Any]:
+    def register_node(self, spec: inventory.NodeSpec) -> inventory.RegisteredNode:
         with db.transaction(self.engine) as session:
             node, created = inventory.register(session, spec)
-            return {**node_view(node), "created": created}
+            return inventory.RegisteredNode(**asdict(inventory.NodeView.of(node)), created=created)
 
-    def list_nodes(self, region: str | None = None) -> list[dict[str, Any]]:
+    def list_nodes(self, region: str | None = None) -> list[inventory.NodeView]:
         with db.transaction(self.engine) as session:
-            return [node_view(n) for n in node_repo.list_nodes(session, region)]
+            return [inventory.NodeView.of(n) for n in node_repo.list_nodes(session, region)]
 
     def set_admin_state(
         self, hostname: str, state: AdminState, reason: str | None = None
-    ) -> dict[str, Any]:
+    ) -> inventory.AdminStateChange:
         with db.transaction(self.engine) as session:
             node, changed = inventory.set_admin_state(session, hostname, state, reason)
-            return {**node_view(node), "changed": changed}
+            return inventory.AdminStateChange(
+                **asdict(inventory.NodeView.of(node)), changed=changed
+            )
 
     def import_topology(
         self, hostname: str, document: Any, actor: str, node_task_id: uuid.UUID | None = None
-    ) -> dict[str, Any]:
+    ) -> slot_service.ImportResult:
         with db.transaction(self.engine) as session:
-            return asdict(
-                slot_service.import_topology(session, hostname, document, actor, node_task_id)
-            )
+            return slot_service.import_topology(session, hostname, document, actor, node_task_id)
 
     def approve_slots(
         self, hostname: str, slot_indexes: list[int] | None, actor: str
-    ) -> dict[str, Any]:
+    ) -> slot_service.ApprovalResult:
         with db.transaction(self.engine) as session:
-            return asdict(slot_service.approve(session, hostname, slot_indexes, actor))
+            return slot_service.approve(session, hostname, slot_indexes, actor)
 
-    def list_slots(self, hostname: str | None = None) -> list[dict[str, Any]]:
+    def list_slots(self, hostname: str | None = None) -> list[slot_service.SlotView]:
         with db.transaction(self.engine) as session:
             if hostname:
                 node_repo.get_by_hostname(session, hostname)
-            return [slot_view(s, h) for s, h in slot_repo.listing(session, hostname)]
+            return [slot_service.SlotView.of(s, h) for s, h in slot_repo.listing(session, hostname)]
 
     def disable_slot(self, hostname: str, slot_index: int, reason: str, actor: str) -> bool:
         with db.transaction(self.engine) as session:
@@ -135,9 +95,9 @@ class ControlPlane:
         with db.transaction(self.engine) as session:
             return slot_service.repair(session, hostname, slot_index, reason, actor)
 
-    def occupancy(self, region: str | None = None) -> dict[str, Any]:
+    def occupancy(self, region: str | None = None) -> occupancy.Occupancy:
         with db.transaction(self.engine) as session:
-            return asdict(occupancy.occupancy(session, region))
+            return occupancy.occupancy(session, region)
 
     def place(self, request: PlacementRequest) -> dict[str, Any]:
         """Place a request: a placement, or an explicit unavailable result (``placed``)."""
@@ -179,15 +139,15 @@ class ControlPlane:
         with db.transaction(self.engine) as session:
             return events.publish(session, send, limit)
 
-    def release(self, allocation_id: uuid.UUID, actor: str) -> dict[str, Any]:
+    def release(self, allocation_id: uuid.UUID, actor: str) -> allocations.ReleaseResult:
         with db.transaction(self.engine) as session:
-            return asdict(allocations.release(session, allocation_id, actor))
+            return allocations.release(session, allocation_id, actor)
 
     def record_wipe_proof(
         self, hostname: str, slot_index: int, proof: Any, actor: str
-    ) -> dict[str, Any]:
+    ) -> wipes.ProofResult:
         with db.transaction(self.engine) as session:
-            return asdict(wipes.record_wipe_proof(session, hostname, slot_index, proof, actor))
+            return wipes.record_wipe_proof(session, hostname, slot_index, proof, actor)
 
     def settle_wipe(
         self, hostname: str, slot_indexes: list[int], proofs: list[Any], failure: str, actor: str
@@ -199,30 +159,26 @@ class ControlPlane:
 
     def record_storage_approval(
         self, hostname: str, devices: list[str], reference: str, actor: str
-    ) -> dict[str, Any]:
+    ) -> inventory.RecordedApproval:
         """Record an infra approval to turn these disks into raw slice disks."""
         with db.transaction(self.engine) as session:
-            approval, created = inventory.record_storage_approval(
-                session, hostname, devices, reference, actor
-            )
-            return {**asdict(approval), "created": created}
+            return inventory.record_storage_approval(session, hostname, devices, reference, actor)
 
     def verify_storage_approval(
         self, hostname: str, reference: str, devices: list[str]
-    ) -> dict[str, Any]:
+    ) -> inventory.StorageApproval:
         """The recorded approval ``reference``, if it covers every disk in ``devices``."""
         with db.transaction(self.engine) as session:
-            return asdict(inventory.verify_storage_approval(session, hostname, reference, devices))
+            return inventory.verify_storage_approval(session, hostname, reference, devices)
 
-    def register_image(self, spec: images.ImageSpec) -> dict[str, Any]:
+    def register_image(self, spec: images.ImageSpec) -> images.RegisteredImage:
         """Create or update a slice OS image in the catalog (upsert by slug)."""
         with db.transaction(self.engine) as session:
-            image, changed = images.register(session, spec)
-            return {**asdict(image), "changed": changed}
+            return images.register(session, spec)
 
-    def list_images(self) -> list[dict[str, Any]]:
+    def list_images(self) -> list[images.ImageView]:
         with db.transaction(self.engine) as session:
-            return [asdict(i) for i in images.listing(session)]
+            return images.listing(session)
 
     def show_allocation(self, allocation_id: uuid.UUID) -> dict[str, Any]:
         with db.transaction(self.engine) as session:

@@ -21,6 +21,7 @@ from sqlalchemy.exc import DBAPIError
 from controlplane.enums import AllocationState
 from controlplane.errors import GpuaasError
 from controlplane.scheduler.placement import PlacementRequest
+from controlplane.services.allocations import ReleaseResult
 from flows import artifacts
 from flows.fleet import ACTOR, control_plane, current_run
 from flows.hostwork import VM_PROVISION, VM_RELEASE, HostOutcome, run_host_action
@@ -306,7 +307,7 @@ def release_vm(spec: dict[str, Any]) -> HostOutcome:
 
 
 @task(name="release claims")
-def release_claims(allocation_id: str) -> dict[str, Any]:
+def release_claims(allocation_id: str) -> ReleaseResult:
     return control_plane().release(uuid.UUID(allocation_id), ACTOR)
 
 

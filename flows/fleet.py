@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import asdict
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -55,12 +56,12 @@ def select_nodes(
 ) -> list[str]:
     nodes = control_plane().list_nodes(region)
     chosen = [
-        n["hostname"]
+        n.hostname
         for n in nodes
-        if (hostnames is None or n["hostname"] in hostnames)
-        and (profile_intent is None or n["profile_intent"] == profile_intent)
+        if (hostnames is None or n.hostname in hostnames)
+        and (profile_intent is None or n.profile_intent == profile_intent)
     ]
-    missing = sorted(set(hostnames or []) - {n["hostname"] for n in nodes})
+    missing = sorted(set(hostnames or []) - {n.hostname for n in nodes})
     if missing:
         raise GpuaasError("node_not_found", f"unknown nodes: {missing}", {"nodes": missing})
     return chosen
@@ -73,7 +74,7 @@ def discover_hosts(hostnames: list[str], extravars: dict[str, Any]) -> dict[str,
 
     def record(host: str, task_id: uuid.UUID, result) -> None:
         topology = result.module_result(host, DISCOVER.module)["topology"]
-        imports[host] = cp.import_topology(host, topology, ACTOR, node_task_id=task_id)
+        imports[host] = asdict(cp.import_topology(host, topology, ACTOR, node_task_id=task_id))
 
     outcomes = run_host_action(
         cp,
@@ -147,7 +148,7 @@ def approve(hostname: str, slots: list[int] | None) -> dict[str, Any]:
     """The approval, or the refusal with every rejection (a refusal is an answer, not a
     crash: nothing was written)."""
     try:
-        return {"refused": False, **control_plane().approve_slots(hostname, slots, ACTOR)}
+        return {"refused": False, **asdict(control_plane().approve_slots(hostname, slots, ACTOR))}
     except GpuaasError as refused:
         return {"refused": True, "message": refused.message, **refused.as_dict()}
 
@@ -272,7 +273,7 @@ def verify_storage_approval(hostname: str, reference: str, devices: list[str]) -
     """The recorded approval, or the refusal (nothing runs on the host without one)."""
     try:
         approval = control_plane().verify_storage_approval(hostname, reference, devices)
-        return {"refused": False, **approval}
+        return {"refused": False, **asdict(approval)}
     except GpuaasError as refused:
         return {"refused": True, "message": refused.message, **refused.as_dict()}
 

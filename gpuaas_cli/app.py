@@ -25,7 +25,7 @@ from controlplane.errors import GpuaasError, InvalidInput
 from controlplane.scheduler.placement import PlacementRequest
 from controlplane.services.inventory import NodeSpec
 from gpuaas_cli import lab, render
-from gpuaas_cli.render import out
+from gpuaas_cli.render import jsonable, out
 from gpuaas_cli.store import control_plane
 
 HELP = (
@@ -73,7 +73,7 @@ def fail(error: GpuaasError, as_json: bool) -> None:
 def run(as_json: bool, action: Callable[[], Any], render: Callable[[Any], None]) -> None:
     """Run one command: JSON or human output, errors mapped to the error contract."""
     try:
-        result = action()
+        result = jsonable(action())
     except GpuaasError as error:
         fail(error, as_json)
         return

@@ -3,8 +3,11 @@ Machines get ``--json`` instead, straight from the control plane's results."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+import uuid
 from collections import Counter
+from enum import Enum
 from typing import Any
 
 from rich import box
@@ -12,6 +15,22 @@ from rich.console import Console
 from rich.table import Table
 
 out = Console(width=None if sys.stdout.isatty() else 200)
+
+
+def jsonable(value: Any) -> Any:
+    """The JSON form of a control-plane result: dataclasses as objects of their fields
+    (``as_dict`` where a result defines its own), enums as their values."""
+    if hasattr(value, "as_dict"):
+        return jsonable(value.as_dict())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k) if isinstance(k, uuid.UUID) else k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, Enum):
+        return value.value
+    return value
 
 
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:

@@ -64,7 +64,7 @@ WHERE id = :allocation
 )
 
 
-@dataclass
+@dataclass(frozen=True)
 class ReleaseResult:
     allocation_id: str
     changed: bool

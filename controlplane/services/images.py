@@ -7,6 +7,7 @@ stop counting as verified copies, so a node never boots a stale image under a ne
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -37,6 +38,11 @@ class ImageView:
     digest_sha256: str | None
     image_path: str | None
     compatible_skus: list[str]
+
+
+@dataclass(frozen=True)
+class RegisteredImage(ImageView):
+    changed: bool
 
 
 def view(image: OsImage) -> ImageView:
@@ -88,7 +94,7 @@ def _validate(session: Session, spec: ImageSpec) -> str:
     return digest
 
 
-def register(session: Session, spec: ImageSpec) -> tuple[ImageView, bool]:
+def register(session: Session, spec: ImageSpec) -> RegisteredImage:
     """Create or update the catalog row of ``spec.slug``; returns it and whether it changed."""
     digest = _validate(session, spec)
     image = session.scalars(
@@ -104,7 +110,7 @@ def register(session: Session, spec: ImageSpec) -> tuple[ImageView, bool]:
     image.status = ImageStatus.ACTIVE if spec.active else ImageStatus.DISABLED
     session.flush()
     after = view(image)
-    return after, after != before
+    return RegisteredImage(**dataclasses.asdict(after), changed=after != before)
 
 
 def listing(session: Session) -> list[ImageView]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import re
@@ -100,6 +101,53 @@ def validate_spec(spec: NodeSpec) -> str | None:
             {"subnet": spec.slice_subnet},
         )
     return str(subnet.cidr)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    id: str
+    hostname: str
+    region_code: str
+    node_family: str | None
+    maas_system_id: str | None
+    maas_tags: list[str]
+    profile_intent: str
+    admin_state: str
+    admin_state_reason: str | None
+    gpu_count: int
+    slice_subnet: str | None
+    slice_bridge: str | None
+    management_address: str | None
+    host_vars: dict[str, Any]
+
+    @classmethod
+    def of(cls, node: Node) -> NodeView:
+        return cls(
+            id=str(node.id),
+            hostname=node.hostname,
+            region_code=node.region_code,
+            node_family=node.node_family,
+            maas_system_id=node.maas_system_id,
+            maas_tags=list(node.maas_tags or []),
+            profile_intent=node.profile_intent.value,
+            admin_state=node.admin_state.value,
+            admin_state_reason=node.admin_state_reason,
+            gpu_count=node.gpu_count,
+            slice_subnet=str(node.slice_subnet) if node.slice_subnet is not None else None,
+            slice_bridge=node.slice_bridge,
+            management_address=node.management_address,
+            host_vars=dict(node.host_vars or {}),
+        )
+
+
+@dataclass(frozen=True)
+class RegisteredNode(NodeView):
+    created: bool
+
+
+@dataclass(frozen=True)
+class AdminStateChange(NodeView):
+    changed: bool
 
 
 def register(session: Session, spec: NodeSpec) -> tuple[Node, bool]:
@@ -235,6 +283,11 @@ class StorageApproval:
     recorded_at: str
 
 
+@dataclass(frozen=True)
+class RecordedApproval(StorageApproval):
+    created: bool
+
+
 def _approval_devices(devices: list[str]) -> list[str]:
     if not devices:
         raise InvalidInput("devices_missing", "a storage approval names at least one disk", {})
@@ -282,7 +335,7 @@ def _storage_approval_view(row: Evidence, hostname: str) -> StorageApproval:
 
 def record_storage_approval(
     session: Session, hostname: str, devices: list[str], reference: str, actor: str
-) -> tuple[StorageApproval, bool]:
+) -> RecordedApproval:
     """Record an operator's infra approval (evidence kind ``approval``); returns it and
     whether it was new. A reference names one decision: recording it again with the same
     disks changes nothing, with other disks is refused."""
@@ -304,7 +357,9 @@ def record_storage_approval(
                 f"({', '.join(existing.payload['devices'])}); use a new reference",
                 {"devices": existing.payload["devices"]},
             )
-        return _storage_approval_view(existing, hostname), False
+        return RecordedApproval(
+            **dataclasses.asdict(_storage_approval_view(existing, hostname)), created=False
+        )
     row = evidence_repo.add(
         session,
         kind=EvidenceKind.APPROVAL,
@@ -315,7 +370,9 @@ def record_storage_approval(
         payload={"scope": STORAGE_APPROVAL_SCOPE, "reference": reference, "devices": approved},
         node_id=node.id,
     )
-    return _storage_approval_view(row, hostname), True
+    return RecordedApproval(
+        **dataclasses.asdict(_storage_approval_view(row, hostname)), created=True
+    )
 
 
 def verify_storage_approval(

@@ -41,7 +41,7 @@ def derive_posture(row: dict[str, Any]) -> Posture:
     return Posture.FULLY_AVAILABLE
 
 
-@dataclass
+@dataclass(frozen=True)
 class NodeOccupancy:
     hostname: str
     region_code: str
@@ -53,7 +53,7 @@ class NodeOccupancy:
     reason: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class SkuAvailability:
     sku: str
     capacity_shape: str
@@ -64,7 +64,7 @@ class SkuAvailability:
     placeable_gpu_counts: list[int] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Occupancy:
     nodes: list[NodeOccupancy]
     skus: list[SkuAvailability]

@@ -54,7 +54,48 @@ class ApprovalRejected(GpuaasError):
         self.rejections = rejections
 
 
-@dataclass
+@dataclass(frozen=True)
+class SlotView:
+    id: str
+    node: str
+    slot_index: int
+    status: str
+    health_state: str
+    health_detail: str | None
+    gpu_pci_address: str
+    numa_node: int | None
+    nvme_device: str
+    mac_address: str | None
+    private_ip: str | None
+    fabric_claim_mode: str
+    fabric_vf_pci_address: str | None
+    fabric_device: str | None
+    wipe_required: bool
+    generation: int
+
+    @classmethod
+    def of(cls, slot: NodeResourceSlot, hostname: str) -> SlotView:
+        return cls(
+            id=str(slot.id),
+            node=hostname,
+            slot_index=slot.slot_index,
+            status=slot.status.value,
+            health_state=slot.health_state.value,
+            health_detail=slot.health_detail,
+            gpu_pci_address=slot.gpu_pci_address,
+            numa_node=slot.numa_node,
+            nvme_device=slot.nvme_device,
+            mac_address=str(slot.mac_address) if slot.mac_address is not None else None,
+            private_ip=str(slot.private_ip).split("/")[0] if slot.private_ip is not None else None,
+            fabric_claim_mode=slot.fabric_claim_mode.value,
+            fabric_vf_pci_address=slot.fabric_vf_pci_address,
+            fabric_device=slot.fabric_device,
+            wipe_required=slot.wipe_required,
+            generation=slot.generation,
+        )
+
+
+@dataclass(frozen=True)
 class ImportResult:
     hostname: str
     node_task_id: str
@@ -69,7 +110,7 @@ class ImportResult:
     blockers: list[dict[str, Any]] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ApprovalResult:
     hostname: str
     approved: list[int] = field(default_factory=list)

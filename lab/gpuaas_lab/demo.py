@@ -127,7 +127,9 @@ def discover_and_approve(cp: ControlPlane, console: Console, simulated: bool) ->
                 console.print(f"[red]{hostname}[/red]: discovery failed: {outcome.get('failure')}")
     else:
         for hostname in slice_hosts:
-            render.render_import(cp.import_topology(hostname, recorded_map(hostname), ACTOR))
+            render.render_import(
+                render.jsonable(cp.import_topology(hostname, recorded_map(hostname), ACTOR))
+            )
     console.print(Rule("3. approve slots through the approve_slots flow (all or nothing)"))
     for hostname in slice_hosts:
         state = approve_slots(hostname, return_state=True)
@@ -198,7 +200,7 @@ def main() -> None:
         with hosts_cm or contextlib.nullcontext() as host_vars:
             console.print(Rule("1. register the sample fleet (profile intent from MAAS tags)"))
             register(cp, host_vars)
-            render.render_nodes(cp.list_nodes())
+            render.render_nodes(render.jsonable(cp.list_nodes()))
             console.print(Rule("2. discover topology (candidates stay disabled)"))
             if reason:
                 console.print(
@@ -216,8 +218,8 @@ def main() -> None:
             run_vm_demo(cp, console, Path(scratch) / "vm")
 
             console.print(Rule("6. slots and occupancy"))
-            render.render_slots(cp.list_slots())
-            render.render_occupancy(cp.occupancy())
+            render.render_slots(render.jsonable(cp.list_slots()))
+            render.render_occupancy(render.jsonable(cp.occupancy()))
             console.print(Rule("7. evidence"))
             render_trail(cp, console)
     console.print(Rule("Prefect UI"))

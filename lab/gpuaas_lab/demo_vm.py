@@ -27,7 +27,7 @@ def run_vm_demo(cp: ControlPlane, console: Console, root: Path) -> None:
         discover_topology(hostnames=[host.hostname])
         approve_slots(host.hostname)
         image = cp.register_image(host.catalog_image())
-        console.print(f"catalog image {image['slug']}: sha256 {image['digest_sha256']}")
+        console.print(f"catalog image {image.slug}: sha256 {image.digest_sha256}")
         key, public = host.lab.ssh_keypair("tenant")
         console.print(
             f"provision_allocation: {LAB_SKU.slug} x1 on lab node {host.hostname} "
@@ -36,7 +36,7 @@ def run_vm_demo(cp: ControlPlane, console: Console, root: Path) -> None:
         state = provision_allocation(
             LAB_SKU.slug,
             1,
-            image["slug"],
+            image.slug,
             [{"name": "gpuuser", "ssh_authorized_keys": [public]}],
             return_state=True,
         )

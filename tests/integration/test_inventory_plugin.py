@@ -60,7 +60,7 @@ def test_inventory_groups_nodes_and_carries_host_vars(engine, cli_env):
     assert host["ansible_user"] == "hpcadmin"
     assert host["gpuaas_slice_subnet"] == "10.100.0.0/24"
     assert host["gpuaas_node_id"] == "j22u15"
-    assert host["gpuaas_node_uuid"] == cp.list_nodes("region-maas-1")[0]["id"]
+    assert host["gpuaas_node_uuid"] == cp.list_nodes("region-maas-1")[0].id
     assert data["region_region_maas_1"]["hosts"] == ["j22u15"]
     assert data["intent_baremetal"]["hosts"] == ["j22u17"]
     assert data["posture_unavailable"]["hosts"] == ["j22u17"]

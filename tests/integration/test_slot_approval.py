@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import asdict
 from importlib import resources
 
 import pytest
@@ -13,6 +14,7 @@ from controlplane.api import ControlPlane
 from controlplane.enums import AdminState
 from controlplane.errors import GpuaasError
 from controlplane.services.inventory import NodeSpec
+from controlplane.services.slots import ApprovalResult
 
 SLICE = ("gpuaas-profile-slice-vm",)
 
@@ -53,18 +55,18 @@ def table_counts(engine) -> dict:
 
 def test_import_mirrors_candidates_as_disabled_and_approval_makes_them_available(cp):
     result = cp.import_topology("j22u15", recorded("j22u15"), "test")
-    assert result["created"] == list(range(8)) and result["approvable"] == list(range(8))
-    assert {s["status"] for s in cp.list_slots("j22u15")} == {"disabled"}
+    assert result.created == list(range(8)) and result.approvable == list(range(8))
+    assert {s.status for s in cp.list_slots("j22u15")} == {"disabled"}
     approved = cp.approve_slots("j22u15", None, "test")
-    assert approved["approved"] == list(range(8))
+    assert approved.approved == list(range(8))
     slots = cp.list_slots("j22u15")
-    assert {(s["status"], s["health_state"]) for s in slots} == {("available", "healthy")}
-    assert all(s["generation"] == 2 for s in slots)
+    assert {(s.status, s.health_state) for s in slots} == {("available", "healthy")}
+    assert all(s.generation == 2 for s in slots)
     again = cp.approve_slots("j22u15", None, "test")
-    assert again == {"hostname": "j22u15", "approved": [], "unchanged": list(range(8))}
+    assert again == ApprovalResult("j22u15", approved=[], unchanged=list(range(8)))
     reimport = cp.import_topology("j22u15", recorded("j22u15"), "test")
-    assert reimport["unchanged"] == list(range(8))
-    assert {s["status"] for s in cp.list_slots("j22u15")} == {"available"}
+    assert reimport.unchanged == list(range(8))
+    assert {s.status for s in cp.list_slots("j22u15")} == {"available"}
 
 
 def test_rejected_approval_writes_nothing(cp, engine):
@@ -76,14 +78,14 @@ def test_rejected_approval_writes_nothing(cp, engine):
     codes = {r["code"] for r in excinfo.value.details["rejections"]}
     assert {"mounted_child_partition", "fabric_device_shared", "vf_missing"} <= codes
     assert table_counts(engine) == before
-    assert {s["status"] for s in cp.list_slots("j22u05")} == {"disabled"}
+    assert {s.status for s in cp.list_slots("j22u05")} == {"disabled"}
 
 
 def test_one_bad_slot_refuses_the_whole_request(cp, engine):
     cp.import_topology("j22u11", recorded("j22u11"), "test")
     with pytest.raises(GpuaasError):
         cp.approve_slots("j22u11", [0, 4], "test")
-    assert {s["status"] for s in cp.list_slots("j22u11")} == {"disabled"}
+    assert {s.status for s in cp.list_slots("j22u11")} == {"disabled"}
 
 
 def test_incomplete_slots_stay_disabled_with_reasons(cp):
@@ -92,14 +94,14 @@ def test_incomplete_slots_stay_disabled_with_reasons(cp):
     doc["candidate_slots"][6]["complete"] = False
     doc["candidate_slots"][6]["missing"] = ["fabric_vf_pci_address"]
     result = cp.import_topology("j22u15", doc, "test")
-    assert 6 not in result["approvable"]
-    assert {r["code"] for r in result["not_approvable"][6]} >= {
+    assert 6 not in result.approvable
+    assert {r["code"] for r in result.not_approvable[6]} >= {
         "vf_missing",
         "candidate_incomplete",
     }
     cp.approve_slots("j22u15", [0, 1, 2, 3, 4, 5, 7], "test")
-    slot6 = next(s for s in cp.list_slots("j22u15") if s["slot_index"] == 6)
-    assert slot6["status"] == "disabled" and "vf_missing" in slot6["health_detail"]
+    slot6 = next(s for s in cp.list_slots("j22u15") if s.slot_index == 6)
+    assert slot6.status == "disabled" and "vf_missing" in slot6.health_detail
 
 
 def test_mac_collision_with_another_node_refuses_the_import(cp, engine):
@@ -132,11 +134,11 @@ def test_changed_bindings_send_an_approved_slot_back_to_disabled(cp):
     a, b = doc["candidate_slots"][0], doc["candidate_slots"][1]
     a["private_ip"], b["private_ip"] = b["private_ip"], a["private_ip"]
     result = cp.import_topology("j22u15", doc, "test")
-    assert result["updated"] == [0, 1]
-    slots = {s["slot_index"]: s for s in cp.list_slots("j22u15")}
-    assert slots[0]["status"] == "disabled" and slots[0]["private_ip"] == "10.100.0.11"
-    assert slots[2]["status"] == "available"
-    assert slots[0]["generation"] == 3
+    assert result.updated == [0, 1]
+    slots = {s.slot_index: s for s in cp.list_slots("j22u15")}
+    assert slots[0].status == "disabled" and slots[0].private_ip == "10.100.0.11"
+    assert slots[2].status == "available"
+    assert slots[0].generation == 3
     cp.approve_slots("j22u15", [0, 1], "test")
 
 
@@ -148,9 +150,9 @@ def test_drift_on_slots_in_use_is_recorded_not_applied(cp, engine):
     doc = recorded("j22u15")
     doc["candidate_slots"][2]["private_ip"] = "10.100.0.99"
     result = cp.import_topology("j22u15", doc, "test")
-    assert [d["slot_index"] for d in result["drift"]] == [2]
-    slot2 = next(s for s in cp.list_slots("j22u15") if s["slot_index"] == 2)
-    assert slot2["private_ip"] == "10.100.0.12"
+    assert [d["slot_index"] for d in result.drift] == [2]
+    slot2 = next(s for s in cp.list_slots("j22u15") if s.slot_index == 2)
+    assert slot2.private_ip == "10.100.0.12"
     with engine.connect() as conn:
         assert (
             conn.execute(text("SELECT count(*) FROM evidence WHERE kind = 'drift'")).scalar() == 1
@@ -187,7 +189,7 @@ def test_wipe_or_transition_proof_newer_than_discovery_clears_filesystems(cp, en
             ),
             {"dev": disk["stable_path"]},
         )
-    assert cp.approve_slots("j22u15", [3], "test")["approved"] == [3]
+    assert cp.approve_slots("j22u15", [3], "test").approved == [3]
 
 
 def test_disable_and_repair(cp, engine):
@@ -231,11 +233,11 @@ def test_register_validates_and_updates(cp):
         with pytest.raises(GpuaasError) as excinfo:
             cp.register_node(spec)
         assert excinfo.value.code == code
-    assert "n1" not in {n["hostname"] for n in cp.list_nodes()}
+    assert "n1" not in {n.hostname for n in cp.list_nodes()}
     updated = cp.register_node(NodeSpec("j22u17", "r2", maas_tags=SLICE))
-    assert updated["created"] is False and updated["profile_intent"] == "slice_vm"
+    assert updated.created is False and updated.profile_intent == "slice_vm"
     drained = cp.set_admin_state("j22u17", AdminState.DRAINING, "firmware update")
-    assert drained["admin_state"] == "draining" and drained["changed"] is True
+    assert drained.admin_state == "draining" and drained.changed is True
     with pytest.raises(GpuaasError):
         cp.set_admin_state("j22u17", AdminState.UNAVAILABLE, None)
 
@@ -246,12 +248,12 @@ def test_occupancy_reports_postures_and_aggregates_without_pci(cp, engine):
         cp.approve_slots(host, None, "test")
     cp.set_admin_state("j22u16", AdminState.DRAINING, "maintenance")
     result = cp.occupancy()
-    postures = {n["hostname"]: n["posture"] for n in result["nodes"]}
+    postures = {n.hostname: n.posture for n in result.nodes}
     assert postures["j22u15"] == "fully_available" and postures["j22u16"] == "draining"
-    skus = {s["sku"]: s for s in result["skus"]}
-    assert skus["h200-sxm-slice"]["free_gpus"] == 8
-    assert skus["h200-sxm-slice"]["placeable_gpu_counts"] == [1, 2, 4, 8]
-    assert "0000:" not in json.dumps(result)
+    skus = {s.sku: s for s in result.skus}
+    assert skus["h200-sxm-slice"].free_gpus == 8
+    assert skus["h200-sxm-slice"].placeable_gpu_counts == [1, 2, 4, 8]
+    assert "0000:" not in json.dumps(asdict(result))
 
 
 def test_topology_evidence_fails_only_on_hard_blockers(cp, engine):
@@ -297,7 +299,7 @@ def test_map_missing_a_required_key_is_refused_and_changes_nothing(cp, engine, k
     assert refused.value.details == {"field": key}
     assert key in refused.value.message
     assert table_counts(engine) == before
-    assert {s["status"] for s in cp.list_slots("j22u15")} == {"available"}
+    assert {s.status for s in cp.list_slots("j22u15")} == {"available"}
 
 
 def test_map_that_says_it_has_no_slots_withdraws_the_approved_ones(cp):
@@ -306,10 +308,10 @@ def test_map_that_says_it_has_no_slots_withdraws_the_approved_ones(cp):
     empty = recorded("j22u15")
     empty["candidate_slots"] = []
     result = cp.import_topology("j22u15", empty, "test")
-    assert result["withdrawn"] == list(range(8))
+    assert result.withdrawn == list(range(8))
     slots = cp.list_slots("j22u15")
-    assert {s["status"] for s in slots} == {"disabled"}
-    assert all(s["health_detail"].startswith("absent from the topology") for s in slots)
+    assert {s.status for s in slots} == {"disabled"}
+    assert all(s.health_detail.startswith("absent from the topology") for s in slots)
 
 
 @pytest.mark.parametrize(

@@ -61,7 +61,7 @@ def approved(simulated_fleet, engine):
 def slots_of(cp, allocation_id):
     shown = cp.show_allocation(uuid.UUID(allocation_id))
     indexes = {c["slot_index"] for c in shown["claims"]}
-    return shown, [s for s in cp.list_slots("j22u15") if s["slot_index"] in indexes]
+    return shown, [s for s in cp.list_slots("j22u15") if s.slot_index in indexes]
 
 
 def test_failed_provision_leaves_failed_allocation_and_cleanup_blocked_slots(approved, engine):
@@ -80,8 +80,8 @@ def test_failed_provision_leaves_failed_allocation_and_cleanup_blocked_slots(app
         assert step in logged, (step, logged)
     shown, slots = slots_of(approved, allocation_id)
     assert shown["state"] == "failed" and shown["failure_reason"]
-    assert {s["status"] for s in slots} == {"cleanup_blocked"}
-    assert all(s["wipe_required"] for s in slots)
+    assert {s.status for s in slots} == {"cleanup_blocked"}
+    assert all(s.wipe_required for s in slots)
     with engine.connect() as conn:
         task = conn.execute(
             text(
@@ -114,11 +114,9 @@ def test_release_without_wipe_proof_keeps_slots_cleanup_blocked(approved, engine
     shown, _ = slots_of(approved, placed["allocation_id"])
     assert shown["state"] == "released"
     slot = next(
-        s
-        for s in approved.list_slots("j22u15")
-        if s["slot_index"] == placed["slots"][0]["slot_index"]
+        s for s in approved.list_slots("j22u15") if s.slot_index == placed["slots"][0]["slot_index"]
     )
-    assert slot["status"] == "cleanup_blocked", (state, slot)
+    assert slot.status == "cleanup_blocked", (state, slot)
     with engine.connect() as conn:
         assert audit(conn) == []
 

@@ -233,7 +233,7 @@ def allocation_row(engine):
 
 
 def slots_by_index(cp, hostname):
-    return {s["slot_index"]: s for s in cp.list_slots(hostname)}
+    return {s.slot_index: s for s in cp.list_slots(hostname)}
 
 
 def task_rows(engine, kind):
@@ -289,14 +289,14 @@ def test_kill_provision_at_each_step_then_reconcile(approved, engine, step):
         # Never touched a host: released, and its slot waits for a wipe that this
         # simulated host cannot give (the disk does not exist), so it is blocked.
         assert (state, reason, provisions) == ("released", None, [])
-        assert [slots[i]["status"] for i in claimed] == ["cleanup_blocked"]
-        assert slots[claimed[0]]["health_detail"].startswith("reconcile wipe failed")
+        assert [slots[i].status for i in claimed] == ["cleanup_blocked"]
+        assert slots[claimed[0]].health_detail.startswith("reconcile wipe failed")
         assert [r.state for r in task_rows(engine, "disk.wipe")] == ["failed"]
     else:
         assert state == "failed"
         assert reason.startswith("run ") and reason.endswith("ended while provisioning; reconciled")
-        assert [slots[i]["status"] for i in claimed] == ["cleanup_blocked"]
-        assert slots[claimed[0]]["health_detail"] == f"allocation {allocation_id} failed: {reason}"
+        assert [slots[i].status for i in claimed] == ["cleanup_blocked"]
+        assert slots[claimed[0]].health_detail == f"allocation {allocation_id} failed: {reason}"
         assert task_rows(engine, "disk.wipe") == []
         expected_tasks = {
             "provisioning": [],
@@ -309,7 +309,7 @@ def test_kill_provision_at_each_step_then_reconcile(approved, engine, step):
             assert [r.state for r in provisions] == ["failed"]
             assert provisions[0].error and not provisions[0].error.startswith("abandoned")
     others = [s for i, s in slots.items() if i not in claimed]
-    assert {s["status"] for s in others} == {"available"}
+    assert {s.status for s in others} == {"available"}
 
 
 @pytest.mark.parametrize("step", list(RELEASE_STEPS))
@@ -330,8 +330,8 @@ def test_kill_release_at_each_step_then_reconcile(approved, engine, step):
     slots = slots_by_index(approved, "j22u15")
     claimed = sorted(s["slot_index"] for s in placed["slots"])
     # These disks do not exist here, so no proof is possible: never available.
-    assert [slots[i]["status"] for i in claimed] == ["cleanup_blocked"] * 2
-    details = {slots[i]["health_detail"] for i in claimed}
+    assert [slots[i].status for i in claimed] == ["cleanup_blocked"] * 2
+    details = {slots[i].health_detail for i in claimed}
     releases = task_rows(engine, "slice.vm_release")
     if step == "claims_released":
         # The flow released the claims; reconcile's wipe could not prove the disks.
@@ -352,7 +352,7 @@ def test_kill_release_at_each_step_then_reconcile(approved, engine, step):
         assert [r.state for r in releases] == ["failed"]
         assert "abandoned" not in releases[0].error
     others = [s for i, s in slots.items() if i not in claimed]
-    assert {s["status"] for s in others} == {"available"}
+    assert {s.status for s in others} == {"available"}
 
 
 @pytest.mark.vm
@@ -390,14 +390,14 @@ def test_kill_after_a_real_provision_then_reconcile_releases_the_vm(lab_node, en
         ("stale_reservation", None, None),
     ]
     stale = next(d for d in result["drift"] if d["code"] == "stale_reservation")
-    assert stale["detail"].lower().startswith(slot["mac_address"])
+    assert stale["detail"].lower().startswith(slot.mac_address)
     assert [(r["slot"], r["released"], r["proof"], r["now"]) for r in result["leftovers"]] == [
         (0, True, "verified", "cleanup_blocked")
     ]
     assert host.lab.virsh("list", "--all", "--name").stdout.split() == []
     slot = cp.list_slots(host.hostname)[0]
-    assert slot["status"] == "cleanup_blocked" and slot["wipe_required"]
-    assert slot["mac_address"] not in host.lab.dnsmasq_hostsfile.read_text().lower()
+    assert slot.status == "cleanup_blocked" and slot.wipe_required
+    assert slot.mac_address not in host.lab.dnsmasq_hostsfile.read_text().lower()
     with engine.connect() as conn:
         release = conn.execute(
             text(

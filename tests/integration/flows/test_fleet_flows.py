@@ -37,7 +37,7 @@ def test_discovery_stores_maps_as_node_task_output_and_slots_stay_disabled(simul
     assert tasks == [
         (host, "succeeded", "gpuaas.topology/v1", True) for host in ("j22u05", "j22u11", "j22u15")
     ]
-    assert {s["status"] for s in simulated_fleet.list_slots()} == {"disabled"}
+    assert {s.status for s in simulated_fleet.list_slots()} == {"disabled"}
     evidence = rows(engine, "SELECT count(*) FROM evidence WHERE kind = 'topology'")
     assert evidence == [(3,)]
 
@@ -56,7 +56,7 @@ def test_approval_flow_approves_or_refuses_whole(simulated_fleet):
         line.startswith("approval refused, nothing written:")
         for line in flow_run_logs(refused.state_details.flow_run_id)
     )
-    statuses = {(s["node"], s["status"]) for s in simulated_fleet.list_slots()}
+    statuses = {(s.node, s.status) for s in simulated_fleet.list_slots()}
     assert ("j22u05", "available") not in statuses
     assert ("j22u15", "available") in statuses
 
@@ -76,9 +76,9 @@ def test_parity_sweep_marks_failing_nodes_unavailable_without_overriding_a_drain
     assert "nat" in verdicts["j22u11"]["failed checks"]
     assert "nat" not in verdicts["j22u15"]["failed checks"].split(", ")
     nodes = {n["hostname"]: n for n in simulated_fleet.list_nodes()}
-    assert nodes["j22u15"]["admin_state"] == "unavailable"
-    assert nodes["j22u15"]["admin_state_reason"].startswith("parity: ")
-    assert nodes["j22u05"]["admin_state"] == "draining"
+    assert nodes["j22u15"].admin_state == "unavailable"
+    assert nodes["j22u15"].admin_state_reason.startswith("parity: ")
+    assert nodes["j22u05"].admin_state == "draining"
     parity_evidence = rows(
         engine, "SELECT count(*), bool_or(passed) FROM evidence WHERE kind = 'parity'"
     )
@@ -155,16 +155,16 @@ def test_parity_sweep_makes_passing_nodes_schedulable_in_bounded_concurrent_batc
         "j22u15": "",
     }
     nodes = {n["hostname"]: n for n in simulated_fleet.list_nodes()}
-    assert (nodes["j22u15"]["admin_state"], nodes["j22u15"]["admin_state_reason"]) == (
+    assert (nodes["j22u15"].admin_state, nodes["j22u15"].admin_state_reason) == (
         "schedulable",
         None,
     )
-    assert (nodes["j22u11"]["admin_state"], nodes["j22u11"]["admin_state_reason"]) == (
+    assert (nodes["j22u11"].admin_state, nodes["j22u11"].admin_state_reason) == (
         "unavailable",
         "parity: nat",
     )
     # An operator's reason is never overridden by a passing parity.
-    assert nodes["j22u05"]["admin_state_reason"] == "operator: bad PSU"
+    assert nodes["j22u05"].admin_state_reason == "operator: bad PSU"
     evidence = dict(
         rows(
             engine,

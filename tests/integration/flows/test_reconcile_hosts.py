@@ -81,7 +81,7 @@ def test_orphan_domain_of_an_ended_allocation_is_released_and_a_repaired_slot_is
     failed = place_one(cp)
     cp.transition(uuid.UUID(failed), AllocationState.PROVISIONING, "test")
     cp.fail_allocation(uuid.UUID(failed), "test: the VM never became ready", "test")
-    leftover = define_domain(host, failed, slot["mac_address"], slot["nvme_device"])
+    leftover = define_domain(host, failed, slot.mac_address, slot.nvme_device)
     stranger_id = str(uuid.uuid4())
     stranger = define_domain(host, stranger_id, STRANGER_MAC, "/dev/disk/by-id/not-a-slot-disk")
     with host.lab.dnsmasq_hostsfile.open("a") as hosts:
@@ -106,7 +106,7 @@ def test_orphan_domain_of_an_ended_allocation_is_released_and_a_repaired_slot_is
     ]
     assert result["slots"] == []
     # A failed allocation's slot stays blocked until an operator has looked at it.
-    assert cp.list_slots(host.hostname)[0]["status"] == "cleanup_blocked"
+    assert cp.list_slots(host.hostname)[0].status == "cleanup_blocked"
 
     assert cp.repair_slot(host.hostname, 0, "VM released by reconcile; disk fine", "op") == (
         "cleanup"
@@ -125,7 +125,7 @@ def test_orphan_domain_of_an_ended_allocation_is_released_and_a_repaired_slot_is
         ("stale_reservation", None, None),
     ]
     slot = cp.list_slots(host.hostname)[0]
-    assert slot["status"] == "available" and not slot["wipe_required"]
+    assert slot.status == "available" and not slot.wipe_required
     with engine.connect() as conn:
         assert audit(conn) == []
         proofs = conn.execute(
@@ -158,7 +158,7 @@ def test_live_allocation_with_the_wrong_vm_is_degraded_and_recorded(lab_node):
     # A live allocation's VM is never released by reconcile, only reported.
     assert result["leftovers"] == [] and len(domains(host)) == 1
     slot = cp.list_slots(host.hostname)[0]
-    assert (slot["status"], slot["health_state"]) == ("active", "degraded")
+    assert (slot.status, slot.health_state) == ("active", "degraded")
 
 
 def test_a_disk_held_by_an_unknown_domain_is_never_wiped(lab_node, engine):
@@ -169,7 +169,7 @@ def test_a_disk_held_by_an_unknown_domain_is_never_wiped(lab_node, engine):
     cp.transition(uuid.UUID(released), AllocationState.ACTIVE, "test")
     cp.release(uuid.UUID(released), "test")
     stranger_id = str(uuid.uuid4())
-    stranger = define_domain(host, stranger_id, STRANGER_MAC, slot["nvme_device"])
+    stranger = define_domain(host, stranger_id, STRANGER_MAC, slot.nvme_device)
 
     result = reconcile(grace_seconds=0)
 
@@ -177,7 +177,7 @@ def test_a_disk_held_by_an_unknown_domain_is_never_wiped(lab_node, engine):
     assert [(r["slot"], r["now"]) for r in result["slots"]] == [(0, "cleanup_blocked")]
     assert stranger in result["slots"][0]["why"]
     slot = cp.list_slots(host.hostname)[0]
-    assert slot["status"] == "cleanup_blocked" and stranger in slot["health_detail"]
+    assert slot.status == "cleanup_blocked" and stranger in slot.health_detail
     assert domains(host) == [stranger]
     with engine.connect() as conn:
         assert (
@@ -193,15 +193,15 @@ def test_an_idle_node_is_probed_and_a_stray_domain_on_an_available_disk_is_caugh
     """No allocation ever ran here: the slot is available, yet a domain holds its disk."""
     cp, host = lab_node
     slot = cp.list_slots(host.hostname)[0]
-    assert slot["status"] == "available"
+    assert slot.status == "available"
     stranger_id = str(uuid.uuid4())
-    stranger = define_domain(host, stranger_id, STRANGER_MAC, slot["nvme_device"])
+    stranger = define_domain(host, stranger_id, STRANGER_MAC, slot.nvme_device)
 
     result = reconcile(grace_seconds=0)
 
     assert codes(result["drift"]) == [("orphan_domain", stranger_id, "left")]
     slot = cp.list_slots(host.hostname)[0]
-    assert slot["status"] != "available" and stranger in (slot["health_detail"] or "")
+    assert slot.status != "available" and stranger in (slot.health_detail or "")
     assert not cp.place(PlacementRequest(LAB_SKU.slug, 1))["placed"]
     assert domains(host) == [stranger]
     with engine.connect() as conn:

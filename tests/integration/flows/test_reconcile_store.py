@@ -89,9 +89,7 @@ def test_reconcile_makes_claims_and_slots_agree_with_allocations(approved, engin
     ended, ended_slot = place(cp, *LIVE)
     lagging, lagging_slot = place(cp, *LIVE)
     pending, pending_slot = place(cp)
-    unclaimed_slot = next(
-        s["slot_index"] for s in cp.list_slots("j22u15") if s["status"] == "available"
-    )
+    unclaimed_slot = next(s.slot_index for s in cp.list_slots("j22u15") if s.status == "available")
     # What a bug or a hand edit could leave behind.
     with engine.begin() as conn:
         conn.execute(
@@ -135,15 +133,15 @@ def test_reconcile_makes_claims_and_slots_agree_with_allocations(approved, engin
         ("slot_in_use_without_claim", "j22u15", [unclaimed_slot], "cleanup_blocked"),
         ("slot_status_mismatch", "j22u15", [lagging_slot], "active"),
     ]
-    slots = {s["slot_index"]: s for s in cp.list_slots("j22u15")}
-    assert slots[ended_slot]["status"] == "cleanup_blocked"
-    assert slots[ended_slot]["health_detail"] == (
+    slots = {s.slot_index: s for s in cp.list_slots("j22u15")}
+    assert slots[ended_slot].status == "cleanup_blocked"
+    assert slots[ended_slot].health_detail == (
         f"reconcile: claim outlived its failed allocation {ended}"
     )
-    assert slots[unclaimed_slot]["status"] == "cleanup_blocked"
-    assert slots[lagging_slot]["status"] == "active"
+    assert slots[unclaimed_slot].status == "cleanup_blocked"
+    assert slots[lagging_slot].status == "active"
     # The pending allocation is young and consistent: untouched.
-    assert slots[pending_slot]["status"] == "reserved"
+    assert slots[pending_slot].status == "reserved"
     assert cp.show_allocation(uuid.UUID(pending))["state"] == "pending"
     with engine.connect() as conn:
         assert audit(conn) == []

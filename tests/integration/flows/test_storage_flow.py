@@ -144,7 +144,7 @@ def test_applying_with_a_recorded_approval_transitions_its_disks_and_records_the
     storage_host, engine
 ):
     approval = storage_host.approve("INFRA-2026-0417", storage_host.devices)
-    assert approval["created"]
+    assert approval.created
     result = storage_transition(
         HOST,
         storage_host.devices,
@@ -153,7 +153,7 @@ def test_applying_with_a_recorded_approval_transitions_its_disks_and_records_the
         extravars=storage_host.extravars,
     )
     assert result["devices"] == {d: "transitioned" for d in storage_host.devices}
-    assert result["approval_evidence_id"] == approval["evidence_id"]
+    assert result["approval_evidence_id"] == approval.evidence_id
     for disk in (storage_host.share, storage_host.leftover):
         assert raw_state(disk.device) == {"signatures": [], "partitions": [], "mounted": False}
     manifest = json.loads(Path(result["manifest_path"]).read_text())
@@ -166,7 +166,7 @@ def test_applying_with_a_recorded_approval_transitions_its_disks_and_records_the
         " WHERE kind = 'storage_manifest' AND payload ? 'device' ORDER BY 1",
     )
     assert raw_records == sorted(
-        (d, "INFRA-2026-0417", approval["evidence_id"]) for d in storage_host.devices
+        (d, "INFRA-2026-0417", approval.evidence_id) for d in storage_host.devices
     )
 
 
@@ -178,6 +178,6 @@ def test_approval_records_are_validated_and_a_reference_names_one_decision(stora
     first = storage_host.approve("INFRA-3", storage_host.devices)
     again = storage_host.approve("INFRA-3", list(reversed(storage_host.devices)))
     assert first["created"] and not again["created"]
-    assert again["evidence_id"] == first["evidence_id"]
+    assert again.evidence_id == first.evidence_id
     with pytest.raises(Conflict, match="already covers other disks"):
         storage_host.approve("INFRA-3", [storage_host.share.stable_path])

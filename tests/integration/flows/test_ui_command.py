@@ -177,7 +177,7 @@ def test_ui_demo_acts_on_the_demo_fleet_logs_each_step_and_stops_on_sigterm(
             timeout=300,
         )
         assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
-        assert {s["status"] for s in demo_fleet.list_slots("j22u15")} == {"available"}
+        assert {s.status for s in demo_fleet.list_slots("j22u15")} == {"available"}
         run_id = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout).group(1)
         logs = subprocess.run(
             [prefect_bin(), "flow-run", "logs", run_id],

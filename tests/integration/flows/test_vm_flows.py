@@ -81,7 +81,7 @@ def test_provision_then_release_a_real_slice_vm_through_the_flows(lab_node, engi
         readiness["actual_ip"],
         readiness["lease_state"],
         readiness["ssh_ready"],
-    ) == (slot["mac_address"], "10.100.0.10", "10.100.0.10", "matched", True)
+    ) == (slot.mac_address, "10.100.0.10", "10.100.0.10", "matched", True)
     login = host.lab.ssh("10.100.0.10", "gpuuser", key, "hostname")
     assert login.returncode == 0, login.stderr
 
@@ -93,7 +93,7 @@ def test_provision_then_release_a_real_slice_vm_through_the_flows(lab_node, engi
     host.lab.virsh("destroy", domain)
     drift = reconcile(grace_seconds=3600)["drift"]
     assert [(d["code"], d["allocation_id"]) for d in drift] == [("domain_not_running", allocation)]
-    assert cp.list_slots(host.hostname)[0]["health_state"] == "degraded"
+    assert cp.list_slots(host.hostname)[0].health_state == "degraded"
     host.lab.virsh("start", domain)
 
     release_state = release_allocation(allocation, return_state=True)
@@ -117,7 +117,7 @@ def test_provision_then_release_a_real_slice_vm_through_the_flows(lab_node, engi
     shown = cp.show_allocation(uuid.UUID(allocation))
     assert shown["state"] == "released"
     slot = cp.list_slots(host.hostname)[0]
-    assert slot["status"] == "available" and not slot["wipe_required"]
+    assert slot.status == "available" and not slot.wipe_required
     with engine.connect() as conn:
         assert audit(conn) == []
         proofs = conn.execute(
