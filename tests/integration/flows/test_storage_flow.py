@@ -177,7 +177,7 @@ def test_approval_records_are_validated_and_a_reference_names_one_decision(stora
         storage_host.approve("  ", storage_host.devices)
     first = storage_host.approve("INFRA-3", storage_host.devices)
     again = storage_host.approve("INFRA-3", list(reversed(storage_host.devices)))
-    assert first["created"] and not again["created"]
+    assert first.created and not again.created
     assert again.evidence_id == first.evidence_id
     with pytest.raises(Conflict, match="already covers other disks"):
         storage_host.approve("INFRA-3", [storage_host.share.stable_path])
