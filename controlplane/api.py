@@ -180,15 +180,15 @@ class ControlPlane:
         with db.transaction(self.engine) as session:
             return images.listing(session)
 
-    def show_allocation(self, allocation_id: uuid.UUID) -> dict[str, Any]:
+    def show_allocation(self, allocation_id: uuid.UUID) -> allocations.AllocationView:
         with db.transaction(self.engine) as session:
             return allocations.allocation_view(session, allocation_id)
 
-    def list_allocations(self, state: str | None = None) -> list[dict[str, Any]]:
+    def list_allocations(self, state: str | None = None) -> list[allocations.AllocationSummary]:
         with db.transaction(self.engine) as session:
             return allocations.list_allocations(session, state)
 
-    def runtime_spec(self, allocation_id: uuid.UUID) -> dict[str, Any]:
+    def runtime_spec(self, allocation_id: uuid.UUID) -> allocations.RuntimeSpec:
         with db.transaction(self.engine) as session:
             return allocations.runtime_spec(session, allocation_id)
 
@@ -243,7 +243,9 @@ class ControlPlane:
                 recorded_by=actor,
             )
 
-    def evidence_trail(self, hostname: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    def evidence_trail(
+        self, hostname: str | None = None, limit: int = 50
+    ) -> list[tasks.EvidenceEntry]:
         with db.transaction(self.engine) as session:
             return tasks.trail(session, hostname, limit)
 
@@ -336,10 +338,10 @@ class ControlPlane:
         with db.transaction(self.engine) as session:
             return reconcile.record_host_state(session, hostname, observed, actor, node_task_id)
 
-    def prepare_leftover_release(self, allocation_id: str) -> dict[str, Any]:
+    def prepare_leftover_release(self, allocation_id: str) -> allocations.RuntimeSpec:
         with db.transaction(self.engine) as session:
             return reconcile.prepare_leftover_release(session, allocation_id)
 
-    def image_for_sku(self, image: str | None, sku: str) -> dict[str, Any] | None:
+    def image_for_sku(self, image: str | None, sku: str) -> allocations.CatalogImage | None:
         with db.transaction(self.engine) as session:
             return allocations.image_for_sku(session, image, sku)

@@ -10,6 +10,7 @@ the step cannot do anything twice (placement is idempotent per request id).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from typing import Any
@@ -21,7 +22,7 @@ from sqlalchemy.exc import DBAPIError
 from controlplane.enums import AllocationState
 from controlplane.errors import GpuaasError
 from controlplane.scheduler.placement import PlacementRequest
-from controlplane.services.allocations import ReleaseResult
+from controlplane.services.allocations import CatalogImage, ReleaseResult, RuntimeSpec
 from flows import artifacts
 from flows.fleet import ACTOR, control_plane, current_run
 from flows.hostwork import VM_PROVISION, VM_RELEASE, HostOutcome, run_host_action
@@ -40,9 +41,12 @@ def store_io_failed(task, task_run, state) -> bool:
     return False
 
 
-def role_slots(spec: dict[str, Any]) -> list[dict[str, Any]]:
+def role_slots(spec: RuntimeSpec) -> list[dict[str, Any]]:
     """The slot bindings the VM roles take (the store's slot index is not theirs)."""
-    return [{k: v for k, v in slot.items() if k != "slot_index"} for slot in spec["slots"]]
+    return [
+        {k: v for k, v in dataclasses.asdict(slot).items() if k != "slot_index"}
+        for slot in spec.slots
+    ]
 
 
 def published(outcome: HostOutcome, key: str) -> dict[str, Any]:
@@ -56,7 +60,7 @@ def published(outcome: HostOutcome, key: str) -> dict[str, Any]:
 
 
 @task(name="look up the image in the catalog")
-def resolve_image(image: str | None, sku: str) -> dict[str, Any] | None:
+def resolve_image(image: str | None, sku: str) -> CatalogImage | None:
     return control_plane().image_for_sku(image, sku)
 
 
@@ -89,7 +93,7 @@ def place(
 
 
 @task(name="mark provisioning")
-def mark_provisioning(allocation_id: str) -> dict[str, Any]:
+def mark_provisioning(allocation_id: str) -> RuntimeSpec:
     cp = control_plane()
     cp.transition(uuid.UUID(allocation_id), AllocationState.PROVISIONING, ACTOR)
     return cp.runtime_spec(uuid.UUID(allocation_id))
@@ -97,26 +101,26 @@ def mark_provisioning(allocation_id: str) -> dict[str, Any]:
 
 @task(name="provision VM on node")
 def provision_vm(
-    spec: dict[str, Any], image: dict[str, Any], users: list[dict[str, Any]]
+    spec: RuntimeSpec, image: CatalogImage, users: list[dict[str, Any]]
 ) -> HostOutcome:
     variables = {
-        "slice_vm_provision_allocation_id": spec["allocation_id"],
+        "slice_vm_provision_allocation_id": spec.allocation_id,
         "slice_vm_provision_slots": role_slots(spec),
-        "slice_vm_provision_mac_address": spec["mac_address"],
-        "slice_vm_provision_private_ip": spec["private_ip"],
-        "slice_vm_provision_bridge": spec["bridge"],
+        "slice_vm_provision_mac_address": spec.mac_address,
+        "slice_vm_provision_private_ip": spec.private_ip,
+        "slice_vm_provision_bridge": spec.bridge,
         "slice_vm_provision_profile": {
-            "vcpus": spec["vcpus"],
-            "memory_mib": spec["memory_mib"],
-            "hugepages": spec["hugepages"],
+            "vcpus": spec.vcpus,
+            "memory_mib": spec.memory_mib,
+            "hugepages": spec.hugepages,
         },
         "slice_vm_provision_image": {
-            "path": image["node_paths"].get(spec["node"]) or image["path"],
-            "sha256": image["sha256"],
+            "path": image.node_paths.get(spec.node) or image.path,
+            "sha256": image.sha256,
         },
         "slice_vm_provision_users": users,
     }
-    allocation_id, node = spec["allocation_id"], spec["node"]
+    allocation_id, node = spec.allocation_id, spec.node
     progress = artifacts.host_action_progress(
         f"provision-progress-{allocation_id}",
         f"VM provision of allocation {allocation_id} on {node}",
@@ -168,7 +172,7 @@ def provision_allocation(
     try:
         catalog = resolve_image(image, sku)
         if catalog is not None:
-            logger.info("image %s for %s: sha256 %s", catalog["slug"], sku, catalog["sha256"][:12])
+            logger.info("image %s for %s: sha256 %s", catalog.slug, sku, catalog.sha256[:12])
         logger.info("placing %s x%d (request %s)", sku, gpu_count, request_id)
         placed = place(sku, gpu_count, region, project_id, requested_by, request_id)
     except GpuaasError as exc:
@@ -202,7 +206,7 @@ def provision_allocation(
         logger.info("baremetal allocation %s placed on %s", allocation_id, placed["node"])
         return placed
     spec = mark_provisioning(allocation_id)
-    logger.info("allocation %s is provisioning on %s", allocation_id, spec["node"])
+    logger.info("allocation %s is provisioning on %s", allocation_id, spec.node)
     try:
         outcome = provision_vm(spec, catalog, users)
     except Exception as exc:  # the host action itself blew up: fail closed
@@ -217,8 +221,8 @@ def provision_allocation(
         [
             {"field": key, "value": value}
             for key, value in {
-                "node": spec["node"],
-                "slots": [s["slot_index"] for s in spec["slots"]],
+                "node": spec.node,
+                "slots": [s.slot_index for s in spec.slots],
                 "status": evidence.get("status", "failed"),
                 "failure": outcome.failure,
                 **{f"readiness.{k}": v for k, v in readiness.items()},
@@ -263,26 +267,26 @@ def log_readiness(readiness: dict[str, Any]) -> None:
 
 
 @task(name="mark releasing")
-def mark_releasing(allocation_id: str) -> dict[str, Any]:
+def mark_releasing(allocation_id: str) -> RuntimeSpec:
     cp = control_plane()
     cp.transition(uuid.UUID(allocation_id), AllocationState.RELEASING, ACTOR)
     return cp.runtime_spec(uuid.UUID(allocation_id))
 
 
-def release_variables(spec: dict[str, Any]) -> dict[str, Any]:
+def release_variables(spec: RuntimeSpec) -> dict[str, Any]:
     return {
-        "slice_vm_release_allocation_id": spec["allocation_id"],
+        "slice_vm_release_allocation_id": spec.allocation_id,
         "slice_vm_release_slots": role_slots(spec),
-        "slice_vm_release_mac_address": spec["mac_address"],
-        "slice_vm_release_private_ip": spec["private_ip"],
-        "slice_vm_release_bridge": spec["bridge"],
+        "slice_vm_release_mac_address": spec.mac_address,
+        "slice_vm_release_private_ip": spec.private_ip,
+        "slice_vm_release_bridge": spec.bridge,
     }
 
 
-def run_release(spec: dict[str, Any]) -> HostOutcome:
+def run_release(spec: RuntimeSpec) -> HostOutcome:
     """The VM release playbook for one allocation: stop, undefine, unreserve, wipe (its
     progress an artifact of the calling task run)."""
-    allocation_id, node = spec["allocation_id"], spec["node"]
+    allocation_id, node = spec.allocation_id, spec.node
     progress = artifacts.host_action_progress(
         f"release-progress-{allocation_id}",
         f"VM release and disk wipe of allocation {allocation_id} on {node}",
@@ -302,7 +306,7 @@ def run_release(spec: dict[str, Any]) -> HostOutcome:
 
 
 @task(name="release VM and wipe disks on node")
-def release_vm(spec: dict[str, Any]) -> HostOutcome:
+def release_vm(spec: RuntimeSpec) -> HostOutcome:
     return run_release(spec)
 
 
@@ -312,12 +316,12 @@ def release_claims(allocation_id: str) -> ReleaseResult:
 
 
 @task(name="settle wipe proofs")
-def settle_proofs(spec: dict[str, Any], proofs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def settle_proofs(spec: RuntimeSpec, proofs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A verified proof per slot disk returns the slot; anything else blocks it."""
     logger = get_run_logger()
     settled = control_plane().settle_wipe(
-        spec["node"],
-        [s["slot_index"] for s in spec["slots"]],
+        spec.node,
+        [s.slot_index for s in spec.slots],
         proofs,
         "release produced no wipe proof",
         ACTOR,
@@ -345,8 +349,8 @@ def release_allocation(allocation_id: str) -> dict[str, Any]:
     logger.info(
         "allocation %s is releasing on %s (slots %s)",
         allocation_id,
-        spec["node"],
-        [s["slot_index"] for s in spec["slots"]],
+        spec.node,
+        [s.slot_index for s in spec.slots],
     )
     outcome = release_vm(spec)
     evidence = published(outcome, "gpuaas_slice_release")

@@ -228,8 +228,8 @@ def release_leftovers(orphans: list[dict[str, Any]]) -> list[dict[str, Any]]:
         outcome = run_release(spec)
         proofs = published(outcome, "gpuaas_slice_release").get("wipe_proofs") or []
         settled = cp.settle_wipe(
-            spec["node"],
-            [s["slot_index"] for s in spec["slots"]],
+            spec.node,
+            [s.slot_index for s in spec.slots],
             proofs if outcome.passed else [],
             f"reconcile: release of leftover domain {orphan['domain']} gave no proof: "
             f"{outcome.failure}",
@@ -237,8 +237,8 @@ def release_leftovers(orphans: list[dict[str, Any]]) -> list[dict[str, Any]]:
         )
         rows.extend(
             {
-                "node": spec["node"],
-                "allocation": spec["allocation_id"],
+                "node": spec.node,
+                "allocation": spec.allocation_id,
                 "domain": orphan["domain"],
                 "released": outcome.passed,
                 "slot": slot.slot_index,

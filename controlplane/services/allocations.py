@@ -98,7 +98,79 @@ def release(session: Session, allocation_id: uuid.UUID, actor: str) -> ReleaseRe
     )
 
 
-def allocation_view(session: Session, allocation_id: uuid.UUID) -> dict[str, Any]:
+@dataclass(frozen=True)
+class AllocationSummary:
+    id: str
+    capacity_shape: str
+    sku: str
+    gpu_count: int
+    state: str
+    node: str | None
+    region_code: str | None
+    created_at: str
+    released_at: str | None
+
+
+@dataclass(frozen=True)
+class ClaimView:
+    id: str
+    kind: str
+    state: str
+    slot_index: int | None
+    released_at: str | None
+
+
+@dataclass(frozen=True)
+class AllocationView(AllocationSummary):
+    failure_reason: str | None
+    project_id: str | None
+    requested_by: str
+    runtime_metadata: dict[str, Any]
+    claims: list[ClaimView]
+
+
+@dataclass(frozen=True)
+class SlotBinding:
+    """What a node binds for one slot of an allocation (the roles' slot variables)."""
+
+    slot_index: int
+    gpu_pci_address: str
+    fabric_vf_pci_address: str | None
+    nvme_device: str
+    numa_node: int | None
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """Everything a node needs to realise (or tear down) a slice allocation."""
+
+    allocation_id: str
+    state: str
+    capacity_shape: str
+    sku: str
+    gpu_count: int
+    node: str
+    bridge: str | None
+    vcpus: int
+    memory_mib: int
+    hugepages: bool
+    mac_address: str | None
+    private_ip: str | None
+    slots: list[SlotBinding]
+
+
+@dataclass(frozen=True)
+class CatalogImage:
+    """The image a slice VM boots: its catalog digest, default path and per-node paths
+    of verified cache copies."""
+
+    slug: str
+    sha256: str
+    path: str | None
+    node_paths: dict[str, str]
+
+
+def allocation_view(session: Session, allocation_id: uuid.UUID) -> AllocationView:
     row = session.execute(
         select(Allocation, Sku.slug, Node.hostname)
         .join(Sku, Sku.id == Allocation.sku_id)
@@ -114,23 +186,23 @@ def allocation_view(session: Session, allocation_id: uuid.UUID) -> dict[str, Any
         .where(AllocationResourceClaim.allocation_id == allocation_id)
         .order_by(NodeResourceSlot.slot_index)
     ).all()
-    return {
+    return AllocationView(
         **_summary(allocation, sku, hostname),
-        "failure_reason": allocation.failure_reason,
-        "project_id": allocation.project_id,
-        "requested_by": allocation.requested_by,
-        "runtime_metadata": allocation.runtime_metadata,
-        "claims": [
-            {
-                "id": str(c.id),
-                "kind": c.claim_kind.value,
-                "state": c.state.value,
-                "slot_index": index,
-                "released_at": c.released_at.isoformat() if c.released_at else None,
-            }
+        failure_reason=allocation.failure_reason,
+        project_id=allocation.project_id,
+        requested_by=allocation.requested_by,
+        runtime_metadata=dict(allocation.runtime_metadata or {}),
+        claims=[
+            ClaimView(
+                id=str(c.id),
+                kind=c.claim_kind.value,
+                state=c.state.value,
+                slot_index=index,
+                released_at=c.released_at.isoformat() if c.released_at else None,
+            )
             for c, index in claims
         ],
-    }
+    )
 
 
 def _summary(allocation: Allocation, sku: str, hostname: str | None) -> dict[str, Any]:
@@ -149,7 +221,7 @@ def _summary(allocation: Allocation, sku: str, hostname: str | None) -> dict[str
 
 def list_allocations(
     session: Session, state: str | None = None, limit: int = 200
-) -> list[dict[str, Any]]:
+) -> list[AllocationSummary]:
     stmt = (
         select(Allocation, Sku.slug, Node.hostname)
         .join(Sku, Sku.id == Allocation.sku_id)
@@ -159,7 +231,9 @@ def list_allocations(
     )
     if state:
         stmt = stmt.where(Allocation.state == AllocationState(state))
-    return [_summary(a, sku, host) for a, sku, host in session.execute(stmt).all()]
+    return [
+        AllocationSummary(**_summary(a, sku, host)) for a, sku, host in session.execute(stmt).all()
+    ]
 
 
 # -- lifecycle transitions driven by the flows -------------------------------------------
@@ -281,8 +355,7 @@ def fail(
     return True
 
 
-def runtime_spec(session: Session, allocation_id: uuid.UUID) -> dict[str, Any]:
-    """Everything a node needs to realise (or tear down) a slice allocation."""
+def runtime_spec(session: Session, allocation_id: uuid.UUID) -> RuntimeSpec:
     row = session.execute(
         select(Allocation, Sku, Node)
         .join(Sku, Sku.id == Allocation.sku_id)
@@ -300,30 +373,30 @@ def runtime_spec(session: Session, allocation_id: uuid.UUID) -> dict[str, Any]:
         .distinct()
     ).all()
     boot = slots[0] if slots else None
-    return {
-        "allocation_id": str(allocation.id),
-        "state": allocation.state.value,
-        "capacity_shape": allocation.capacity_shape.value,
-        "sku": sku.slug,
-        "gpu_count": allocation.gpu_count,
-        "node": node.hostname,
-        "bridge": node.slice_bridge,
-        "vcpus": sku.vcpu_per_gpu * allocation.gpu_count,
-        "memory_mib": sku.memory_gib_per_gpu * allocation.gpu_count * 1024,
-        "hugepages": sku.requires_hugepages,
-        "mac_address": str(boot.mac_address) if boot else None,
-        "private_ip": str(boot.private_ip).split("/")[0] if boot else None,
-        "slots": [
-            {
-                "slot_index": s.slot_index,
-                "gpu_pci_address": s.gpu_pci_address,
-                "fabric_vf_pci_address": s.fabric_vf_pci_address,
-                "nvme_device": s.nvme_device,
-                "numa_node": s.numa_node,
-            }
+    return RuntimeSpec(
+        allocation_id=str(allocation.id),
+        state=allocation.state.value,
+        capacity_shape=allocation.capacity_shape.value,
+        sku=sku.slug,
+        gpu_count=allocation.gpu_count,
+        node=node.hostname,
+        bridge=node.slice_bridge,
+        vcpus=sku.vcpu_per_gpu * allocation.gpu_count,
+        memory_mib=sku.memory_gib_per_gpu * allocation.gpu_count * 1024,
+        hugepages=sku.requires_hugepages,
+        mac_address=str(boot.mac_address) if boot else None,
+        private_ip=str(boot.private_ip).split("/")[0] if boot else None,
+        slots=[
+            SlotBinding(
+                slot_index=s.slot_index,
+                gpu_pci_address=s.gpu_pci_address,
+                fabric_vf_pci_address=s.fabric_vf_pci_address,
+                nvme_device=s.nvme_device,
+                numa_node=s.numa_node,
+            )
             for s in slots
         ],
-    }
+    )
 
 
 def set_flow_run(session: Session, allocation_id: uuid.UUID, flow_run_id: str) -> None:
@@ -333,7 +406,7 @@ def set_flow_run(session: Session, allocation_id: uuid.UUID, flow_run_id: str) -
     session.flush()
 
 
-def image_for_sku(session: Session, slug: str | None, sku_slug: str) -> dict[str, Any] | None:
+def image_for_sku(session: Session, slug: str | None, sku_slug: str) -> CatalogImage | None:
     """The catalog image a slice VM of ``sku_slug`` boots: its sha256 is what the node
     verifies before cloning, never a digest the caller supplies. None for a baremetal
     SKU (MAAS deploys whole nodes). Refuses before anything is placed or touched.
@@ -383,9 +456,9 @@ def image_for_sku(session: Session, slug: str | None, sku_slug: str) -> dict[str
             f"image {slug} names no image_path and no node caches it",
             {"image": slug},
         )
-    return {
-        "slug": image.slug,
-        "sha256": image.digest_sha256,
-        "path": default_path,
-        "node_paths": {hostname: path for hostname, path in cached},
-    }
+    return CatalogImage(
+        slug=image.slug,
+        sha256=image.digest_sha256,
+        path=default_path,
+        node_paths={hostname: path for hostname, path in cached},
+    )

@@ -416,7 +416,7 @@ WHERE c.allocation_id = :allocation AND c.slot_id = s.id AND s.status = 'availab
 )
 
 
-def prepare_leftover_release(session: Session, allocation_id: str) -> dict[str, Any]:
+def prepare_leftover_release(session: Session, allocation_id: str) -> allocations.RuntimeSpec:
     """The runtime spec to release an ended allocation's leftovers with; its slots that
     are still available leave scheduling first, so nothing is placed on a disk about to
     be wiped (a verified proof brings them back)."""

@@ -33,25 +33,23 @@ def replay(
         shown = allocations.allocation_view(session, allocation_id)
     except NotFound:
         return None
-    if (shown["sku"], shown["gpu_count"]) != (sku, gpu_count):
+    if (shown.sku, shown.gpu_count) != (sku, gpu_count):
         raise Conflict(
             "request_id_reused",
             f"this request id already placed allocation {allocation_id} for "
-            f"{shown['sku']} x{shown['gpu_count']}, not {sku} x{gpu_count}",
+            f"{shown.sku} x{shown.gpu_count}, not {sku} x{gpu_count}",
             {"allocation_id": str(allocation_id)},
         )
     return {
         "placed": True,
-        "allocation_id": shown["id"],
-        "capacity_shape": shown["capacity_shape"],
-        "sku": shown["sku"],
-        "gpu_count": shown["gpu_count"],
-        "node": shown["node"],
-        "slots": [
-            {"slot_index": c["slot_index"]} for c in shown["claims"] if c["slot_index"] is not None
-        ],
-        "state": shown["state"],
-        "failure_reason": shown["failure_reason"],
-        "flow_run_id": shown["runtime_metadata"].get("flow_run_id"),
+        "allocation_id": shown.id,
+        "capacity_shape": shown.capacity_shape,
+        "sku": shown.sku,
+        "gpu_count": shown.gpu_count,
+        "node": shown.node,
+        "slots": [{"slot_index": c.slot_index} for c in shown.claims if c.slot_index is not None],
+        "state": shown.state,
+        "failure_reason": shown.failure_reason,
+        "flow_run_id": shown.runtime_metadata.get("flow_run_id"),
         "replayed": True,
     }

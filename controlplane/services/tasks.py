@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select, text
@@ -116,7 +117,20 @@ def abandon(session: Session, task_ids: list[str], reason: str) -> list[str]:
     return [str(r) for r in rows]
 
 
-def trail(session: Session, hostname: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class EvidenceEntry:
+    id: int
+    kind: str
+    passed: bool
+    summary: str
+    recorded_by: str
+    recorded_at: str
+    hostname: str | None
+    task_kind: str | None
+    artifact_dir: str | None
+
+
+def trail(session: Session, hostname: str | None = None, limit: int = 50) -> list[EvidenceEntry]:
     """The evidence trail, newest first (no payloads: those are for `show`)."""
     sql = (
         "SELECT e.id, e.kind, e.passed, e.summary, e.recorded_by, e.recorded_at, n.hostname,"
@@ -129,6 +143,6 @@ def trail(session: Session, hostname: str | None = None, limit: int = 50) -> lis
     if hostname:
         params["host"] = hostname
     return [
-        {**dict(r._mapping), "recorded_at": r.recorded_at.isoformat()}
+        EvidenceEntry(**{**dict(r._mapping), "recorded_at": r.recorded_at.isoformat()})
         for r in session.execute(text(sql), params)
     ]

@@ -172,7 +172,7 @@ def render_trail(cp: ControlPlane, console: Console) -> None:
         "evidence trail (newest first)",
         ["id", "kind", "passed", "node", "summary"],
         [
-            [e["id"], e["kind"], e["passed"], e["hostname"], e["summary"][:110]]
+            [e.id, e.kind, e.passed, e.hostname, e.summary[:110]]
             for e in cp.evidence_trail(limit=25)
         ],
     )

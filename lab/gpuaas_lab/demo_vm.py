@@ -63,4 +63,4 @@ def run_vm_demo(cp: ControlPlane, console: Console, root: Path) -> None:
         for slot in released.result()["slots"]:
             console.print(f"released; slot {slot['slot']}: {slot['status']} ({slot['proof']})")
         shown = cp.show_allocation(uuid.UUID(result["allocation_id"]))
-        console.print(f"allocation {shown['id']} is {shown['state']}")
+        console.print(f"allocation {shown.id} is {shown.state}")

@@ -46,7 +46,7 @@ def test_a_repeated_request_replays_its_allocation(cp, engine):
     )
     assert again["flow_run_id"] == "run-a"
     shown = cp.show_allocation(uuid.UUID(first["allocation_id"]))
-    assert shown["runtime_metadata"]["flow_run_id"] == "run-a"
+    assert shown.runtime_metadata["flow_run_id"] == "run-a"
     assert allocations(engine) == 1
 
 

@@ -12,8 +12,21 @@ from sqlalchemy import text
 from controlplane.api import ControlPlane
 from controlplane.audit import audit
 from controlplane.errors import NotFound
+from controlplane.scheduler.placement import PlacementRequest
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
-from tests.integration.test_placement import place, proof_for
+
+
+def proof_for(cp: ControlPlane, hostname: str, slot_index: int, **overrides) -> dict:
+    """A verified wipe proof for the slot's own disk, finished now."""
+    slot = next(s for s in cp.list_slots(hostname) if s.slot_index == slot_index)
+    return {
+        "schema": "gpuaas.wipe_proof/v1",
+        "device": slot.nvme_device,
+        "method": "blkdiscard",
+        "verified": True,
+        "finished_at": (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)).isoformat(),
+        **overrides,
+    }
 
 
 @pytest.fixture
@@ -21,16 +34,13 @@ def released(engine):
     """A 4-GPU slice allocation placed and released: its four slots owe a wipe."""
     create_fleet(engine, FleetSpec(nodes=1, baremetal_nodes=0, prefix="w"))
     cp = ControlPlane(engine)
-    placed = place(cp, 4)
+    placed = cp.place(PlacementRequest(sku="h200-sxm-slice", gpu_count=4, requested_by="t"))
     cp.release(uuid.UUID(placed["allocation_id"]), "test")
     return cp, placed["node"], sorted(s["slot_index"] for s in placed["slots"])
 
 
 def slot_rows(cp: ControlPlane, node: str) -> dict[int, tuple[str, bool, str | None]]:
-    return {
-        s["slot_index"]: (s["status"], s["wipe_required"], s["health_detail"])
-        for s in cp.list_slots(node)
-    }
+    return {s.slot_index: (s.status, s.wipe_required, s.health_detail) for s in cp.list_slots(node)}
 
 
 def evidence_count(engine) -> int:

@@ -60,14 +60,14 @@ def approved(simulated_fleet, engine):
 
 def slots_of(cp, allocation_id):
     shown = cp.show_allocation(uuid.UUID(allocation_id))
-    indexes = {c["slot_index"] for c in shown["claims"]}
+    indexes = {c.slot_index for c in shown.claims}
     return shown, [s for s in cp.list_slots("j22u15") if s.slot_index in indexes]
 
 
 def test_failed_provision_leaves_failed_allocation_and_cleanup_blocked_slots(approved, engine):
     state = provision_allocation("h200-sxm-slice", 2, IMAGE, USERS, return_state=True)
     assert state.is_failed()
-    allocation_id = next(a["id"] for a in approved.list_allocations())
+    allocation_id = next(a.id for a in approved.list_allocations())
     logged = "\n".join(flow_run_logs(state.state_details.flow_run_id))
     for step in (
         f"image {IMAGE} for h200-sxm-slice: sha256 {IMAGE_DIGEST[:12]}",
@@ -79,7 +79,7 @@ def test_failed_provision_leaves_failed_allocation_and_cleanup_blocked_slots(app
     ):
         assert step in logged, (step, logged)
     shown, slots = slots_of(approved, allocation_id)
-    assert shown["state"] == "failed" and shown["failure_reason"]
+    assert shown.state == "failed" and shown.failure_reason
     assert {s.status for s in slots} == {"cleanup_blocked"}
     assert all(s.wipe_required for s in slots)
     with engine.connect() as conn:
@@ -112,7 +112,7 @@ def test_release_without_wipe_proof_keeps_slots_cleanup_blocked(approved, engine
     approved.transition(allocation, AllocationState.ACTIVE, "test")
     state = release_allocation(placed["allocation_id"], return_state=True)
     shown, _ = slots_of(approved, placed["allocation_id"])
-    assert shown["state"] == "released"
+    assert shown.state == "released"
     slot = next(
         s for s in approved.list_slots("j22u15") if s.slot_index == placed["slots"][0]["slot_index"]
     )

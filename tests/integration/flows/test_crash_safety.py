@@ -282,7 +282,7 @@ def test_kill_provision_at_each_step_then_reconcile(approved, engine, step):
     assert_finished(engine)
 
     allocation_id, state, reason = allocation_row(engine)
-    claimed = [c["slot_index"] for c in approved.show_allocation(allocation_id)["claims"]]
+    claimed = [c.slot_index for c in approved.show_allocation(allocation_id).claims]
     slots = slots_by_index(approved, "j22u15")
     provisions = task_rows(engine, "slice.vm_provision")
     if step == "placed":

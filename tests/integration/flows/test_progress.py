@@ -317,7 +317,7 @@ def approved(simulated_fleet, engine):
 def test_provision_progress_is_an_artifact_of_the_run_stopped_at_the_preflight(approved, engine):
     state = provision_allocation("h200-sxm-slice", 2, IMAGE, USERS, return_state=True)
     assert state.is_failed()
-    allocation_id = next(a["id"] for a in approved.list_allocations())
+    allocation_id = next(a.id for a in approved.list_allocations())
     artifact, task_run = progress_artifact(
         state.state_details.flow_run_id, f"provision-progress-{allocation_id}"
     )

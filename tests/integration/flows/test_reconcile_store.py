@@ -142,7 +142,7 @@ def test_reconcile_makes_claims_and_slots_agree_with_allocations(approved, engin
     assert slots[lagging_slot].status == "active"
     # The pending allocation is young and consistent: untouched.
     assert slots[pending_slot].status == "reserved"
-    assert cp.show_allocation(uuid.UUID(pending))["state"] == "pending"
+    assert cp.show_allocation(uuid.UUID(pending)).state == "pending"
     with engine.connect() as conn:
         assert audit(conn) == []
         recorded = conn.execute(

@@ -115,7 +115,7 @@ def test_provision_then_release_a_real_slice_vm_through_the_flows(lab_node, engi
     ):
         assert step in logged, (step, logged)
     shown = cp.show_allocation(uuid.UUID(allocation))
-    assert shown["state"] == "released"
+    assert shown.state == "released"
     slot = cp.list_slots(host.hostname)[0]
     assert slot.status == "available" and not slot.wipe_required
     with engine.connect() as conn:
