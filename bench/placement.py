@@ -63,7 +63,7 @@ from controlplane.audit import CHECKS, audit
 from controlplane.embedded import EmbeddedPostgres
 from controlplane.scheduler.placement import Placement, PlacementRequest, Scheduler
 from controlplane.scheduler.ranking import Policy
-from controlplane.services import allocations
+from controlplane.services import allocations, wipes
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
 
 SLICE = "h200-sxm-slice"
@@ -376,7 +376,7 @@ def depart(engine: Engine, allocation: uuid.UUID) -> None:
         released = allocations.release(session, allocation, "trace")
         proofs = session.execute(
             RECORD_WIPES,
-            {"ids": released.slots_to_wipe, "schema": allocations.WIPE_PROOF_SCHEMA},
+            {"ids": released.slots_to_wipe, "schema": wipes.WIPE_PROOF_SCHEMA},
         ).all()
         session.execute(
             RETURN_WIPED,

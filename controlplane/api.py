@@ -258,10 +258,14 @@ class ControlPlane:
         with db.transaction(self.engine) as session:
             return build_inventory(session, hostnames, region, profile_intent)
 
-    def apply_parity(self, hostname: str, failed_checks: list[str], actor: str) -> dict[str, Any]:
+    def apply_parity(
+        self, hostname: str, failed_checks: list[str], actor: str
+    ) -> inventory.AdminStateChange:
         with db.transaction(self.engine) as session:
-            state, changed = inventory.apply_parity(session, hostname, failed_checks, actor)
-            return {"hostname": hostname, "admin_state": state, "changed": changed}
+            node, changed = inventory.apply_parity(session, hostname, failed_checks, actor)
+            return inventory.AdminStateChange(
+                **asdict(inventory.NodeView.of(node)), changed=changed
+            )
 
     def set_allocation_flow_run(self, allocation_id: uuid.UUID, flow_run_id: str) -> None:
         with db.transaction(self.engine) as session:
@@ -298,7 +302,7 @@ class ControlPlane:
         with db.transaction(self.engine) as session:
             return reconcile.finish(session, stuck, actor)
 
-    def cleanup_slots(self, grace_seconds: float) -> list[dict[str, Any]]:
+    def cleanup_slots(self, grace_seconds: float) -> list[reconcile.CleanupSlot]:
         with db.transaction(self.engine) as session:
             return reconcile.cleanup_slots(session, dt.timedelta(seconds=grace_seconds))
 
@@ -318,13 +322,13 @@ class ControlPlane:
         with db.transaction(self.engine) as session:
             return reconcile.nodes_to_probe(session)
 
-    def repair_claims_and_slots(self, actor: str) -> list[dict[str, Any]]:
+    def repair_claims_and_slots(self, actor: str) -> list[reconcile.StoreRepair]:
         with db.transaction(self.engine) as session:
             return reconcile.repair_store(session, actor)
 
     def block_held_slots(
         self, hostname: str, held: dict[str, str], actor: str
-    ) -> list[dict[str, Any]]:
+    ) -> list[reconcile.BlockedSlot]:
         with db.transaction(self.engine) as session:
             return reconcile.block_held_slots(session, hostname, held, actor)
 

@@ -208,16 +208,16 @@ def apply_verdicts(outcomes: dict[str, HostOutcome]) -> list[dict[str, Any]]:
             "%s: parity %s; admin state %s%s",
             host,
             f"FAILED ({', '.join(failed)})" if failed else "passed",
-            verdict["admin_state"],
-            " (changed)" if verdict["changed"] else "",
+            verdict.admin_state,
+            " (changed)" if verdict.changed else "",
         )
         rows.append(
             {
                 "node": host,
                 "failures": len(failed),
                 "failed checks": ", ".join(failed),
-                "admin state": verdict["admin_state"],
-                "changed": verdict["changed"],
+                "admin state": verdict.admin_state,
+                "changed": verdict.changed,
             }
         )
     return rows

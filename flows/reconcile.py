@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections import defaultdict
+from dataclasses import asdict
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -22,6 +23,7 @@ from prefect.client.schemas.objects import StateType
 from prefect.states import Crashed
 
 from controlplane.enums import EvidenceKind, NodeTaskKind
+from controlplane.services.reconcile import CleanupSlot
 from flows import artifacts
 from flows.allocation import published, run_release
 from flows.fleet import ACTOR, control_plane, current_run
@@ -98,7 +100,7 @@ def finish_dead_runs(grace_seconds: float, stale_after_seconds: float) -> list[d
 
 @task(name="make claims and slots agree")
 def repair_claims_and_slots() -> list[dict[str, Any]]:
-    return control_plane().repair_claims_and_slots(ACTOR)
+    return [asdict(repair) for repair in control_plane().repair_claims_and_slots(ACTOR)]
 
 
 @task(name="wipe slots left in cleanup")
@@ -113,16 +115,16 @@ def wipe_cleanup_slots(
     if held is not None:
         for hostname, disks in held.items():
             if disks:
-                rows.extend(cp.block_held_slots(hostname, disks, ACTOR))
-    by_node: dict[str, list[dict[str, Any]]] = defaultdict(list)
+                rows.extend(asdict(b) for b in cp.block_held_slots(hostname, disks, ACTOR))
+    by_node: dict[str, list[CleanupSlot]] = defaultdict(list)
     for slot in cp.cleanup_slots(grace_seconds):
-        by_node[slot["hostname"]].append(slot)
+        by_node[slot.hostname].append(slot)
     for hostname, slots in by_node.items():
         if held is not None and held.get(hostname, {}) is None:
             rows.extend(
                 {
                     "node": hostname,
-                    "slot": s["slot_index"],
+                    "slot": s.slot_index,
                     "now": "cleanup",
                     "why": "host state unknown (probe failed); not wiped",
                 }
@@ -130,7 +132,7 @@ def wipe_cleanup_slots(
             )
             continue
         variables = {
-            "slice_disk_wipe_devices": [s["nvme_device"] for s in slots],
+            "slice_disk_wipe_devices": [s.nvme_device for s in slots],
             "slice_disk_wipe_approval": "reconcile: released slot cleanup",
         }
         progress = artifacts.host_action_progress(
@@ -156,7 +158,7 @@ def wipe_cleanup_slots(
         ]
         settled = cp.settle_wipe(
             hostname,
-            [s["slot_index"] for s in slots],
+            [s.slot_index for s in slots],
             proofs,
             f"reconcile wipe failed: {outcome.failure}",
             ACTOR,

@@ -204,7 +204,7 @@ PARITY_REASON_PREFIX = "parity: "
 
 def apply_parity(
     session: Session, hostname: str, failed_checks: list[str], actor: str
-) -> tuple[str, bool]:
+) -> tuple[Node, bool]:
     """A parity verdict moves a node: failing -> unavailable with the reason; passing ->
     schedulable again, but only if parity was what made it unavailable. An operator's
     drain or manual unavailability is never overridden."""
@@ -224,7 +224,7 @@ def apply_parity(
     if changed:
         node.updated_at = dt.datetime.now(dt.UTC)
     session.flush()
-    return node.admin_state.value, changed
+    return node, changed
 
 
 @dataclass(frozen=True)

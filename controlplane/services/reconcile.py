@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from dataclasses import dataclass
@@ -74,9 +75,39 @@ def finish(session: Session, stuck: InFlight, actor: str) -> str:
     return "released"
 
 
-def cleanup_slots(session: Session, grace: dt.timedelta) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class CleanupSlot:
+    """A released slot still waiting for its wipe."""
+
+    hostname: str
+    slot_index: int
+    nvme_device: str
+
+
+def cleanup_slots(session: Session, grace: dt.timedelta) -> list[CleanupSlot]:
     rows = session.execute(CLEANUP_SLOTS_SQL, {"grace": f"{int(grace.total_seconds())} seconds"})
-    return [dict(r._mapping) for r in rows]
+    return [CleanupSlot(r.hostname, r.slot_index, r.nvme_device) for r in rows]
+
+
+@dataclass(frozen=True)
+class StoreRepair:
+    """One disagreement between claims, slots and allocations, and what reconcile made of
+    it (recorded as drift evidence)."""
+
+    code: str
+    node: str
+    slots: list[int]
+    detail: str
+    now: str
+    allocation_id: str | None = None
+
+
+@dataclass(frozen=True)
+class BlockedSlot:
+    node: str
+    slot: int
+    now: str
+    why: str
 
 
 # Claims and slots that disagree with their allocation; each repair fails closed: a slot
@@ -135,7 +166,7 @@ RETURNING node_id, slot_index
 HOSTNAMES_SQL = text("SELECT id, hostname FROM nodes WHERE id = ANY(CAST(:ids AS uuid[]))")
 
 
-def repair_store(session: Session, actor: str) -> list[dict[str, Any]]:
+def repair_store(session: Session, actor: str) -> list[StoreRepair]:
     """Make claims and slots agree with their allocations; one row per repair.
 
     - an active claim of a released or failed allocation ends; its slot (or, for a
@@ -188,20 +219,22 @@ def repair_store(session: Session, actor: str) -> list[dict[str, Any]]:
     hostnames = dict(
         session.execute(HOSTNAMES_SQL, {"ids": list({r["node_id"] for r in rows})}).all()
     )
+    repairs = []
     for row in rows:
         node_id = row.pop("node_id")
-        row["node"] = hostnames[node_id]
+        repair = StoreRepair(node=hostnames[node_id], **row)
         evidence_repo.add(
             session,
             kind=EvidenceKind.DRIFT,
             passed=False,
-            summary=f"{row['node']} slots {row['slots']}: {row['code']} ({row['detail']}); "
-            f"now {row['now']}",
+            summary=f"{repair.node} slots {repair.slots}: {repair.code} ({repair.detail}); "
+            f"now {repair.now}",
             recorded_by=actor,
-            payload=row,
+            payload=dataclasses.asdict(repair),
             node_id=node_id,
         )
-    return rows
+        repairs.append(repair)
+    return repairs
 
 
 EXPECTED_SQL = text(
@@ -432,7 +465,7 @@ def prepare_leftover_release(session: Session, allocation_id: str) -> allocation
 
 def block_held_slots(
     session: Session, hostname: str, held: dict[str, str], actor: str
-) -> list[dict[str, Any]]:
+) -> list[BlockedSlot]:
     """Unclaimed slots (waiting in cleanup, or available) whose disk a domain holds: never
     wiped under a VM nor offered to a tenant; ``cleanup_blocked`` with the domain named."""
     node = node_repo.get_by_hostname(session, hostname)
@@ -449,18 +482,16 @@ def block_held_slots(
     for row in rows:
         detail = f"reconcile: disk {row.nvme_device} is held by domain {held[row.nvme_device]}"
         session.execute(BLOCK_SLOTS_SQL, {"slots": [row.id], "detail": detail})
-        blocked.append(
-            {"node": hostname, "slot": row.slot_index, "now": "cleanup_blocked", "why": detail}
-        )
+        blocked.append(BlockedSlot(hostname, row.slot_index, "cleanup_blocked", detail))
     if blocked:
         evidence_repo.add(
             session,
             kind=EvidenceKind.HOST_RESULT,
             passed=False,
-            summary=f"slots {[b['slot'] for b in blocked]} of {hostname} cleanup_blocked: "
+            summary=f"slots {[b.slot for b in blocked]} of {hostname} cleanup_blocked: "
             "their disks are held by domains",
             recorded_by=actor,
-            payload={"blocked": blocked},
+            payload={"blocked": [dataclasses.asdict(b) for b in blocked]},
             node_id=node.id,
         )
     return blocked

@@ -42,10 +42,10 @@ def assert_invariants(engine):
 
 
 def proof_for(cp: ControlPlane, hostname: str, slot_index: int, **overrides) -> dict:
-    slot = next(s for s in cp.list_slots(hostname) if s["slot_index"] == slot_index)
+    slot = next(s for s in cp.list_slots(hostname) if s.slot_index == slot_index)
     return {
         "schema": "gpuaas.wipe_proof/v1",
-        "device": slot["nvme_device"],
+        "device": slot.nvme_device,
         "method": "blkdiscard",
         "verified": True,
         "finished_at": (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)).isoformat(),
@@ -58,8 +58,8 @@ def test_slice_placement_reserves_slots_on_one_node_with_claims_and_outbox(cp, e
     assert result["placed"] and result["capacity_shape"] == "gpu_slice"
     assert len(result["slots"]) == 4 and len(result["claims"]) == 4
     shown = cp.show_allocation(uuid.UUID(result["allocation_id"]))
-    assert shown["state"] == "pending" and shown["node"] == result["node"]
-    assert {c["kind"] for c in shown["claims"]} == {"slot"}
+    assert shown.state == "pending" and shown.node == result["node"]
+    assert {c.kind for c in shown.claims} == {"slot"}
     statuses = sql(
         engine,
         "SELECT DISTINCT s.status FROM node_resource_slots s JOIN allocation_resource_claims c"
@@ -91,8 +91,8 @@ def test_baremetal_gets_one_exclusive_claim_and_blocks_slices(cp, engine):
     bm = place(cp, 8, BAREMETAL)
     assert bm["placed"] and bm["node"] == "n00001" and bm["slots"] == []
     shown = cp.show_allocation(uuid.UUID(bm["allocation_id"]))
-    assert [c["kind"] for c in shown["claims"]] == ["node_exclusive"]
-    assert shown["node"] == "n00001"
+    assert [c.kind for c in shown.claims] == ["node_exclusive"]
+    assert shown.node == "n00001"
     # The next baremetal takes a clean slice node, and slices avoid both.
     bm2 = place(cp, 8, BAREMETAL)
     slices = [place(cp, 8) for _ in range(2)]
@@ -320,11 +320,11 @@ def test_release_moves_slots_to_cleanup_and_only_a_proof_makes_them_available(cp
     placed = place(cp, 2)
     allocation = uuid.UUID(placed["allocation_id"])
     released = cp.release(allocation, "test")
-    assert released["changed"] and len(released["slots_to_wipe"]) == 2
-    assert cp.release(allocation, "test")["changed"] is False
-    slots = {s["slot_index"]: s for s in cp.list_slots(placed["node"])}
+    assert released.changed and len(released.slots_to_wipe) == 2
+    assert cp.release(allocation, "test").changed is False
+    slots = {s.slot_index: s for s in cp.list_slots(placed["node"])}
     indexes = [s["slot_index"] for s in placed["slots"]]
-    assert all(slots[i]["status"] == "cleanup" and slots[i]["wipe_required"] for i in indexes)
+    assert all(slots[i].status == "cleanup" and slots[i].wipe_required for i in indexes)
     assert_invariants(engine)
     first = indexes[0]
     with pytest.raises(GpuaasError) as excinfo:
@@ -342,11 +342,11 @@ def test_release_moves_slots_to_cleanup_and_only_a_proof_makes_them_available(cp
         cp.record_wipe_proof(placed["node"], first, {"schema": "other"}, "t")
     assert excinfo.value.code == "proof_schema"
     ok = cp.record_wipe_proof(placed["node"], first, proof_for(cp, placed["node"], first), "t")
-    assert ok["status"] == "available" and ok["verified"]
+    assert ok.status == "available" and ok.verified
     failed = cp.record_wipe_proof(
         placed["node"], indexes[1], proof_for(cp, placed["node"], indexes[1], verified=False), "t"
     )
-    assert failed["status"] == "cleanup_blocked"
+    assert failed.status == "cleanup_blocked"
     with pytest.raises(GpuaasError) as excinfo:
         cp.record_wipe_proof(
             placed["node"], indexes[1], proof_for(cp, placed["node"], indexes[1]), "t"
@@ -377,13 +377,13 @@ def test_baremetal_release_requires_a_wipe_of_every_slot(cp, engine):
     assert (blocked["code"], blocked["reason"]) == ("sku_unavailable", "no_eligible_node")
     cp.release(uuid.UUID(bm["allocation_id"]), "test")
     slots = cp.list_slots("n00002")
-    assert {(s["status"], s["wipe_required"]) for s in slots} == {("cleanup", True)}
+    assert {(s.status, s.wipe_required) for s in slots} == {("cleanup", True)}
     assert_invariants(engine)
     unwiped = place(cp, 1)
     assert (unwiped["reason"], unwiped["details"]["free_gpus"]) == ("no_capacity", 0)
     for s in slots:
         cp.record_wipe_proof(
-            "n00002", s["slot_index"], proof_for(cp, "n00002", s["slot_index"]), "t"
+            "n00002", s.slot_index, proof_for(cp, "n00002", s.slot_index), "t"
         )
     assert place(cp, 1)["placed"]
     assert_invariants(engine)
@@ -391,7 +391,7 @@ def test_baremetal_release_requires_a_wipe_of_every_slot(cp, engine):
 
 def test_occupancy_postures_follow_every_transition(cp, engine):
     def postures():
-        return {n["hostname"]: n["posture"] for n in cp.occupancy()["nodes"]}
+        return {n.hostname: n.posture for n in cp.occupancy().nodes}
 
     assert set(postures().values()) == {"fully_available"}
     bm = place(cp, 8, BAREMETAL)
@@ -414,6 +414,6 @@ def test_occupancy_postures_follow_every_transition(cp, engine):
     assert postures()[node] == "fully_available"
     cp.set_admin_state(node, AdminState.DRAINING, "x")
     assert postures()[node] == "draining"
-    skus = {s["sku"]: s for s in cp.occupancy()["skus"]}
-    assert skus[SLICE]["free_gpus"] == 16
-    assert skus[BAREMETAL]["nodes_with_capacity"] == 2
+    skus = {s.sku: s for s in cp.occupancy().skus}
+    assert skus[SLICE].free_gpus == 16
+    assert skus[BAREMETAL].nodes_with_capacity == 2

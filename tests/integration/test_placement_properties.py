@@ -125,11 +125,11 @@ def test_random_sequences_keep_every_invariant(pg_cluster, template_database):
 
         @rule(pick=st.integers(0, 10**6))
         def wipe(self, pick):
-            cleanup = [s for s in self.cp.list_slots() if s["status"] == "cleanup"]
+            cleanup = [s for s in self.cp.list_slots() if s.status == "cleanup"]
             if cleanup:
                 slot = cleanup[pick % len(cleanup)]
                 self.cp.record_wipe_proof(
-                    slot["node"], slot["slot_index"], proof(slot["nvme_device"]), "property"
+                    slot.node, slot.slot_index, proof(slot.nvme_device), "property"
                 )
 
         @rule(host=st.sampled_from(["h00002", "h00003", "h00004"]), drain=st.booleans())
@@ -139,10 +139,10 @@ def test_random_sequences_keep_every_invariant(pg_cluster, template_database):
 
         @rule(pick=st.integers(0, 10**6))
         def disable(self, pick):
-            available = [s for s in self.cp.list_slots() if s["status"] == "available"]
+            available = [s for s in self.cp.list_slots() if s.status == "available"]
             if available:
                 slot = available[pick % len(available)]
-                self.cp.disable_slot(slot["node"], slot["slot_index"], "property", "property")
+                self.cp.disable_slot(slot.node, slot.slot_index, "property", "property")
 
         @invariant()
         def store_invariants_hold(self):
@@ -176,12 +176,12 @@ def test_sixteen_clients_placing_and_releasing_at_once(engine):
                     cp.release(held.pop(rng.randrange(len(held))), f"client-{seed}")
                     continue
                 if roll < 0.45:
-                    cleanup = [s for s in cp.list_slots() if s["status"] == "cleanup"]
+                    cleanup = [s for s in cp.list_slots() if s.status == "cleanup"]
                     if cleanup:
                         s = rng.choice(cleanup)
                         with contextlib.suppress(GpuaasError):  # another client won
                             cp.record_wipe_proof(
-                                s["node"], s["slot_index"], proof(s["nvme_device"]), "c"
+                                s.node, s.slot_index, proof(s.nvme_device), "c"
                             )
                     continue
                 if roll < 0.55:

@@ -97,7 +97,7 @@ def test_a_node_without_a_profile_is_refused_before_anything_changes(target, con
         "Refuse hosts without exactly one known profile",
     ]
     assert not any(t["changed"] for t in output["tasks"])
-    node = {n["hostname"]: n for n in control_plane.list_nodes()}["j22u16"]
+    node = {n.hostname: n for n in control_plane.list_nodes()}["j22u16"]
     assert node.admin_state == "unavailable"
     assert node.admin_state_reason.startswith("parity: run_failed (")
 
@@ -146,5 +146,5 @@ def test_bootstrap_takes_profile_network_and_approved_slots_from_the_store(
 
     assert verdict["node"] == "j22u15" and verdict["admin state"] == "unavailable"
     assert set(verdict["failed checks"].split(", ")) == CANNOT_PASS
-    node = {n["hostname"]: n for n in control_plane.list_nodes()}["j22u15"]
+    node = {n.hostname: n for n in control_plane.list_nodes()}["j22u15"]
     assert node.admin_state_reason == "parity: " + ", ".join(sorted(CANNOT_PASS))

@@ -75,7 +75,7 @@ def test_parity_sweep_marks_failing_nodes_unavailable_without_overriding_a_drain
     assert all(v["failures"] > 0 for v in verdicts.values())
     assert "nat" in verdicts["j22u11"]["failed checks"]
     assert "nat" not in verdicts["j22u15"]["failed checks"].split(", ")
-    nodes = {n["hostname"]: n for n in simulated_fleet.list_nodes()}
+    nodes = {n.hostname: n for n in simulated_fleet.list_nodes()}
     assert nodes["j22u15"].admin_state == "unavailable"
     assert nodes["j22u15"].admin_state_reason.startswith("parity: ")
     assert nodes["j22u05"].admin_state == "draining"
@@ -154,7 +154,7 @@ def test_parity_sweep_makes_passing_nodes_schedulable_in_bounded_concurrent_batc
         "j22u11": "nat",
         "j22u15": "",
     }
-    nodes = {n["hostname"]: n for n in simulated_fleet.list_nodes()}
+    nodes = {n.hostname: n for n in simulated_fleet.list_nodes()}
     assert (nodes["j22u15"].admin_state, nodes["j22u15"].admin_state_reason) == (
         "schedulable",
         None,
