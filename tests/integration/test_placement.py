@@ -382,9 +382,7 @@ def test_baremetal_release_requires_a_wipe_of_every_slot(cp, engine):
     unwiped = place(cp, 1)
     assert (unwiped["reason"], unwiped["details"]["free_gpus"]) == ("no_capacity", 0)
     for s in slots:
-        cp.record_wipe_proof(
-            "n00002", s.slot_index, proof_for(cp, "n00002", s.slot_index), "t"
-        )
+        cp.record_wipe_proof("n00002", s.slot_index, proof_for(cp, "n00002", s.slot_index), "t")
     assert place(cp, 1)["placed"]
     assert_invariants(engine)
 

@@ -180,9 +180,7 @@ def test_sixteen_clients_placing_and_releasing_at_once(engine):
                     if cleanup:
                         s = rng.choice(cleanup)
                         with contextlib.suppress(GpuaasError):  # another client won
-                            cp.record_wipe_proof(
-                                s.node, s.slot_index, proof(s.nvme_device), "c"
-                            )
+                            cp.record_wipe_proof(s.node, s.slot_index, proof(s.nvme_device), "c")
                     continue
                 if roll < 0.55:
                     result = cp.place(PlacementRequest(BAREMETAL, 8))
