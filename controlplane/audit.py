@@ -25,10 +25,10 @@ CHECKS: dict[str, str] = {
         SELECT s.id, s.status FROM allocation_resource_claims c
         JOIN node_resource_slots s ON s.id = c.slot_id
         WHERE c.state = 'active'
-          AND s.status NOT IN ('reserved', 'provisioning', 'active', 'releasing')""",
+          AND NOT slot_in_use(s.status)""",
     "in_use_slot_without_claim": """
         SELECT s.id, s.status FROM node_resource_slots s
-        WHERE s.status IN ('reserved', 'provisioning', 'active', 'releasing')
+        WHERE slot_in_use(s.status)
           AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims c
                           WHERE c.slot_id = s.id AND c.state = 'active')""",
     "allocation_spans_nodes": """
@@ -59,10 +59,9 @@ CHECKS: dict[str, str] = {
     "capacity_counters_drifted": """
         SELECT n.id FROM nodes n JOIN node_capacity k ON k.node_id = n.id
         LEFT JOIN LATERAL (
-            SELECT count(*) FILTER (WHERE status = 'available' AND health_state = 'healthy'
-                                    AND NOT wipe_required) AS free_slots,
-                   count(*) FILTER (WHERE status NOT IN ('available', 'disabled')
-                                    OR wipe_required) AS busy_slots
+            SELECT count(*) FILTER (WHERE slot_free(status, health_state, wipe_required))
+                       AS free_slots,
+                   count(*) FILTER (WHERE slot_busy(status, wipe_required)) AS busy_slots
             FROM node_resource_slots WHERE node_id = n.id) s ON true
         LEFT JOIN LATERAL (
             SELECT count(*) FILTER (WHERE claim_kind = 'slot') AS slot_claims,

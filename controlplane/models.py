@@ -29,6 +29,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    event,
     func,
     text,
 )
@@ -40,8 +41,10 @@ from sqlalchemy.dialects.postgresql import (
     MACADDR,
     UUID,
 )
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from controlplane import sql
 from controlplane.enums import (
     AdminState,
     AllocationState,
@@ -98,6 +101,20 @@ class Base(DeclarativeBase):
         uuid.UUID: UUID(as_uuid=True),
         dt.datetime: DateTime(timezone=True),
     }
+
+
+def _create_rules(target: MetaData, connection: Connection, **_: Any) -> None:
+    sql.apply(connection, sql.RULES)
+
+
+def _create_triggers(target: MetaData, connection: Connection, **_: Any) -> None:
+    sql.apply(connection, sql.TRIGGERS)
+
+
+# create_all builds what the migrations build: CHECK constraints call the rules, and the
+# triggers need the tables.
+event.listen(Base.metadata, "before_create", _create_rules)
+event.listen(Base.metadata, "after_create", _create_triggers)
 
 
 class Sku(Base):
@@ -276,7 +293,9 @@ class NodeResourceSlot(Base):
         UniqueConstraint("node_id", "gpu_pci_address"),
         UniqueConstraint("node_id", "nvme_device"),
         CheckConstraint("slot_index >= 0", name="slot_index_nonnegative"),
-        CheckConstraint("gpu_count > 0", name="gpu_count_positive"),
+        # The locking statement takes one row per GPU; slots with several GPUs need it to
+        # count GPUs first (the ranking already does).
+        CheckConstraint("gpu_count = 1", name="one_gpu_per_slot"),
         CheckConstraint("vcpu_count > 0 AND memory_gib > 0", name="profile_positive"),
         CheckConstraint("generation > 0", name="generation_positive"),
         CheckConstraint(
@@ -294,13 +313,10 @@ class NodeResourceSlot(Base):
         CheckConstraint(
             "status <> 'available' OR NOT wipe_required", name="available_needs_no_wipe"
         ),
-        # An available slot carries every runtime-critical binding (seed phase 2).
+        # An available slot carries every runtime-critical binding (controlplane/sql/rules.sql).
         CheckConstraint(
-            "status <> 'available' OR ("
-            "gpu_pci_address IS NOT NULL AND numa_node IS NOT NULL"
-            " AND nvme_device LIKE '/dev/disk/by-id/%'"
-            " AND mac_address IS NOT NULL AND private_ip IS NOT NULL"
-            " AND fabric_claim_mode = 'per_slot_vf' AND fabric_vf_pci_address IS NOT NULL)",
+            "status <> 'available' OR slot_complete(gpu_pci_address, numa_node, nvme_device,"
+            " mac_address, private_ip, fabric_claim_mode, fabric_vf_pci_address)",
             name="available_is_complete",
         ),
         CheckConstraint("parent_slot_id IS NULL OR parent_slot_id <> id", name="parent_not_self"),

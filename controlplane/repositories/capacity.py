@@ -1,10 +1,11 @@
 """Capacity queries shared by occupancy and the scheduler.
 
-The eligibility predicates are applied here, in SQL, even where the table says
-``available``: a slot counts only when it is complete, healthy, whole-GPU, not awaiting
-a wipe, on a schedulable slice node of the right family and region, on a node without
-an active exclusive claim, and its passthrough fabric device (VF, or legacy whole
-device) is not held by another actively claimed slot on the node.
+The eligibility rules are applied here, in SQL, even where the table says ``available``:
+a slot counts only when ``slot_placeable`` holds (free, healthy, whole-GPU, not awaiting a
+wipe, complete), on a node where ``node_takes_slices`` holds, of the right family and
+region, without an active exclusive claim, and its passthrough fabric device (VF, or
+legacy whole device) is not held by another actively claimed slot on the node. The
+functions are in controlplane/sql/rules.sql and triggers.sql (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -15,28 +16,9 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-# Predicates on the slot row alone: free, healthy, whole-GPU, not awaiting a wipe, and
-# complete (GPU, NUMA node, by-id disk, MAC, IP, per-slot VF).
-SLOT_ROW_PREDICATE = """
-    s.status = 'available'
-    AND s.health_state = 'healthy'
-    AND s.sharing_mechanism = 'exclusive_device'
-    AND s.parent_slot_id IS NULL
-    AND NOT s.wipe_required
-    AND s.gpu_pci_address IS NOT NULL
-    AND s.numa_node IS NOT NULL
-    AND s.nvme_device LIKE '/dev/disk/by-id/%'
-    AND s.mac_address IS NOT NULL
-    AND s.private_ip IS NOT NULL
-    AND s.fabric_claim_mode = 'per_slot_vf'
-    AND s.fabric_vf_pci_address IS NOT NULL
-"""
+SLOT_ROW_PREDICATE = "slot_placeable(s)"
 
-# Predicates on the slot's node row.
-NODE_ROW_PREDICATE = """
-    n.admin_state = 'schedulable'
-    AND n.profile_intent = 'slice_vm'
-"""
+NODE_ROW_PREDICATE = "node_takes_slices(n.admin_state, n.profile_intent)"
 
 SLOT_PREDICATE = f"{SLOT_ROW_PREDICATE} AND {NODE_ROW_PREDICATE}"
 
@@ -79,16 +61,14 @@ BAREMETAL_ELIGIBLE_SQL = text(
     """
 SELECT n.id, n.hostname, n.gpu_count
 FROM nodes n
-WHERE n.admin_state = 'schedulable'
-  AND n.profile_intent IN ('baremetal', 'slice_vm')
+WHERE node_takes_baremetal(n.admin_state, n.profile_intent)
   AND n.node_family = :node_family
   AND n.gpu_count >= :gpu_count
   AND (CAST(:region AS text) IS NULL OR n.region_code = :region)
   AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims c
                   WHERE c.node_id = n.id AND c.state = 'active')
   AND NOT EXISTS (SELECT 1 FROM node_resource_slots s
-                  WHERE s.node_id = n.id
-                    AND (s.wipe_required OR s.status NOT IN ('available', 'disabled')))
+                  WHERE s.node_id = n.id AND slot_busy(s.status, s.wipe_required))
 ORDER BY n.hostname
 """
 )
@@ -133,8 +113,7 @@ SELECT n.id, n.hostname, n.region_code, n.node_family, n.profile_intent, n.admin
        n.admin_state_reason, n.gpu_count,
        count(s.id) AS slots,
        count(s.id) FILTER (WHERE s.status = 'available') AS available,
-       count(s.id) FILTER (WHERE s.status IN ('reserved','provisioning','active','releasing'))
-           AS in_use,
+       count(s.id) FILTER (WHERE slot_in_use(s.status)) AS in_use,
        count(s.id) FILTER (WHERE s.status = 'cleanup') AS cleanup,
        count(s.id) FILTER (WHERE s.status = 'cleanup_blocked') AS cleanup_blocked,
        count(s.id) FILTER (WHERE s.status = 'disabled') AS disabled,

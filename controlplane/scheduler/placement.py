@@ -14,18 +14,13 @@
 
 What the preselection can change (tests/integration/test_placement_preselection.py):
 SQL orders nodes by the ranking's first two keys (partially sliced before clean, then
-the fewest free GPUs, so the least waste), read from counters that equal the eligible
-free GPUs of every row the table's checks admitted. With whole-GPU slots every node with
-enough free GPUs fits, so the page holds every node of the classes better than its last
-node's, and the choice is always in the full ranking's best (clean, waste) class. When
-that class has at most K nodes, all of them are on the page and the choice (node and
-slots) is exactly the full ranking's; first_fit (host name order) is always exact. When
-the class has more than K nodes, the page holds the K the index returns first, so the
-choice may differ from the full ranking's in the later keys only, NUMA span across
-nodes and the salted tie-break: never in packing. Rows that bypassed the table's checks
-(incomplete `available` rows, legacy fabric conflicts) make the counters over-count; such
-a node sorts later in SQL than in the ranking, so packing can then be worse than the
-full ranking's, never unsafe: the predicates still decide which slots are taken.
+fewest free GPUs), read from counters of ``slot_free`` rows. Those equal the placeable
+GPUs except for rows ``slot_placeable`` or the claim check refuse while the counters count
+them (shared or child slots, legacy fabric conflicts): such a node sorts later in SQL
+than in the full ranking, which can cost packing, never safety, since the lock re-applies
+every rule. Otherwise the choice is always in the full ranking's best (clean, waste)
+class, and exactly the full ranking's when that class fits in one page of K nodes;
+first_fit is always exact. docs/architecture.md has the whole path.
 """
 
 from __future__ import annotations
@@ -212,11 +207,12 @@ WITH node_lock AS (
     FOR UPDATE SKIP LOCKED
 ), node AS (
     SELECT n.id FROM nodes n
-    WHERE n.id = (SELECT node_id FROM node_lock) AND n.admin_state = 'schedulable'
+    WHERE n.id = (SELECT node_id FROM node_lock)
+      AND node_takes_baremetal(n.admin_state, n.profile_intent)
       AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims c
                       WHERE c.node_id = n.id AND c.state = 'active')
       AND NOT EXISTS (SELECT 1 FROM node_resource_slots s WHERE s.node_id = n.id
-                      AND (s.wipe_required OR s.status NOT IN ('available', 'disabled')))
+                      AND slot_busy(s.status, s.wipe_required))
 ), alloc AS (
     INSERT INTO allocations (id, capacity_shape, sku_id, gpu_count, state, node_id,
                              region_code, project_id, requested_by)

@@ -23,7 +23,7 @@ down_revision: str | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-TRIGGERS = """
+NODE_FUNCTION = """
 CREATE FUNCTION node_capacity_on_node() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
@@ -41,10 +41,15 @@ BEGIN
     RETURN NULL;
 END
 $$;
+"""
+
+NODE_TRIGGER = """
 CREATE TRIGGER node_capacity_on_node
     AFTER INSERT OR UPDATE OF node_family, region_code, gpu_count, admin_state, profile_intent
     ON nodes FOR EACH ROW EXECUTE FUNCTION node_capacity_on_node();
+"""
 
+SLOT_AND_CLAIM_TRIGGERS = """
 CREATE FUNCTION node_capacity_on_slot() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     old_free int := 0; old_gpus int := 0; old_busy int := 0;
@@ -181,7 +186,7 @@ def upgrade() -> None:
         ),
     )
     op.execute(BACKFILL)
-    op.execute(TRIGGERS)
+    op.execute(NODE_FUNCTION + NODE_TRIGGER + SLOT_AND_CLAIM_TRIGGERS)
 
 
 def downgrade() -> None:

@@ -84,22 +84,28 @@ def upgrade() -> None:
     op.execute("DROP TRIGGER node_capacity_on_claim ON allocation_resource_claims")
     op.execute("DROP FUNCTION node_capacity_on_slot()")
     op.execute("DROP FUNCTION node_capacity_on_claim()")
-    for table, (function, counters, exprs) in COUNTERS.items():
-        op.execute(function_sql(function, counters, exprs))
-        # Transition tables allow one event per trigger.
-        op.execute(
-            f"CREATE TRIGGER {function}_insert AFTER INSERT ON {table}"
-            f" REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
-        )
-        op.execute(
-            f"CREATE TRIGGER {function}_update AFTER UPDATE ON {table}"
-            " REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows"
-            f" FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
-        )
-        op.execute(
-            f"CREATE TRIGGER {function}_delete AFTER DELETE ON {table}"
-            f" REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
-        )
+    for table in COUNTERS:
+        install(table)
+
+
+def install(table: str) -> None:
+    """This revision's counter function for ``table`` and its three statement triggers."""
+    function, counters, exprs = COUNTERS[table]
+    op.execute(function_sql(function, counters, exprs))
+    # Transition tables allow one event per trigger.
+    op.execute(
+        f"CREATE TRIGGER {function}_insert AFTER INSERT ON {table}"
+        f" REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
+    )
+    op.execute(
+        f"CREATE TRIGGER {function}_update AFTER UPDATE ON {table}"
+        " REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows"
+        f" FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
+    )
+    op.execute(
+        f"CREATE TRIGGER {function}_delete AFTER DELETE ON {table}"
+        f" REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
+    )
 
 
 def downgrade() -> None:
@@ -111,5 +117,4 @@ def downgrade() -> None:
             op.execute(f"DROP TRIGGER {function}_{event} ON {table}")
         op.execute(f"DROP FUNCTION {function}()")
     # Recreate 0003's row-level slot and claim triggers (its node trigger never changed).
-    slot_and_claim = previous.TRIGGERS.split("CREATE FUNCTION node_capacity_on_slot()", 1)[1]
-    op.execute("CREATE FUNCTION node_capacity_on_slot()" + slot_and_claim)
+    op.execute(previous.SLOT_AND_CLAIM_TRIGGERS)

@@ -1,0 +1,48 @@
+-- The slot and node rules: the one definition of when a slot is in use, free, busy or
+-- complete, and when a node takes slices or a baremetal tenant. Triggers, CHECK
+-- constraints, the audit, the scheduler, occupancy and diagnosis all call these.
+-- LANGUAGE sql, IMMUTABLE and a single expression: the planner inlines them, so a
+-- predicate written with them costs what the spelled-out expression costs and can use
+-- the same indexes. See docs/architecture.md, "Where each rule lives".
+
+-- A tenant holds the slot: reserved for, provisioning, running or releasing a VM.
+CREATE OR REPLACE FUNCTION slot_in_use(status text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT status IN ('reserved', 'provisioning', 'active', 'releasing') $$;
+
+-- Capacity a placement may take (the node_capacity free counters count these rows).
+CREATE OR REPLACE FUNCTION slot_free(status text, health_state text, wipe_required boolean)
+    RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT status = 'available' AND health_state = 'healthy' AND NOT wipe_required $$;
+
+-- The slot holds or may still hold a tenant's data, so the node cannot go whole to a
+-- baremetal tenant (the node_capacity busy counter counts these rows).
+CREATE OR REPLACE FUNCTION slot_busy(status text, wipe_required boolean) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT status NOT IN ('available', 'disabled') OR wipe_required $$;
+
+-- Every runtime-critical binding a slice VM needs: GPU, NUMA node, a stable by-id disk,
+-- MAC, IP and its own fabric VF. An available slot must be complete (a CHECK).
+CREATE OR REPLACE FUNCTION slot_complete(
+    gpu_pci_address text, numa_node integer, nvme_device text, mac_address macaddr,
+    private_ip inet, fabric_claim_mode text, fabric_vf_pci_address text
+) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+SELECT gpu_pci_address IS NOT NULL AND numa_node IS NOT NULL
+    AND nvme_device LIKE '/dev/disk/by-id/%'
+    AND mac_address IS NOT NULL AND private_ip IS NOT NULL
+    AND fabric_claim_mode = 'per_slot_vf' AND fabric_vf_pci_address IS NOT NULL
+$$;
+
+CREATE OR REPLACE FUNCTION node_takes_slices(admin_state text, profile_intent text)
+    RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT admin_state = 'schedulable' AND profile_intent = 'slice_vm' $$;
+
+-- A slice host may also go whole to a baremetal tenant when nothing of anyone is on it.
+CREATE OR REPLACE FUNCTION node_takes_baremetal(admin_state text, profile_intent text)
+    RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT admin_state = 'schedulable' AND profile_intent IN ('baremetal', 'slice_vm') $$;
