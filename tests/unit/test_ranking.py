@@ -98,9 +98,21 @@ def test_first_fit_and_random_baselines():
         "b",
         "c",
     ]
-    shuffled = rank_slice_nodes(nodes, 1, "r", Policy.RANDOM)
-    assert shuffled == rank_slice_nodes(nodes, 1, "r", Policy.RANDOM)
-    assert {c.hostname for c in shuffled} == {"a", "b", "c"}
+
+
+def test_random_baseline_is_a_salted_shuffle_not_name_order():
+    nodes = [node(f"n{i:02d}", free(*range(8))) for i in range(12)]
+    by_name = [n.hostname for n in nodes]
+    orders = {
+        salt: [c.hostname for c in rank_slice_nodes(nodes, 1, salt, Policy.RANDOM)]
+        for salt in (f"req-{k}" for k in range(10))
+    }
+    for salt, order in orders.items():
+        assert sorted(order) == by_name
+        reversed_input = rank_slice_nodes(list(reversed(nodes)), 1, salt, Policy.RANDOM)
+        assert [c.hostname for c in reversed_input] == order
+    assert all(order != by_name for order in orders.values())
+    assert len({order[0] for order in orders.values()}) > 3
 
 
 def test_baremetal_prefers_baremetal_intent_then_fewest_slice_slots_lost():
