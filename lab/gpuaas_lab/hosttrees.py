@@ -5,7 +5,7 @@ disks with partitions and mounts, virtualization state, bootstrap files) and `wr
 renders it into a directory that `gpuaas.fleet.slice_topology` / `slice_parity` can be
 pointed at with `root=`. The layout follows the kernel's: PCI functions live under
 `sys/devices/pci0000:BB/...` and `sys/bus/pci/devices/*` are relative SYMLINKS to them
-(the seeds' discovery bug), block devices have `dev` major:minor files that
+(discovery once missed them by not following symlinks), block devices have `dev` major:minor files that
 `proc/self/mountinfo` refers to, `dev/disk/by-id` holds udev's stable names and
 `run/udev/data/b<maj>:<min>` udev's properties (filesystem signatures).
 
@@ -15,7 +15,7 @@ Scenarios (all parameterised by hostname, so a demo can make j22u05, j22u11, j22
   InfiniBand PF per NUMA node with 4 SR-IOV VFs each, an Ethernet BF3 for management,
   eight ConnectX-7 InfiniBand HCAs (one next to each GPU, separate RDMA devices without
   SR-IOV, the compute fabric as whole devices), nine NVMe disks: eight data disks, most
-  carrying a mounted /shareN partition as in the seeds, plus the mounted BOSS OS disk;
+  carrying a mounted /shareN partition as lab hosts do, plus the mounted BOSS OS disk;
 - `after_reboot`: the same host after a reboot, kernel NVMe names shuffled (the BOSS disk
   moves from nvme4n1 to nvme7n1), identical by-id identities and PCI addresses;
 - `duplicate_fabric`: one whole fabric device and no VFs (docs/slice-host.md, "Shared devices");
@@ -194,7 +194,7 @@ def _boss_disk(hostname: str, controller: int) -> NvmeDisk:
 
 
 # Kernel controller index -> (PCI address, NUMA node) of the eight data disks, in the
-# order the kernel enumerated them before the seed's reboot (the BOSS disk was nvme4).
+# order the kernel enumerated them before the recorded reboot (the BOSS disk was nvme4).
 _DATA_DISK_SLOTS = (
     (0, "0000:23:00.0", 0),
     (1, "0000:24:00.0", 0),
@@ -206,7 +206,7 @@ _DATA_DISK_SLOTS = (
     (8, "0000:a6:00.0", 1),
 )
 _BOSS_CONTROLLER = 4
-# Share partitions as the seeds found them on j22u05: /share2../share8 mounted, nvme1n1
+# Share partitions as found on the lab host j22u05: /share2../share8 mounted, nvme1n1
 # partitioned but unmounted (its /share1 fstab line was stale).
 _SHARE_MOUNTS = {
     0: "/share2",
@@ -250,7 +250,7 @@ def _hcas() -> tuple[Hca, ...]:
 
 
 def h200_xe9680l(hostname: str = "j22u05") -> HostSpec:
-    """The seeds' Dell XE9680L H200 host before the storage transition (shares mounted)."""
+    """The lab's Dell XE9680L H200 host before the storage transition (shares mounted)."""
     disks = [
         _with_share(_data_disk(hostname, ctrl, pci, numa, i), _SHARE_MOUNTS[ctrl])
         for i, (ctrl, pci, numa) in enumerate(_DATA_DISK_SLOTS)
@@ -276,7 +276,7 @@ def clean_host(hostname: str = "j22u15") -> HostSpec:
     return dataclasses.replace(spec, disks=disks)
 
 
-# The seed's reboot moved the BOSS disk from nvme4 to nvme7; the rest shuffled around it.
+# The recorded reboot moved the BOSS disk from nvme4 to nvme7; the rest shuffled around it.
 _REBOOT_PERMUTATION = {0: 2, 1: 0, 2: 1, 3: 5, 4: 7, 5: 3, 6: 8, 7: 4, 8: 6}
 
 

@@ -1,6 +1,6 @@
 """Default SKU and image catalog.
 
-Why: placement needs SKUs to exist before anything can be requested, and the seeds name
+Why: placement needs SKUs to exist before anything can be requested, and these are
 the first products (h200-sxm-slice with the tested 1 GPU = 24 vCPU / 64 GiB profile, the
 whole-node h200 baremetal product) and the slice image catalog entries. Shipping them as
 data in a migration keeps every database — embedded or external — on the same catalog.
