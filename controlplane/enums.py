@@ -1,4 +1,4 @@
-"""Domain enumerations. Their values are the contract with the collection's results and the database."""
+"""Domain enumerations: their values are the contract with the collection and the database."""
 
 from __future__ import annotations
 

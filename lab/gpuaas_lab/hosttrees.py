@@ -5,9 +5,9 @@ disks with partitions and mounts, virtualization state, bootstrap files) and `wr
 renders it into a directory that `gpuaas.fleet.slice_topology` / `slice_parity` can be
 pointed at with `root=`. The layout follows the kernel's: PCI functions live under
 `sys/devices/pci0000:BB/...` and `sys/bus/pci/devices/*` are relative SYMLINKS to them
-(discovery once missed them by not following symlinks), block devices have `dev` major:minor files that
-`proc/self/mountinfo` refers to, `dev/disk/by-id` holds udev's stable names and
-`run/udev/data/b<maj>:<min>` udev's properties (filesystem signatures).
+(discovery once missed them by not following symlinks), block devices have `dev`
+major:minor files that `proc/self/mountinfo` refers to, `dev/disk/by-id` holds udev's
+stable names and `run/udev/data/b<maj>:<min>` udev's properties (filesystem signatures).
 
 Scenarios (all parameterised by hostname, so a demo can make j22u05, j22u11, j22u15, ...):
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpuaas_lab.netns import netns_unavailable_reason
+from tests.integration.ansible_helpers import ansible_environment, run_playbook
 
 # A target's GRUB defaults before the bootstrap stages its kernel arguments.
 GRUB = 'GRUB_CMDLINE_LINUX="console=ttyS0"\n'
@@ -95,32 +95,15 @@ class Target:
                 }
             )
         )
-        vars_file = self.state_dir / "extra-vars.json"
-        vars_file.write_text(json.dumps(extra_vars))
-        env = {
-            **os.environ,
-            "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
-            "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-            "ANSIBLE_PIPELINING": "1",
-            "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-        }
-        proc = subprocess.run(
-            [
-                str(VENV_BIN / "ansible-playbook"),
-                "-i",
-                str(inventory),
-                playbook,
-                "-e",
-                f"@{vars_file}",
-            ],
-            capture_output=True,
-            text=True,
+        run = run_playbook(
+            playbook,
+            extra_vars,
+            self.state_dir,
+            ansible_environment(ANSIBLE_PIPELINING="1"),
+            inventory=inventory,
             timeout=timeout,
-            env=env,
-            cwd=REPO_ROOT,
-            check=False,
         )
-        return proc.returncode, json.loads(proc.stdout), proc.stderr
+        return run.rc, run.document, run.stderr
 
     def exists(self, path: str) -> bool:
         return self.run("test", "-e", path, check=False).returncode == 0

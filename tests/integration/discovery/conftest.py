@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -12,20 +11,12 @@ import pytest
 
 from gpuaas_lab import hosttrees
 from gpuaas_lab.netns import NetNamespace, require_netns
-from tests.integration.discovery.discovery_helpers import REPO, VENV_BIN
+from tests.integration.ansible_helpers import ansible_environment
 
 
 @pytest.fixture(scope="session")
 def ansible_env() -> dict[str, str]:
-    """Environment for ansible-playbook / ansible-runner: venv on PATH, repo config."""
-    return {
-        **os.environ,
-        "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}",
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_COLLECTIONS_PATH": str(REPO / ".collections"),
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_NOCOLOR": "1",
-    }
+    return ansible_environment()
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Helpers for the discovery integration tests: run playbooks, read results, start daemons."""
+"""Helpers for the discovery integration tests: playbooks in a namespace, daemons, probes."""
 
 from __future__ import annotations
 
@@ -11,35 +11,10 @@ from pathlib import Path
 import pytest
 
 from gpuaas_lab.netns import NetNamespace
+from tests.integration.ansible_helpers import REPO, VENV_BIN, run_playbook
 
-REPO = Path(__file__).resolve().parents[3]
-VENV_BIN = Path(sys.executable).parent
 SLICE_SUBNET = "10.100.0.0/24"
 GATEWAY = "10.100.0.1/24"
-
-
-def merge_json_documents(text: str) -> dict | None:
-    """The json callback prints one document per playbook file; join their plays and stats."""
-    decoder = json.JSONDecoder()
-    merged: dict | None = None
-    position = 0
-    while True:
-        while position < len(text) and text[position].isspace():
-            position += 1
-        if position >= len(text):
-            return merged
-        try:
-            document, position = decoder.raw_decode(text, position)
-        except ValueError:
-            return merged
-        if merged is None:
-            merged = document
-        else:
-            merged["plays"].extend(document["plays"])
-            for host, counts in document["stats"].items():
-                totals = merged["stats"].setdefault(host, dict.fromkeys(counts, 0))
-                for key, value in counts.items():
-                    totals[key] = totals.get(key, 0) + value
 
 
 def run_playbooks(
@@ -51,42 +26,9 @@ def run_playbooks(
     check: bool = False,
 ) -> tuple[int, dict]:
     """ansible-playbook (inside `netns` when given); returns (rc, json callback document)."""
-    varsfile = workdir / f"vars-{time.monotonic_ns()}.json"
-    varsfile.write_text(json.dumps(extravars))
-    argv = [
-        str(VENV_BIN / "ansible-playbook"),
-        "-i",
-        str(REPO / "inventories/local.yml"),
-        *(str(REPO / "playbooks" / p) for p in playbooks),
-        "-e",
-        f"@{varsfile}",
-    ]
-    if check:
-        argv.append("--check")
-    if netns is not None:
-        argv = [*netns.exec_prefix(), *argv]
-    proc = subprocess.run(
-        argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False
-    )
-    document = merge_json_documents(proc.stdout)
-    if document is None:
-        pytest.fail(
-            f"ansible-playbook printed no JSON (rc {proc.returncode}):\n"
-            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        )
-    return proc.returncode, document
-
-
-def task_result(document: dict, task_name: str, host: str = "localhost") -> dict:
-    """The last result of a task (matched by name suffix, roles prefix theirs) for a host."""
-    found = [
-        task["hosts"][host]
-        for play in document["plays"]
-        for task in play["tasks"]
-        if task["task"]["name"].endswith(task_name) and host in task["hosts"]
-    ]
-    assert found, f"task {task_name!r} did not run for {host}"
-    return found[-1]
+    wrap = netns.exec_prefix() if netns is not None else None
+    run = run_playbook(playbooks, extravars, workdir, env, check=check, wrap=wrap, timeout=300)
+    return run.rc, run.document
 
 
 def start_dnsmasq(

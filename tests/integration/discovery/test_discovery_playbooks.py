@@ -14,13 +14,13 @@ import sys
 import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils import parity
 
+from tests.integration.ansible_helpers import task_result
 from tests.integration.discovery.discovery_helpers import (
     GATEWAY,
     SLICE_SUBNET,
     run_playbooks,
     start_dnsmasq,
     start_session_libvirtd,
-    task_result,
 )
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpuaas_lab.loopdev import LoopLab, require_loop
-from tests.integration.storage.storage_helpers import ansible_environment
+from tests.integration.ansible_helpers import ansible_environment
 
 
 @pytest.fixture

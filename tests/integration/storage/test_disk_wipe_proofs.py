@@ -23,7 +23,8 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils.disk_wipe import (
 )
 
 from gpuaas_lab.loopdev import MIB, read_direct, signatures, write_direct
-from tests.integration.storage.storage_helpers import raw_state, run_module, run_playbook
+from tests.integration.ansible_helpers import run_module, run_playbook
+from tests.integration.storage.storage_helpers import raw_state
 
 pytestmark = pytest.mark.root
 

@@ -27,7 +27,7 @@ from gpuaas_lab.loopdev import (
     private_mount_namespace_argv,
     system_mount_namespace_argv,
 )
-from tests.integration.storage.storage_helpers import run_module, run_playbook
+from tests.integration.ansible_helpers import run_module, run_playbook
 
 pytestmark = pytest.mark.root
 

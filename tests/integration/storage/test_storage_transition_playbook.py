@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils.storage_transition import MARKER
 
-from tests.integration.storage.storage_helpers import raw_state, run_playbook
+from tests.integration.ansible_helpers import run_playbook
+from tests.integration.storage.storage_helpers import raw_state
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
