@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils import parity, sysfs
@@ -387,12 +388,29 @@ def test_dnsmasq_explicit_conf_file_replaces_the_default(tmp_path):
     assert parity.dnsmasq_ranges(["dnsmasq", "--conf-file=/dev/null"], str(tmp_path)) == []
 
 
-def test_dnsmasq_processes_only_in_this_network_namespace():
-    # This test process is no dnsmasq; whatever dnsmasq runs elsewhere must be in our netns.
-    own = os.stat("/proc/self/ns/net").st_ino
-    for pid, argv in parity.dnsmasq_processes():
-        assert os.stat(f"/proc/{pid}/ns/net").st_ino == own
-        assert argv[0].endswith("dnsmasq")
+def test_dnsmasq_processes_only_in_this_network_namespace(tmp_path):
+    """A /proc with dnsmasq in our namespace, dnsmasq in another, another daemon, and a
+    dnsmasq that already exited (no argv): only the first is ours."""
+    proc = tmp_path / "proc"
+    own_ns = proc / "self/ns/net"
+    own_ns.parent.mkdir(parents=True)
+    own_ns.write_text("")
+    other_ns = tmp_path / "other-ns"
+    other_ns.write_text("")
+
+    def process(pid: int, comm: str, argv: list[str], netns: Path) -> None:
+        (proc / str(pid) / "ns").mkdir(parents=True)
+        (proc / str(pid) / "ns/net").symlink_to(netns)
+        (proc / str(pid) / "comm").write_text(comm + "\n")
+        (proc / str(pid) / "cmdline").write_text("\0".join(argv) + ("\0" if argv else ""))
+
+    process(1200, "dnsmasq", ["/usr/sbin/dnsmasq", "--conf-file=/etc/slice.conf"], own_ns)
+    process(87, "dnsmasq", ["dnsmasq", "--dhcp-range=192.0.2.10,192.0.2.20"], other_ns)
+    process(300, "sshd", ["sshd", "-D"], own_ns)
+    process(400, "dnsmasq", [], own_ns)
+    assert parity.dnsmasq_processes(str(proc)) == [
+        (1200, ["/usr/sbin/dnsmasq", "--conf-file=/etc/slice.conf"])
+    ]
 
 
 # libvirt: the check's boundary is "a daemon accepts on its socket" --------------------

@@ -36,7 +36,7 @@ def test_raw_disk_is_ok_and_resolves_to_its_kernel_name(lab):
     assert report.to_dict()["codes"] == []
 
 
-def test_the_seed_failure_parent_unmounted_child_mounted(lab):
+def test_parent_unmounted_child_mounted_is_refused(lab):
     """j22u05: findmnt --source <disk> said nothing while <disk>p1 was mounted at /share2."""
     disk = lab.disk(partitions=["share"])
     lab.mkfs(disk.partitions[0], label="share2")
