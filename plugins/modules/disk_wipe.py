@@ -37,16 +37,13 @@ description:
     returns that proof with C(changed=false) instead of erasing again.
 author:
   - gpuaas fleet engineering (@gpuaas)
+extends_documentation_fragment:
+  - gpuaas.fleet.stable_dirs
 options:
   device:
     description: The whole disk, by stable identity (for example C(/dev/disk/by-id/nvme-eui.*)).
     type: str
     required: true
-  stable_dirs:
-    description: Directories whose entries count as stable identities.
-    type: list
-    elements: path
-    default: [/dev/disk/by-id]
   method:
     description:
       - V(auto) tries C(nvme_format), C(blkdiscard), C(write_zeroes), C(zero) in order.
@@ -446,6 +443,7 @@ msg:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuaas.fleet.plugins.module_utils import common_args
 from ansible_collections.gpuaas.fleet.plugins.module_utils.disk_wipe import (
     WipeRequest,
     run_wipe,
@@ -456,7 +454,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             device=dict(type="str", required=True),
-            stable_dirs=dict(type="list", elements="path", default=["/dev/disk/by-id"]),
+            stable_dirs=common_args.stable_dirs_spec(),
             method=dict(
                 type="str",
                 default="auto",

@@ -19,11 +19,9 @@ description:
     allocations and claims and records drift. Never changes anything.
 author:
   - gpuaas fleet engineering (@gpuaas)
+extends_documentation_fragment:
+  - gpuaas.fleet.libvirt
 options:
-  libvirt_uri:
-    description: libvirt connection URI.
-    type: str
-    default: qemu:///system
   dnsmasq_hostsfile:
     description: dnsmasq C(--dhcp-hostsfile) holding the slice reservations.
     type: path
@@ -112,13 +110,17 @@ failure:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common, vm_inventory
+from ansible_collections.gpuaas.fleet.plugins.module_utils import (
+    common_args,
+    vm_common,
+    vm_inventory,
+)
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            libvirt_uri=dict(type="str", default="qemu:///system"),
+            libvirt_uri=common_args.libvirt_uri_spec(),
             dnsmasq_hostsfile=dict(type="path", default="/var/lib/gpuaas/dnsmasq/slice-hosts"),
             dnsmasq_leasefile=dict(type="path", default="/var/lib/misc/dnsmasq.leases"),
         ),

@@ -30,6 +30,8 @@ description:
     O(undefine_attempts) times. A domain that is already gone is not a change.
 author:
   - gpuaas fleet engineering (@gpuaas)
+extends_documentation_fragment:
+  - gpuaas.fleet.libvirt
 options:
   allocation_id:
     description: Allocation UUID.
@@ -117,10 +119,6 @@ options:
     description: Seconds between undefine attempts.
     type: float
     default: 2.0
-  libvirt_uri:
-    description: libvirt connection URI.
-    type: str
-    default: qemu:///system
 attributes:
   check_mode:
     description: Reports the actions it would take.
@@ -210,7 +208,7 @@ failure:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common, vm_domain
+from ansible_collections.gpuaas.fleet.plugins.module_utils import common_args, vm_common, vm_domain
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import PROFILE_SPEC, SLOT_SPEC
 
 
@@ -231,7 +229,7 @@ def main():
             shutdown_timeout=dict(type="int", default=120),
             undefine_attempts=dict(type="int", default=3),
             undefine_retry_delay=dict(type="float", default=2.0),
-            libvirt_uri=dict(type="str", default=vm_common.DEFAULT_LIBVIRT_URI),
+            libvirt_uri=common_args.libvirt_uri_spec(),
         ),
         required_if=[
             ("state", "running", ("slots", "profile", "mac_address", "bridge")),

@@ -23,6 +23,9 @@ description:
     exists without a record, so a tenant disk is never overwritten.
 author:
   - gpuaas fleet engineering (@gpuaas)
+extends_documentation_fragment:
+  - gpuaas.fleet.stable_dirs
+  - gpuaas.fleet.libvirt
 options:
   allocation_id:
     description: Allocation UUID (names the domain that must not exist yet).
@@ -40,11 +43,6 @@ options:
     description: Target raw disk by stable identity (the allocation's first slot disk).
     type: str
     required: true
-  stable_dirs:
-    description: Directories whose entries count as stable disk identities.
-    type: list
-    elements: path
-    default: [/dev/disk/by-id]
   state_dir:
     description: The allocation's state directory, where the clone record is kept.
     type: path
@@ -57,10 +55,6 @@ options:
     description: Seconds the clone may take.
     type: int
     default: 3600
-  libvirt_uri:
-    description: libvirt connection URI.
-    type: str
-    default: qemu:///system
 attributes:
   check_mode:
     description: Verifies and inspects, reports the command it would run, writes nothing.
@@ -128,7 +122,12 @@ failure:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common, vm_domain, vm_image
+from ansible_collections.gpuaas.fleet.plugins.module_utils import (
+    common_args,
+    vm_common,
+    vm_domain,
+    vm_image,
+)
 
 
 def main():
@@ -138,11 +137,11 @@ def main():
             image=dict(type="path", required=True),
             sha256=dict(type="str", required=True),
             device=dict(type="str", required=True),
-            stable_dirs=dict(type="list", elements="path", default=["/dev/disk/by-id"]),
+            stable_dirs=common_args.stable_dirs_spec(),
             state_dir=dict(type="path", required=True),
             verify_digest=dict(type="bool", default=True),
             timeout=dict(type="int", default=3600),
-            libvirt_uri=dict(type="str", default=vm_common.DEFAULT_LIBVIRT_URI),
+            libvirt_uri=common_args.libvirt_uri_spec(),
         ),
         supports_check_mode=True,
     )

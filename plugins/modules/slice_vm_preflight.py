@@ -28,6 +28,9 @@ description:
   - Verifies the cached image's sha256 against the catalog digest.
 author:
   - gpuaas fleet engineering (@gpuaas)
+extends_documentation_fragment:
+  - gpuaas.fleet.stable_dirs
+  - gpuaas.fleet.libvirt
 options:
   allocation_id:
     description: Allocation UUID; the domain is named C(gpuaas-slice-<id hex>).
@@ -115,15 +118,6 @@ options:
     description: The KVM device node that must exist unless O(emulation) is true.
     type: path
     default: /dev/kvm
-  stable_dirs:
-    description: Directories whose entries count as stable disk identities.
-    type: list
-    elements: path
-    default: [/dev/disk/by-id]
-  libvirt_uri:
-    description: libvirt connection URI.
-    type: str
-    default: qemu:///system
 attributes:
   check_mode:
     description: Read-only; runs the same checks.
@@ -244,7 +238,12 @@ failed_checks:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common, vm_domain, vm_preflight
+from ansible_collections.gpuaas.fleet.plugins.module_utils import (
+    common_args,
+    vm_common,
+    vm_domain,
+    vm_preflight,
+)
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import (
     IMAGE_SPEC,
     PROFILE_SPEC,
@@ -265,8 +264,8 @@ def main():
             emulation=dict(type="bool", default=False),
             pci_passthrough=dict(type="bool", default=True),
             kvm_device=dict(type="path", default="/dev/kvm"),
-            stable_dirs=dict(type="list", elements="path", default=["/dev/disk/by-id"]),
-            libvirt_uri=dict(type="str", default=vm_common.DEFAULT_LIBVIRT_URI),
+            stable_dirs=common_args.stable_dirs_spec(),
+            libvirt_uri=common_args.libvirt_uri_spec(),
         ),
         supports_check_mode=True,
     )

@@ -54,6 +54,8 @@ description:
     are left alone, so a second run changes nothing.
 author:
   - gpuaas fleet engineering (@gpuaas)
+extends_documentation_fragment:
+  - gpuaas.fleet.stable_dirs
 options:
   devices:
     description:
@@ -62,11 +64,6 @@ options:
     type: list
     elements: str
     required: true
-  stable_dirs:
-    description: Directories whose entries count as stable identities.
-    type: list
-    elements: path
-    default: [/dev/disk/by-id]
   approved_devices:
     description:
       - The infra-approved storage profile (approved whole disks, by stable identity). When
@@ -424,6 +421,7 @@ msg:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuaas.fleet.plugins.module_utils import common_args
 from ansible_collections.gpuaas.fleet.plugins.module_utils.storage_transition import (
     TransitionRequest,
     run_transition,
@@ -434,7 +432,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             devices=dict(type="list", elements="str", required=True),
-            stable_dirs=dict(type="list", elements="path", default=["/dev/disk/by-id"]),
+            stable_dirs=common_args.stable_dirs_spec(),
             approved_devices=dict(type="list", elements="str"),
             approval=dict(type="str"),
             apply=dict(type="bool", default=False),

@@ -1,0 +1,19 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpuaas fleet engineering
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Argument specs several modules share, documented once in plugins/doc_fragments/."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+from ansible_collections.gpuaas.fleet.plugins.module_utils.blockdev import DEFAULT_STABLE_DIRS
+from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import DEFAULT_LIBVIRT_URI
+
+
+def libvirt_uri_spec():
+    return dict(type="str", default=DEFAULT_LIBVIRT_URI)
+
+
+def stable_dirs_spec():
+    return dict(type="list", elements="path", default=list(DEFAULT_STABLE_DIRS))
