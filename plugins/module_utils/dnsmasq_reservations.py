@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The node dnsmasq's slice reservations: exactly the approved slots, nothing else.
 
-The control plane owns MAC/IP intent (seed 003); the runbook found stale
+The control plane owns MAC/IP intent (docs/slice-host.md); lab hosts carried stale
 `/etc/dnsmasq.d/gpuaas-gpuaas-slice-*.conf` reservations left by failed lab attempts that
 kept handing out addresses. This renders the `--dhcp-hostsfile` (lines `MAC,IP[,name]`,
 no `dhcp-host=` prefix) so that it holds one line per approved slot:

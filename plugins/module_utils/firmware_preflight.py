@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """MAAS commissioning preflight of a GPU slice host: firmware, virtualization, devices, disks.
 
-Commissioning decides whether a node is firmware-capable (runbook, "Automation Artifacts"):
+Commissioning decides whether a node is firmware-capable (docs/slice-host.md, Firmware
+preflight):
 
 - BIOS virtualization settings read with Dell RACADM where it exists (ProcVirtualization,
   LogicalProc, SriovGlobalEnable); RACADM is installed from Dell's signed OpenManage

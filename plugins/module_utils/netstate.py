@@ -5,8 +5,8 @@
 
 Always read from the running system in the caller's network namespace (`ip -j`,
 `iptables-save -t nat`, /proc/sys/net/ipv4/ip_forward), never from a recorded tree:
-the seeds' j22u11/j22u15 hosts looked healthy from bootstrap artifacts while the NAT
-rule was gone. Commands run through a `runner(argv) -> (rc, stdout, stderr)` callable
+lab hosts looked healthy from bootstrap artifacts while the NAT rule was gone. Commands
+run through a `runner(argv) -> (rc, stdout, stderr)` callable
 (AnsibleModule.run_command in modules, `run_command` below elsewhere).
 """
 

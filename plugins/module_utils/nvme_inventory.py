@@ -7,7 +7,7 @@ Read-only and root-relative (works on a recorded host tree), unlike the live
 `blockdev` inspection the destructive modules use. The facts that matter and why:
 
 - disks are named by `/dev/disk/by-id` (nvme-eui.* / wwn-* first); kernel names such as
-  nvme4n1 moved across a reboot in the seeds and are reported only as advisory;
+  nvme4n1 move across a reboot and are reported only as advisory;
 - mounts are matched by major:minor from /proc/self/mountinfo, for the disk, each child
   partition and each holder (dm/md), because a parent that is not mounted itself can
   still carry a mounted child partition (the wiped /share2 story);

@@ -83,7 +83,7 @@ def systemd_target(tmp_path: Path):
         target.run("sh", "-c", "echo 'GRUB_CMDLINE_LINUX=\"\"' > /etc/default/grub")
         # The `dnsmasq` package's unit (only dnsmasq-base is installed here).
         target.run("sh", "-c", "echo '[Service]' > /etc/systemd/system/dnsmasq.service")
-        # A lab host as the runbook found it: historical unit active, a GPU daemon running.
+        # A lab host as found before bootstrap: historical unit active, a GPU daemon running.
         for unit in (HISTORICAL, "nvidia-persistenced.service"):
             target.run("sh", "-c", f"echo '[Service]' > /etc/systemd/system/{unit}")
             target.run("sh", "-c", f"echo active > {STATE}/{unit}.active")

@@ -1,6 +1,6 @@
 """slice_dhcp_reservation against a real dnsmasq, with a real DHCP client on the bridge.
 
-The seed 002 story: reservations and leases left by failed attempts. A stale reservation
+Reservations and leases left by failed attempts. A stale reservation
 gives our IP to another MAC and that MAC still holds the lease, so dnsmasq would refuse to
 hand our IP to our VM. The module replaces the line, reloads dnsmasq (SIGHUP) and ends the
 stale lease with a DHCPRELEASE; the client then gets the reserved address. Removing the

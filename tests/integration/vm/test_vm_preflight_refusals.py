@@ -404,7 +404,7 @@ def slot(
 def test_provision_refused_on_a_mounted_child_partition_writes_nothing(
     linux_allocation, tmp_path: Path
 ):
-    """The j22u05 story: the parent disk is not mounted, its partition is."""
+    """The parent disk is not mounted, its partition is (as on lab host j22u05)."""
     allocation = linux_allocation
     lab = allocation.lab
     disk = lab.loops.disk(partitions=["share2"])

@@ -30,7 +30,7 @@ def test_host_checks_pass_on_a_prepared_host(host_tree):
     assert results["iommu"]["detail"] == "iommu_groups=96 cmdline_iommu=yes"
 
 
-def test_host_checks_fail_on_the_seeds_j22u05_before_firmware(spec_tree):
+def test_host_checks_fail_on_lab_host_j22u05_before_firmware(spec_tree):
     spec = dataclasses.replace(
         hosttrees.clean_host("j22u05"),
         kvm=False,
@@ -500,7 +500,7 @@ def test_network_checks_pass_on_prepared_evidence(host_tree):
     assert results["bridge"]["detail"] == "ovsbr0 (openvswitch) is up and owns 10.100.0.1/24"
 
 
-def test_network_checks_fail_on_the_seeds_j22u11(host_tree):
+def test_network_checks_fail_on_lab_host_j22u11(host_tree):
     # The custom image: no IPoIB address or route, bridge without its address, no NAT.
     evidence = evidence_from(
         bridge_owns_gateway=False,

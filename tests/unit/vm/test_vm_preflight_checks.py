@@ -59,7 +59,7 @@ def test_kvm_required_unless_emulation(tmp_path: Path):
 
 
 def test_duplicate_fabric_vf_across_slots_is_refused():
-    """The j22u05 story: one fabric device behind two slots sold two slices."""
+    """One fabric device behind two slots sold two slices (lab host j22u05)."""
     second = {**SLOT, "gpu_pci_address": "0000:3d:00.0", "nvme_device": "/dev/disk/by-id/b"}
     check = vm_preflight.check_allocation(vm_domain.parse_slots([SLOT, second]))
     assert not check["ok"] and check["code"] == "duplicate_device"
@@ -69,7 +69,7 @@ def test_duplicate_fabric_vf_across_slots_is_refused():
 
 
 def test_pci_devices_found_through_sysfs_symlinks(tmp_path: Path):
-    """sysfs PCI entries are symlinks (seed 002); a missing VF is named."""
+    """sysfs PCI entries are symlinks; a missing VF is named."""
     real = tmp_path / "devices/pci0000:00/0000:1b:00.0"
     real.mkdir(parents=True)
     bus = tmp_path / "bus"
