@@ -19,7 +19,8 @@ import json
 import shlex
 import subprocess
 
-IP_FORWARD = "/proc/sys/net/ipv4/ip_forward"
+from ansible_collections.gpuaas.fleet.plugins.module_utils import procfs
+
 FABRIC_INTERFACE_PREFIX = "ibp"
 NAT_TARGETS = ("MASQUERADE", "SNAT")
 # Link kinds that are bridges by themselves: a Linux bridge, an OVS kernel-datapath bridge.
@@ -163,14 +164,6 @@ def bridge_kind(runner, name, link, errors):
     return kind
 
 
-def read_ip_forward():
-    try:
-        with open(IP_FORWARD, encoding="ascii") as handle:
-            return handle.read().strip() == "1"
-    except OSError:
-        return None
-
-
 def collect(runner=run_command, bridge="ovsbr0", subnet="10.100.0.0/24", tmfifo="tmfifo_net0"):
     """Everything the slice network needs, as seen from this network namespace."""
     errors = []
@@ -199,7 +192,7 @@ def collect(runner=run_command, bridge="ovsbr0", subnet="10.100.0.0/24", tmfifo=
         "bridge_owns_gateway": str(gateway) in bridge_addresses,
         "gateway": str(gateway),
         "subnet": str(network),
-        "ip_forward": read_ip_forward(),
+        "ip_forward": procfs.read_ip_forward(),
         "nat_masquerade": masquerade is not None,
         "nat_rule": masquerade,
         "default_route_uplink": default_routes[0].get("dev") if default_routes else None,

@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 from typing import List
 
-from ansible_collections.gpuaas.fleet.plugins.module_utils import service_manager
+from ansible_collections.gpuaas.fleet.plugins.module_utils import procfs, service_manager
 from ansible_collections.gpuaas.fleet.plugins.module_utils.service_manager import run_command
 
 BRIDGE_TYPES = ("openvswitch", "linux")
@@ -54,7 +54,6 @@ NAT_COMMENT = "gpuaas-slice-nat"
 ISOLATION_COMMENT = "gpuaas-slice-isolation"
 FORWARD_CHAIN = "GPUAAS-SLICE-FWD"
 EBTABLES_CHAIN = "GPUAAS-SLICE"
-IP_FORWARD = "/proc/sys/net/ipv4/ip_forward"
 OVS_TIMEOUT = "--timeout=20"
 LINK_WAIT_SECONDS = 15.0
 DEFAULT_FLOWS = ("priority=0 actions=NORMAL",)
@@ -187,14 +186,6 @@ def _ovs_map(text):
     return values
 
 
-def read_ip_forward(path=IP_FORWARD):
-    try:
-        with open(path, encoding="ascii") as handle:
-            return handle.read().strip() == "1"
-    except OSError:
-        return None
-
-
 def observe(config, runner=run_command, ovs_may_be_down=False):
     """The live state the baseline cares about, as plain data.
 
@@ -213,7 +204,7 @@ def observe(config, runner=run_command, ovs_may_be_down=False):
         "ovs_datapath_type": None,
         "ovs_hwaddr": None,
         "ovs_flows": [],
-        "ip_forward": read_ip_forward(),
+        "ip_forward": procfs.read_ip_forward(),
         "nat_rules": [],
         "forward_chain": None,
         "forward_jump": False,

@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
+from ansible_collections.gpuaas.fleet.plugins.module_utils import procfs
+
 SYSTEMD = "systemd"
 DIRECT = "direct"
 MANAGERS = (SYSTEMD, DIRECT)
@@ -116,13 +118,6 @@ def _read(path):
         return None
 
 
-def _netns_inode(pid):
-    try:
-        return os.stat(f"/proc/{pid}/ns/net").st_ino
-    except OSError:
-        return None
-
-
 def _running(pid):
     """True until the process is a zombie or gone.
 
@@ -141,7 +136,7 @@ def pid_matches(pid, comm):
     name = (_read(f"/proc/{pid}/comm") or "").strip()
     if name != comm or not _running(pid):
         return False
-    return _netns_inode(pid) == _netns_inode("self")
+    return procfs.netns_inode(pid) == procfs.netns_inode("self")
 
 
 def pidfile_pid(path):
