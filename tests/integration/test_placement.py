@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import threading
 import uuid
 
@@ -15,6 +14,7 @@ from controlplane.enums import AdminState
 from controlplane.errors import GpuaasError
 from controlplane.scheduler.placement import PlacementRequest
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
+from tests.integration.wipe_proofs import proof_for
 
 SLICE = "h200-sxm-slice"
 BAREMETAL = "h200-sxm-baremetal"
@@ -39,18 +39,6 @@ def sql(engine, statement: str, **params):
 def assert_invariants(engine):
     with engine.connect() as conn:
         assert audit(conn) == []
-
-
-def proof_for(cp: ControlPlane, hostname: str, slot_index: int, **overrides) -> dict:
-    slot = next(s for s in cp.list_slots(hostname) if s.slot_index == slot_index)
-    return {
-        "schema": "gpuaas.wipe_proof/v1",
-        "device": slot.nvme_device,
-        "method": "blkdiscard",
-        "verified": True,
-        "finished_at": (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)).isoformat(),
-        **overrides,
-    }
 
 
 def test_slice_placement_reserves_slots_on_one_node_with_claims_and_outbox(cp, engine):

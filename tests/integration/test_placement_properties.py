@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import random
 import threading
 import uuid
@@ -23,6 +22,7 @@ from controlplane.errors import GpuaasError
 from controlplane.repositories.capacity import ELIGIBLE_SLOTS_SQL
 from controlplane.scheduler.placement import PlacementRequest
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
+from tests.integration.wipe_proofs import wipe_proof
 
 SLICE = "h200-sxm-slice"
 BAREMETAL = "h200-sxm-baremetal"
@@ -45,16 +45,6 @@ def exact_free_per_node(engine) -> dict[str, tuple[int, bool]]:
     for row in rows:
         free[row.hostname] += row.gpu_count
     return {host: (count, busy[host] == 0) for host, count in free.items()}
-
-
-def proof(device: str) -> dict:
-    return {
-        "schema": "gpuaas.wipe_proof/v1",
-        "device": device,
-        "method": "blkdiscard",
-        "verified": True,
-        "finished_at": (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)).isoformat(),
-    }
 
 
 def fresh_database(pg_cluster, template) -> str:
@@ -129,7 +119,7 @@ def test_random_sequences_keep_every_invariant(pg_cluster, template_database):
             if cleanup:
                 slot = cleanup[pick % len(cleanup)]
                 self.cp.record_wipe_proof(
-                    slot.node, slot.slot_index, proof(slot.nvme_device), "property"
+                    slot.node, slot.slot_index, wipe_proof(slot.nvme_device), "property"
                 )
 
         @rule(host=st.sampled_from(["h00002", "h00003", "h00004"]), drain=st.booleans())
@@ -180,7 +170,8 @@ def test_sixteen_clients_placing_and_releasing_at_once(engine):
                     if cleanup:
                         s = rng.choice(cleanup)
                         with contextlib.suppress(GpuaasError):  # another client won
-                            cp.record_wipe_proof(s.node, s.slot_index, proof(s.nvme_device), "c")
+                            proof = wipe_proof(s.nvme_device)
+                            cp.record_wipe_proof(s.node, s.slot_index, proof, "c")
                     continue
                 if roll < 0.55:
                     result = cp.place(PlacementRequest(BAREMETAL, 8))

@@ -14,19 +14,7 @@ from controlplane.audit import audit
 from controlplane.errors import NotFound
 from controlplane.scheduler.placement import PlacementRequest
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
-
-
-def proof_for(cp: ControlPlane, hostname: str, slot_index: int, **overrides) -> dict:
-    """A verified wipe proof for the slot's own disk, finished now."""
-    slot = next(s for s in cp.list_slots(hostname) if s.slot_index == slot_index)
-    return {
-        "schema": "gpuaas.wipe_proof/v1",
-        "device": slot.nvme_device,
-        "method": "blkdiscard",
-        "verified": True,
-        "finished_at": (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)).isoformat(),
-        **overrides,
-    }
+from tests.integration.wipe_proofs import proof_for
 
 
 @pytest.fixture
