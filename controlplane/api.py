@@ -14,11 +14,9 @@ from sqlalchemy.exc import IntegrityError
 
 from controlplane import db
 from controlplane.enums import AdminState, AllocationState, EvidenceKind, NodeTaskKind
-from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
 from controlplane.scheduler.placement import PlacementRequest, Scheduler
-from controlplane.secrets import scrub
 from controlplane.services import (
     allocations,
     events,
@@ -282,17 +280,9 @@ class ControlPlane:
         node_task_id: uuid.UUID | None = None,
     ) -> int:
         with db.transaction(self.engine) as session:
-            node = node_repo.get_by_hostname(session, hostname)
-            return evidence_repo.add(
-                session,
-                kind=kind,
-                passed=passed,
-                summary=summary[:2000],
-                recorded_by=actor,
-                payload=scrub(payload),
-                node_id=node.id,
-                node_task_id=node_task_id,
-            ).id
+            return tasks.record_evidence(
+                session, hostname, kind, passed, summary, payload, actor, node_task_id
+            )
 
     def in_flight(self, grace_seconds: float) -> list[Any]:
         with db.transaction(self.engine) as session:

@@ -13,6 +13,10 @@ from sqlalchemy.orm import Session
 from controlplane.enums import EvidenceKind, NodeTaskKind, NodeTaskState
 from controlplane.errors import Conflict, NotFound
 from controlplane.models import Evidence, NodeTask
+from controlplane.secrets import scrub
+
+# Evidence summaries are one-line verdicts; the payload holds the detail.
+SUMMARY_LIMIT = 2000
 
 
 def add_task(
@@ -85,12 +89,14 @@ def add(
     allocation_id: uuid.UUID | None = None,
     node_task_id: uuid.UUID | None = None,
 ) -> Evidence:
+    """Append one evidence row: the summary bounded, the payload scrubbed of secrets here,
+    so no caller can store a secret or an unbounded summary (docs/store-invariants.md)."""
     row = Evidence(
         kind=kind,
         passed=passed,
-        summary=summary,
+        summary=summary[:SUMMARY_LIMIT],
         recorded_by=recorded_by,
-        payload=payload or {},
+        payload=scrub(payload or {}),
         node_id=node_id,
         slot_id=slot_id,
         allocation_id=allocation_id,

@@ -38,7 +38,6 @@ from controlplane.models import (
 from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import outbox
 from controlplane.repositories import slots as slot_repo
-from controlplane.secrets import scrub
 
 RELEASE_CLAIMS = text(
     """
@@ -345,9 +344,9 @@ def fail(
         session,
         kind=EvidenceKind.HOST_RESULT,
         passed=False,
-        summary=f"allocation {allocation_id} failed: {reason}"[:2000],
+        summary=f"allocation {allocation_id} failed: {reason}",
         recorded_by=actor,
-        payload=scrub({"reason": reason, "details": details or {}}),
+        payload={"reason": reason, "details": details or {}},
         node_id=allocation.node_id,
         allocation_id=allocation_id,
     )

@@ -77,9 +77,9 @@ def complete(
         session,
         kind=evidence_kind,
         passed=succeeded,
-        summary=evidence_summary[:2000],
+        summary=evidence_summary,
         recorded_by=recorded_by,
-        payload=scrub({**output, "summary": summary, "artifact_dir": artifact_dir}),
+        payload={**output, "summary": summary, "artifact_dir": artifact_dir},
         node_id=task.node_id,
         allocation_id=task.allocation_id,
         node_task_id=task.id,
@@ -146,3 +146,27 @@ def trail(session: Session, hostname: str | None = None, limit: int = 50) -> lis
         EvidenceEntry(**{**dict(r._mapping), "recorded_at": r.recorded_at.isoformat()})
         for r in session.execute(text(sql), params)
     ]
+
+
+def record_evidence(
+    session: Session,
+    hostname: str,
+    kind: EvidenceKind,
+    passed: bool,
+    summary: str,
+    payload: dict[str, Any],
+    actor: str,
+    node_task_id: uuid.UUID | None = None,
+) -> int:
+    """Evidence about a node outside a node task's own result (a flow's verdict)."""
+    node = node_repo.get_by_hostname(session, hostname)
+    return evidence_repo.add(
+        session,
+        kind=kind,
+        passed=passed,
+        summary=summary,
+        recorded_by=actor,
+        payload=payload,
+        node_id=node.id,
+        node_task_id=node_task_id,
+    ).id

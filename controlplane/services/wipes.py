@@ -174,7 +174,7 @@ def block_slots(
             session,
             kind=EvidenceKind.HOST_RESULT,
             passed=False,
-            summary=f"slots {blocked} of {hostname} cleanup_blocked: {reason}"[:2000],
+            summary=f"slots {blocked} of {hostname} cleanup_blocked: {reason}",
             recorded_by=actor,
             payload={"slots": blocked, "reason": reason},
             node_id=node.id,
