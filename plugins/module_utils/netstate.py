@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpuaas fleet engineering
-# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Live slice-network evidence: interfaces, routes, NAT rules and IPv4 forwarding.
 
 Always read from the running system in the caller's network namespace (`ip -j`,

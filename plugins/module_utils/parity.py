@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpuaas fleet engineering
-# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Slice host parity: one PASS/FAIL/WARN result per condition of the runbook's parity target.
 
 The checks look at behaviour, not package presence: a loaded module, a bridge that owns

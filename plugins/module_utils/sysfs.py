@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpuaas fleet engineering
-# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Read a host's /sys, /proc and /dev under a filesystem root (live "/" or a recorded tree).
 
 Every reader takes host paths ("/sys/bus/pci/devices") and a `HostRoot`; nothing here

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpuaas fleet engineering
-# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Shared pieces of the slice VM lifecycle: errors with a phase, timings, names, libvirt.
 
 Every slice VM module fails with a `VmError` carrying a machine-readable `code` and the

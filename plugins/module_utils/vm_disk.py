@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpuaas fleet engineering
-# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Is a slot's raw disk usable for this allocation? (preflight and, again, before clone)
 
 Reuses `blockdev.inspect_device` (stable identity -> real whole block device; nothing

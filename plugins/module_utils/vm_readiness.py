@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpuaas fleet engineering
-# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Slice VM readiness gate: the reserved lease, then SSH, within one timeout.
 
 Phases (seed 000 phase 5/6, seed 003 "Node-Local IPAM"):
