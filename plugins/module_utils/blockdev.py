@@ -37,9 +37,12 @@ import os
 import re
 import shutil
 import stat
-import subprocess
-import time
 from dataclasses import asdict, dataclass, field
+
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import (
+    CommandResult,
+    run_command,
+)
 
 DEFAULT_STABLE_DIRS = ("/dev/disk/by-id",)
 SYSTEM_MOUNTPOINTS = ("/", "/boot", "/boot/efi", "/usr", "/var", "/home")
@@ -193,24 +196,6 @@ class DeviceReport:
         return data
 
 
-@dataclass(frozen=True)
-class CommandResult:
-    argv: list
-    rc: int
-    stdout: str
-    stderr: str
-    seconds: float
-
-    @property
-    def command(self) -> str:
-        return " ".join(self.argv)
-
-    @property
-    def error(self) -> str:
-        text = (self.stderr or self.stdout).strip()
-        return f"{self.command} exited {self.rc}: {text}" if self.rc else ""
-
-
 def find_tool(name: str) -> str:
     found = shutil.which(name) or next(
         (os.path.join(d, name) for d in TOOL_DIRS if os.access(os.path.join(d, name), os.X_OK)),
@@ -221,20 +206,9 @@ def find_tool(name: str) -> str:
     return found
 
 
-def run_command(argv, timeout: float | None = None) -> CommandResult:
-    """Run a tool with a clean C locale; the result carries rc, output and duration."""
-    argv = [find_tool(argv[0]), *argv[1:]]
-    env = dict(os.environ, LC_ALL="C", LANG="C")
-    started = time.monotonic()
-    try:
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, check=False, env=env
-        )
-    except subprocess.TimeoutExpired as exc:
-        return CommandResult(argv, 124, "", f"timed out after {exc.timeout}s", exc.timeout)
-    return CommandResult(
-        argv, proc.returncode, proc.stdout, proc.stderr, round(time.monotonic() - started, 3)
-    )
+def run_tool(argv, timeout: float | None = None) -> CommandResult:
+    """Run a system tool found by `find_tool`, in the C locale (its output is parsed)."""
+    return run_command([find_tool(argv[0]), *argv[1:]], timeout=timeout, c_locale=True)
 
 
 def unescape_octal(text: str) -> str:
@@ -562,7 +536,7 @@ def exclusive_open_busy(path: str) -> tuple[bool, str]:
 
 
 def probe_signatures(path: str) -> list[Signature]:
-    result = run_command(["wipefs", "--no-act", "--json", path], timeout=120)
+    result = run_tool(["wipefs", "--no-act", "--json", path], timeout=120)
     if result.rc != 0:
         raise BlockDevError(result.error)
     text = result.stdout.strip()
@@ -581,7 +555,7 @@ def probe_signatures(path: str) -> list[Signature]:
 
 def tag_owners(key: str, value: str) -> list[str]:
     """Every block device on the host whose KEY (UUID, LABEL, ...) is value, probed afresh."""
-    result = run_command(["blkid", "-c", "/dev/null", "-o", "device", "-t", f"{key}={value}"])
+    result = run_tool(["blkid", "-c", "/dev/null", "-o", "device", "-t", f"{key}={value}"])
     if result.rc not in (0, 2):  # 2: no device has that tag
         raise BlockDevError(result.error)
     return sorted(set(result.stdout.split()))
@@ -589,7 +563,7 @@ def tag_owners(key: str, value: str) -> list[str]:
 
 def probe_identities(path: str) -> dict:
     """UUID, LABEL, PARTUUID, PARTLABEL and TYPE as low-level probing sees them now."""
-    result = run_command(["blkid", "-p", "-o", "export", path], timeout=60)
+    result = run_tool(["blkid", "-p", "-o", "export", path], timeout=60)
     values = {}
     for line in result.stdout.splitlines():
         key, sep, value = line.partition("=")

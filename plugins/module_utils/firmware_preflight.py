@@ -27,10 +27,10 @@ from __future__ import absolute_import, annotations, division, print_function
 __metaclass__ = type
 
 import argparse
+import functools
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 from ansible_collections.gpuaas.fleet.plugins.module_utils import (
@@ -39,6 +39,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils import (
     sysfs,
     topology,
 )
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import run_command
 from ansible_collections.gpuaas.fleet.plugins.module_utils.parity import FAIL, PASS, WARN, result
 
 # (RACADM group, attribute, wanted value, check name)
@@ -62,14 +63,8 @@ INFORMATIONAL_CHECKS = frozenset(("iommu",))
 MAAS_PASSED, MAAS_DEGRADED, MAAS_FAILED = "passed", "degraded", "failed"
 
 
-def run_command(argv, timeout=120):
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except FileNotFoundError as exc:
-        return 127, "", str(exc)
-    except subprocess.TimeoutExpired:
-        return 124, "", "timed out: " + " ".join(argv)
-    return proc.returncode, proc.stdout, proc.stderr
+# RACADM talks to the iDRAC and apt-get to mirrors: slow, but never unbounded.
+default_runner = functools.partial(run_command, timeout=120)
 
 
 # --------------------------------------------------------------------------------- BIOS
@@ -109,10 +104,10 @@ def read_bios(racadm, runner):
     """{group: parsed settings}, or raises RuntimeError with RACADM's message."""
     groups = {}
     for group in sorted({g for g, _a, _w, _c in BIOS_SETTINGS}):
-        rc, out, err = runner([racadm, "get", group])
-        if rc != 0:
-            raise RuntimeError(f"racadm get {group} exited {rc}: {(err or out).strip()}")
-        groups[group] = parse_racadm(out)
+        got = runner([racadm, "get", group])
+        if got.rc != 0:
+            raise RuntimeError(f"racadm get {group} exited {got.rc}: {got.output}")
+        groups[group] = parse_racadm(got.stdout)
     return groups
 
 
@@ -158,27 +153,27 @@ def apply_bios(racadm, groups, runner):
     if not changes:
         return result("bios_apply", PASS, "nothing to stage")
     for change in changes:
-        rc, out, err = runner([racadm, *change])
-        if rc != 0:
+        step = runner([racadm, *change])
+        if step.rc != 0:
             return result(
                 "bios_apply",
                 FAIL,
-                f"racadm {' '.join(change)} exited {rc}: {(err or out).strip()}",
+                f"racadm {' '.join(change)} exited {step.rc}: {step.output}",
                 "check the iDRAC job queue and attribute names for this BIOS revision",
             )
-    rc, out, err = runner([racadm, *BIOS_JOB])
-    if rc != 0:
+    job = runner([racadm, *BIOS_JOB])
+    if job.rc != 0:
         return result(
             "bios_apply",
             FAIL,
-            f"racadm {' '.join(BIOS_JOB)} exited {rc}: {(err or out).strip()}",
+            f"racadm {' '.join(BIOS_JOB)} exited {job.rc}: {job.output}",
             "create the BIOS.Setup.1-1 job with a power cycle by hand",
         )
     staged = ", ".join(change[1] for change in changes)
     return result(
         "bios_apply",
         WARN,
-        f"staged {staged}; BIOS job queued with power cycle: {out.strip()}",
+        f"staged {staged}; BIOS job queued with power cycle: {job.stdout.strip()}",
         "recommission after the power cycle to confirm the settings",
     )
 
@@ -195,9 +190,9 @@ def racadm_install_commands(repo=DELL_REPO):
 
 def install_racadm(runner, repo=DELL_REPO):
     for argv in racadm_install_commands(repo):
-        rc, out, err = runner(argv)
-        if rc != 0:
-            return f"{' '.join(argv)} exited {rc}: {(err or out).strip()[-300:]}"
+        done = runner(argv)
+        if done.rc != 0:
+            return f"{' '.join(argv)} exited {done.rc}: {done.output[-300:]}"
     return None
 
 
@@ -387,7 +382,7 @@ def maas_status(results):
 
 def collect(
     root="/",
-    runner=run_command,
+    runner=default_runner,
     apply=False,
     expected_gpus=None,
     install=None,
@@ -461,7 +456,7 @@ def result_document(results, evidence):
     }
 
 
-def main(argv=None, environ=None, out=None, runner=run_command, which=shutil.which):
+def main(argv=None, environ=None, out=None, runner=default_runner, which=shutil.which):
     environ = os.environ if environ is None else environ
     out = out or sys.stdout
     parser = argparse.ArgumentParser(

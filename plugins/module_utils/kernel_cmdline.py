@@ -250,8 +250,8 @@ def run(params, check_mode, runner, which=shutil.which):
             result["backup_file"] = hostfile.backup(real)
         hostfile.write_text(real, planned["after_text"])
     if needs_update and command is not None:
-        rc, out, err = runner(command)
-        if rc != 0:
-            raise KernelCmdlineError(f"{' '.join(command)} exited {rc}: {(err or out).strip()}")
+        updated = runner(command)
+        if updated.rc != 0:
+            raise KernelCmdlineError(f"{' '.join(command)} exited {updated.rc}: {updated.output}")
         result["bootloader_updated"] = True
     return result

@@ -219,7 +219,7 @@ class ParityContext:
     topology_collected_at: Optional[str] = None
     topology_blockers: Optional[list] = None
     max_age_seconds: int = 86400
-    runner: Callable = netstate.run_command
+    runner: Callable = netstate.default_runner
     proc: str = "/proc"
     # None: detect the live service manager (systemd or direct) when a check needs it.
     manager: Optional[str] = None

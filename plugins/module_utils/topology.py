@@ -493,7 +493,7 @@ def discover(
     tmfifo_interface="tmfifo_net0",
     collect_network=True,
     fabric_link_layer="InfiniBand",
-    runner=netstate.run_command,
+    runner=netstate.default_runner,
     collected_at=None,
 ):
     """The gpuaas.topology/v1 map of the host under `root` (paths as the host sees them)."""

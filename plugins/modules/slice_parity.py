@@ -222,6 +222,7 @@ summary:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuaas.fleet.plugins.module_utils import parity, sysfs
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import module_runner
 
 
 def main():
@@ -260,7 +261,7 @@ def main():
         topology_collected_at=params["topology_collected_at"],
         topology_blockers=params["topology_blockers"],
         max_age_seconds=max_age_seconds,
-        runner=module.run_command,
+        runner=module_runner(module),
     )
     try:
         results = parity.run_checks(context, params["checks"])

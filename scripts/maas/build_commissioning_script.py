@@ -25,6 +25,7 @@ MODULE_UTILS = REPO_ROOT / "plugins" / "module_utils"
 PACKAGE = "ansible_collections.gpuaas.fleet.plugins.module_utils"
 # firmware_preflight and everything it imports, dependencies first.
 EMBEDDED = (
+    "commands",
     "sysfs",
     "netstate",
     "nvme_inventory",
