@@ -34,21 +34,25 @@ import errno
 import fcntl
 import json
 import os
-import re
 import shutil
 import stat
 from dataclasses import asdict, dataclass, field
 
+from ansible_collections.gpuaas.fleet.plugins.module_utils import sysfs
 from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import (
     CommandResult,
     run_command,
+)
+from ansible_collections.gpuaas.fleet.plugins.module_utils.procfs import (
+    PROC,
+    read_mountinfo,
+    unescape_octal,
 )
 
 DEFAULT_STABLE_DIRS = ("/dev/disk/by-id",)
 SYSTEM_MOUNTPOINTS = ("/", "/boot", "/boot/efi", "/usr", "/var", "/home")
 SYS_BLOCK = "/sys/class/block"
 SYS_DEV_BLOCK = "/sys/dev/block"
-PROC = "/proc"
 TOOL_DIRS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
 
 # Finding kinds: what a caller may choose to tolerate.
@@ -211,11 +215,6 @@ def run_tool(argv, timeout: float | None = None) -> CommandResult:
     return run_command([find_tool(argv[0]), *argv[1:]], timeout=timeout, c_locale=True)
 
 
-def unescape_octal(text: str) -> str:
-    r"""Decode the \040-style escapes used by mountinfo, /proc/swaps and fstab."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
-
-
 def devnum_str(devnum: int) -> str:
     return f"{os.major(devnum)}:{os.minor(devnum)}"
 
@@ -302,18 +301,13 @@ def holder_kind(name: str, sys_block: str = SYS_BLOCK) -> tuple[str, str]:
 def holders_of(kernel_names, sys_block: str = SYS_BLOCK) -> list[Holder]:
     """Every device stacked on top of kernel_names, recursively (dm on md on partition...)."""
     found: list[Holder] = []
-    seen: set[str] = set()
-    pending = list(kernel_names)
-    while pending:
-        held = pending.pop(0)
-        for name in listdir(os.path.join(sys_block, held, "holders")):
-            if name in seen:
-                continue
-            seen.add(name)
-            kind, dm_uuid = holder_kind(name, sys_block)
-            found.append(Holder(name=name, kind=kind, held=held, dm_uuid=dm_uuid))
-            pending.append(name)
-            pending.extend(partition_names(name, sys_block))
+    for name, held in sysfs.holders_of(
+        kernel_names,
+        lambda held: listdir(os.path.join(sys_block, held, "holders")),
+        lambda holder: partition_names(holder, sys_block),
+    ):
+        kind, dm_uuid = holder_kind(name, sys_block)
+        found.append(Holder(name=name, kind=kind, held=held, dm_uuid=dm_uuid))
     return found
 
 
@@ -331,40 +325,6 @@ def size_bytes(kernel_name: str, sys_block: str = SYS_BLOCK) -> int:
 
 
 # ---------------------------------------------------------------- mounts, swap, users
-
-
-def read_mountinfo(path: str = os.path.join(PROC, "self", "mountinfo")) -> list[dict]:
-    """Mounts in mount order, with their ids (`mount_id`, `parent_id`: the mount this one
-    sits on) and propagation: `peer_group` (shared:N), `master_group` (master:N)."""
-    entries = []
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            left, right = line.rstrip("\n").split(" - ", 1) if " - " in line else (line, "")
-            fields, tail = left.split(), right.split()
-            if len(fields) < 5 or len(tail) < 2:
-                continue
-            major, minor = fields[2].split(":")
-            entries.append(
-                {
-                    "mount_id": int(fields[0]),
-                    "parent_id": int(fields[1]),
-                    "devnum": os.makedev(int(major), int(minor)),
-                    "mountpoint": unescape_octal(fields[4]),
-                    "fstype": tail[0],
-                    "source": unescape_octal(tail[1]),
-                    "peer_group": _propagation_group(fields[6:], "shared"),
-                    "master_group": _propagation_group(fields[6:], "master"),
-                }
-            )
-    return entries
-
-
-def _propagation_group(optional_fields: list[str], tag: str) -> int | None:
-    for optional in optional_fields:
-        name, sep, value = optional.partition(":")
-        if sep and name == tag and value.isdigit():
-            return int(value)
-    return None
 
 
 def mount_namespace(pid: str = "self") -> str | None:

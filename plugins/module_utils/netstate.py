@@ -20,8 +20,8 @@ import json
 import shlex
 
 from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import MISSING, run_command
+from ansible_collections.gpuaas.fleet.plugins.module_utils.procfs import read_ip_forward
 
-IP_FORWARD = "/proc/sys/net/ipv4/ip_forward"
 FABRIC_INTERFACE_PREFIX = "ibp"
 NAT_TARGETS = ("MASQUERADE", "SNAT")
 # Link kinds that are bridges by themselves: a Linux bridge, an OVS kernel-datapath bridge.
@@ -156,14 +156,6 @@ def bridge_kind(runner, name, link, errors):
         if result.rc not in (2, MISSING):
             errors.append(f"ovs-vsctl br-exists {name} exited {result.rc}: {result.stderr.strip()}")
     return kind
-
-
-def read_ip_forward():
-    try:
-        with open(IP_FORWARD, encoding="ascii") as handle:
-            return handle.read().strip() == "1"
-    except OSError:
-        return None
 
 
 def collect(runner=default_runner, bridge="ovsbr0", subnet="10.100.0.0/24", tmfifo="tmfifo_net0"):

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import List
 
 from ansible_collections.gpuaas.fleet.plugins.module_utils import service_manager
+from ansible_collections.gpuaas.fleet.plugins.module_utils.procfs import read_ip_forward
 from ansible_collections.gpuaas.fleet.plugins.module_utils.service_manager import default_runner
 
 BRIDGE_TYPES = ("openvswitch", "linux")
@@ -54,7 +55,6 @@ NAT_COMMENT = "gpuaas-slice-nat"
 ISOLATION_COMMENT = "gpuaas-slice-isolation"
 FORWARD_CHAIN = "GPUAAS-SLICE-FWD"
 EBTABLES_CHAIN = "GPUAAS-SLICE"
-IP_FORWARD = "/proc/sys/net/ipv4/ip_forward"
 OVS_TIMEOUT = "--timeout=20"
 LINK_WAIT_SECONDS = 15.0
 DEFAULT_FLOWS = ("priority=0 actions=NORMAL",)
@@ -181,14 +181,6 @@ def _ovs_map(text):
         if sep:
             values[key.strip()] = value.strip().strip('"')
     return values
-
-
-def read_ip_forward(path=IP_FORWARD):
-    try:
-        with open(path, encoding="ascii") as handle:
-            return handle.read().strip() == "1"
-    except OSError:
-        return None
 
 
 def observe(config, runner=default_runner, ovs_may_be_down=False):

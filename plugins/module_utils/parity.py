@@ -32,6 +32,7 @@ from typing import Callable, Optional, Tuple
 
 from ansible_collections.gpuaas.fleet.plugins.module_utils import (
     netstate,
+    procfs,
     service_manager,
     sysfs,
     topology,
@@ -540,21 +541,14 @@ def range_in_subnet(dhcp_range, subnet):
     return False
 
 
-def _netns_inode(proc, pid):
-    try:
-        return os.stat(f"{proc}/{pid}/ns/net").st_ino
-    except OSError:
-        return None
-
-
 def dnsmasq_processes(proc="/proc"):
     """(pid, argv) of dnsmasq processes in the caller's network namespace."""
-    own = _netns_inode(proc, "self")
+    own = procfs.netns_inode("self", proc)
     found = []
     for pid in sorted((p for p in os.listdir(proc) if p.isdigit()), key=int):
         if (_read_live(f"{proc}/{pid}/comm") or "").strip() != "dnsmasq":
             continue
-        if own is None or _netns_inode(proc, pid) != own:
+        if own is None or procfs.netns_inode(pid, proc) != own:
             continue
         argv = [a for a in (_read_live(f"{proc}/{pid}/cmdline") or "").split("\0") if a]
         if argv:
@@ -667,7 +661,7 @@ def check_nat(ctx):
 
 
 def check_ip_forward(ctx):
-    forwarding = netstate.read_ip_forward()
+    forwarding = procfs.read_ip_forward()
     if forwarding:
         return result("ip_forward", PASS, "net.ipv4.ip_forward=1")
     return result(
@@ -715,7 +709,7 @@ def _live_here(proc, pid, own_netns):
     stat = _read_live(f"{proc}/{pid}/stat") or ""
     if not stat or ") Z " in stat or ") X " in stat:
         return False
-    return own_netns is None or _netns_inode(proc, pid) == own_netns
+    return own_netns is None or procfs.netns_inode(pid, proc) == own_netns
 
 
 def service_pid(name, proc="/proc", pidfile_dirs=PIDFILE_DIRS):
@@ -724,7 +718,7 @@ def service_pid(name, proc="/proc", pidfile_dirs=PIDFILE_DIRS):
     Without systemd a service is what runs: a pidfile (<dir>/<name>.pid) whose process
     carries the service's name, or any process executing the service's script.
     """
-    own = _netns_inode(proc, "self")
+    own = procfs.netns_inode("self", proc)
     for directory in pidfile_dirs:
         pid = service_manager.pidfile_pid(f"{directory}/{name}.pid")
         if pid is None or not _live_here(proc, pid, own):

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
 from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import run_command
+from ansible_collections.gpuaas.fleet.plugins.module_utils.procfs import netns_inode
 
 SYSTEMD = "systemd"
 DIRECT = "direct"
@@ -110,13 +111,6 @@ def _read(path):
         return None
 
 
-def _netns_inode(pid):
-    try:
-        return os.stat(f"/proc/{pid}/ns/net").st_ino
-    except OSError:
-        return None
-
-
 def _running(pid):
     """True until the process is a zombie or gone.
 
@@ -135,7 +129,7 @@ def pid_matches(pid, comm):
     name = (_read(f"/proc/{pid}/comm") or "").strip()
     if name != comm or not _running(pid):
         return False
-    return _netns_inode(pid) == _netns_inode("self")
+    return netns_inode(pid) == netns_inode("self")
 
 
 def pidfile_pid(path):

@@ -23,7 +23,7 @@ import re
 import socket
 from dataclasses import dataclass, field
 
-from ansible_collections.gpuaas.fleet.plugins.module_utils import blockdev, hostfile
+from ansible_collections.gpuaas.fleet.plugins.module_utils import blockdev, hostfile, procfs
 
 MARKER = "gpuaas-slice-storage-disabled"
 MANIFEST_SCHEMA = "gpuaas.storage_transition/v1"
@@ -116,7 +116,7 @@ def fstab_fields(line: str) -> list[str] | None:
     stripped = line.strip()
     if not stripped or stripped.startswith("#"):
         return None
-    return [blockdev.unescape_octal(f) for f in stripped.split()]
+    return [procfs.unescape_octal(f) for f in stripped.split()]
 
 
 def device_identities(path: str, devnum: int | None, identities: dict) -> dict:

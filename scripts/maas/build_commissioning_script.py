@@ -26,6 +26,7 @@ PACKAGE = "ansible_collections.gpuaas.fleet.plugins.module_utils"
 # firmware_preflight and everything it imports, dependencies first.
 EMBEDDED = (
     "commands",
+    "procfs",
     "sysfs",
     "netstate",
     "nvme_inventory",

@@ -12,8 +12,8 @@ import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils.blockdev import (
     CONTENT,
     inspect_device,
-    read_mountinfo,
 )
+from ansible_collections.gpuaas.fleet.plugins.module_utils.procfs import read_mountinfo
 
 from gpuaas_lab.loopdev import private_mount_namespace_argv, run
 
