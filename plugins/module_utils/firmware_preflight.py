@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """MAAS commissioning preflight of a GPU slice host: firmware, virtualization, devices, disks.
 
-Commissioning decides whether a node is firmware-capable (runbook, "Automation Artifacts"):
+Commissioning decides whether a node is firmware-capable (docs/slice-host.md, "Firmware
+preflight"):
 
 - BIOS virtualization settings read with Dell RACADM where it exists (ProcVirtualization,
   LogicalProc, SriovGlobalEnable); RACADM is installed from Dell's signed OpenManage
@@ -179,7 +180,7 @@ def apply_bios(racadm, groups, runner):
 
 
 def racadm_install_commands(repo=DELL_REPO):
-    """The signed-repository install of RACADM (seed: Dell's key, scoped keyring)."""
+    """The signed-repository install of RACADM: Dell's key in a keyring scoped to that repo."""
     return [
         ["sh", "-c", f"curl -fsSL {DELL_KEY_URL} | gpg --dearmor --yes -o {DELL_KEYRING}"],
         ["sh", "-c", f"echo 'deb [signed-by={DELL_KEYRING}] {repo}' > {DELL_SOURCES}"],

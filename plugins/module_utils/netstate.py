@@ -5,8 +5,8 @@
 
 Always read from the running system in the caller's network namespace (`ip -j`,
 `iptables-save -t nat`, /proc/sys/net/ipv4/ip_forward), never from a recorded tree:
-the seeds' j22u11/j22u15 hosts looked healthy from bootstrap artifacts while the NAT
-rule was gone. Commands run through a `runner(argv) -> CommandResult` callable
+a host can look healthy from its bootstrap artifacts while the NAT rule is gone.
+Commands run through a `runner(argv) -> CommandResult` callable
 (`commands.module_runner` in modules, `default_runner` below elsewhere).
 """
 

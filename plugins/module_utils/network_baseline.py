@@ -9,7 +9,7 @@ One implementation serves both entry points:
 - `gpuaas-slice-network-baseline`, the boot script of the persistent
   `gpuaas-slice-network-baseline.service` (`main()` below): bridges keep existing in OVS,
   but addresses, OpenFlow rules and iptables rules do not survive a reboot or an
-  ovs-vswitchd restart, and the seeds' j22u11/j22u15 lost their NAT rule exactly so.
+  ovs-vswitchd restart, so without it a rebooted host silently loses its NAT rule.
 
 What converges, observed live in the caller's network namespace and planned before acting:
 

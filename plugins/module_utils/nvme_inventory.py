@@ -7,10 +7,10 @@ Read-only and root-relative (works on a recorded host tree), unlike the live
 `blockdev` inspection the destructive modules use. The facts that matter and why:
 
 - disks are named by `/dev/disk/by-id` (nvme-eui.* / wwn-* first); kernel names such as
-  nvme4n1 moved across a reboot in the seeds and are reported only as advisory;
+  nvme4n1 can change across a reboot and are reported only as advisory;
 - mounts are matched by major:minor from /proc/self/mountinfo, for the disk, each child
   partition and each holder (dm/md), because a parent that is not mounted itself can
-  still carry a mounted child partition (the wiped /share2 story);
+  still carry a mounted child partition (which would be wiped with it);
 - the OS disk (/, /boot, /boot/efi, /usr, /var, /home or swap on it, directly, through
   a partition or a holder) is marked and never offered as a slot disk;
 - filesystem signatures come from udev's database (/run/udev/data/b<maj>:<min>).

@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpuaas fleet engineering
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Slice host parity: one PASS/FAIL/WARN result per condition of the runbook's parity target.
+"""Slice host parity: one PASS/FAIL/WARN result per condition of the parity target
+(docs/slice-host.md, "Parity target").
 
 The checks look at behaviour, not package presence: a loaded module, a bridge that owns
 the gateway address, a dnsmasq process in this network namespace with a DHCP range in
@@ -839,7 +840,7 @@ def check_api_topology(ctx):
     A map (`topology_evidence`) carries its blockers; the control plane's stored evidence
     is given as `topology_collected_at` (with its `topology_blockers` when known), where
     an empty value means the control plane holds none for this node. Neither: WARN, local
-    checks only (the runbook's first-pass diagnosis).
+    checks only (enough for a first-pass diagnosis).
     """
     name = "api_topology"
     remediation = (

@@ -5,8 +5,7 @@
 
 Every reader takes host paths ("/sys/bus/pci/devices") and a `HostRoot`; nothing here
 writes. PCI entries are read THROUGH their symlinks (`/sys/bus/pci/devices/*` are symlinks
-to `/sys/devices/pci0000:xx/...` on real hosts: skipping symlinks hid every GPU from the
-seeds' first discovery).
+to `/sys/devices/pci0000:xx/...` on real hosts: skipping symlinks hides every GPU).
 """
 
 from __future__ import absolute_import, division, print_function

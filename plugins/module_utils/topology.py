@@ -13,7 +13,7 @@ Pairing is deterministic and independent of kernel disk names: GPUs in PCI addre
 become slots 0..n-1; each takes the first free disk (then VF) on its own NUMA node in PCI
 address order, else the first free one on any node. The OS disk is never a candidate.
 Without per-slot VFs, legacy metadata would pass one whole fabric device to several
-slots (the seeds' j22u05 story): that is reported as `shared_device` and blocked.
+slots (docs/slice-host.md, "Shared devices"): that is reported as `shared_device` and blocked.
 Fabric devices are `pf`, `vf` or `hca`: a ConnectX HCA without SR-IOV is inventoried
 (kind `hca`) but is neither a slot's VF nor a legacy whole-device fallback.
 """
@@ -31,7 +31,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils import netstate, nvme
 
 SCHEMA = "gpuaas.topology/v1"
 NETWORK_MODES = ("private-nat", "private-routed", "public-nat", "tailscale-overlay")
-# Which missing network pieces stop scheduling in which mode (seed 003: in private-nat,
+# Which missing network pieces stop scheduling in which mode (in private-nat,
 # missing NAT leaks 10.100.x.x sources to the uplink and upstream firewalls drop them).
 NAT_REQUIRED_MODES = ("private-nat",)
 FORWARDING_REQUIRED_MODES = ("private-nat", "private-routed", "public-nat")

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Persistent VFIO preparation of a slice host from the APPROVED topology, never a fixed list.
 
-The prototype bound hard-coded PCI addresses to vfio-pci; the runbook asks for persistent
+The prototype bound hard-coded PCI addresses to vfio-pci; a host needs persistent
 driverctl overrides generated from the approved topology once the node is in slice mode.
 Given the approved PCI addresses (slot GPUs and fabric VFs), this plans and writes:
 

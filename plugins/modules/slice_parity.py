@@ -13,7 +13,7 @@ module: slice_parity
 short_description: Check a GPU slice host against the provisioning parity target
 version_added: "0.1.0"
 description:
-  - Runs one check per condition of the runbook's automated provisioning parity target and
+  - Runs one check per condition of the slice host parity target and
     returns PASS, FAIL or WARN with a detail and a remediation for each.
   - Checks behaviour, not package presence. V(vfio) loaded VFIO modules, V(kvm)
     C(/dev/kvm), V(iommu) IOMMU groups, V(ipoib_netplan) C(/etc/netplan/60-ipoib.yaml)
