@@ -392,12 +392,42 @@ def test_dnsmasq_explicit_conf_file_replaces_the_default(tmp_path):
     assert parity.dnsmasq_ranges(["dnsmasq", "--conf-file=/dev/null"], str(tmp_path)) == []
 
 
-def test_dnsmasq_processes_only_in_this_network_namespace():
-    # This test process is no dnsmasq; whatever dnsmasq runs elsewhere must be in our netns.
-    own = os.stat("/proc/self/ns/net").st_ino
-    for pid, argv in parity.dnsmasq_processes():
-        assert os.stat(f"/proc/{pid}/ns/net").st_ino == own
-        assert argv[0].endswith("dnsmasq")
+def fake_proc(root, processes):
+    """A /proc tree: `self` and each pid get comm, cmdline and ns/net; a pid's ns/net is a
+    hard link to self's when it shares our network namespace (same inode), else its own."""
+    own = root / "netns-own"
+    own.write_text("")
+    self_ns = root / "self" / "ns"
+    self_ns.mkdir(parents=True)
+    os.link(own, self_ns / "net")
+    for pid, (comm, argv, same_netns) in processes.items():
+        base = root / str(pid)
+        (base / "ns").mkdir(parents=True)
+        (base / "comm").write_text(comm + "\n")
+        (base / "cmdline").write_text("".join(arg + "\0" for arg in argv))
+        if same_netns:
+            os.link(own, base / "ns" / "net")
+        else:
+            (base / "ns" / "net").write_text("")
+    (root / "sys").mkdir()  # not a pid: skipped
+    return root
+
+
+def test_dnsmasq_processes_only_in_this_network_namespace(tmp_path):
+    proc = fake_proc(
+        tmp_path,
+        {
+            412: ("dnsmasq", ["/usr/sbin/dnsmasq", "--conf-file=/etc/dnsmasq.conf"], True),
+            97: ("dnsmasq", ["dnsmasq", "--keep-in-foreground"], True),
+            530: ("dnsmasq", ["/usr/sbin/dnsmasq", "--conf-file=/other.conf"], False),
+            601: ("sshd", ["/usr/sbin/sshd", "-D"], True),
+            702: ("dnsmasq", [], True),  # exiting: no command line any more
+        },
+    )
+    assert parity.dnsmasq_processes(str(proc)) == [
+        (97, ["dnsmasq", "--keep-in-foreground"]),
+        (412, ["/usr/sbin/dnsmasq", "--conf-file=/etc/dnsmasq.conf"]),
+    ]
 
 
 # libvirt: the check's boundary is "a daemon accepts on its socket" --------------------

@@ -102,6 +102,7 @@ def test_hcas_are_no_fallback_when_vfs_run_out(spec_tree, discover_offline, bloc
     spec = dataclasses.replace(hosttrees.clean_host("j22u09"), fabric=())
     found = discover_offline(spec_tree(spec))
     assert [f["kind"] for f in found["fabric_devices"]] == ["hca"] * 8
+    assert [s["slot_index"] for s in found["candidate_slots"]] == list(range(8))
     for slot in found["candidate_slots"]:
         assert slot["fabric_claim_mode"] == "none" and slot["fabric_device"] is None
         assert blocker_codes(found, slot["slot_index"]) == {"no_vf_for_slot"}
@@ -147,10 +148,12 @@ def test_slots_pair_gpu_disk_and_vf_on_the_same_numa_node(host_tree, discover_of
 
 def test_mac_is_52_54_00_plus_sha256_of_node_and_slot(host_tree, discover_offline):
     found = discover_offline(host_tree("clean", "j22u15"))
-    for slot in found["candidate_slots"]:
-        digest = hashlib.sha256(f"j22u15:{slot['slot_index']}".encode()).hexdigest()
-        expected = "52:54:00:" + ":".join(digest[i : i + 2] for i in (0, 2, 4))
-        assert slot["mac_address"] == expected
+    expected = []
+    for index in range(8):
+        digest = hashlib.sha256(f"j22u15:{index}".encode()).hexdigest()
+        expected.append("52:54:00:" + ":".join(digest[i : i + 2] for i in (0, 2, 4)))
+    assert [slot["mac_address"] for slot in found["candidate_slots"]] == expected
+    assert expected[0] == "52:54:00:5c:cb:46"  # sha256("j22u15:0") starts 5ccb46
 
 
 def test_macs_are_unique_across_hosts(host_tree, discover_offline):
@@ -245,6 +248,7 @@ def test_duplicate_fabric_device_is_flagged_for_every_slot(
     host_tree, discover_offline, blocker_codes
 ):
     found = discover_offline(host_tree("duplicate-fabric"))
+    assert [s["slot_index"] for s in found["candidate_slots"]] == list(range(8))
     for slot in found["candidate_slots"]:
         assert slot["fabric_claim_mode"] == "shared_device"
         assert slot["fabric_device"] == "0000:1a:00.0"

@@ -1,4 +1,5 @@
-"""inspect_device on real loop disks, partitions, filesystems, mounts, swap and openers."""
+"""inspect_device on real loop disks, partitions, filesystems, mounts, swap and openers (root,
+loop devices; the `lab` fixture is in this directory's conftest)."""
 
 from __future__ import annotations
 
