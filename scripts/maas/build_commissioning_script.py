@@ -32,6 +32,7 @@ EMBEDDED = (
     "nvme_inventory",
     "topology",
     "service_manager",
+    "parity_lines",
     "parity",
     "firmware_preflight",
 )
