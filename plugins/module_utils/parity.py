@@ -10,7 +10,7 @@ the GPU subnet and a socket on port 67, a libvirt socket that accepts a connecti
 NAT rule as iptables reports it. File-based checks (modules, /dev/kvm, IOMMU groups,
 netplan, systemd units) read under `root`; network checks read the live namespace.
 
-The line format is the seed's, shared with the MAAS commissioning script:
+The line format (parity_lines.py) is shared with the MAAS commissioning script:
 
     GPUAAS_SLICE_PARITY status=FAIL check=ipoib_netplan detail=command\\ exited\\ with\\ 1 \
 remediation=render\\ /etc/netplan/60-ipoib.yaml\\ from\\ site/profile\\ bootstrap
@@ -41,7 +41,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils import (
 
 # The line format lives in parity_lines; its names stay reachable here for the modules,
 # firmware_preflight and the MAAS script test, which read results and lines from parity.
-from ansible_collections.gpuaas.fleet.plugins.module_utils.parity_lines import (  # noqa: F401
+from ansible_collections.gpuaas.fleet.plugins.module_utils.parity_lines import (  # noqa: F401  # pylint: disable=unused-import
     FAIL,
     LINE_PREFIX,
     PASS,

@@ -29,7 +29,7 @@ description:
     historical C(gpuaas-slice-host-net-baseline) unit exists or still runs (active or
     enabled under systemd, else a live pidfile or a process running its script),
     V(api_topology) fresh topology evidence without hard blocker (WARN when none is given).
-  - Also returns the seed's machine-readable lines
+  - Also returns the machine-readable lines
     C(GPUAAS_SLICE_PARITY status=... check=... detail=... remediation=...) with spaces
     escaped, and a final C(GPUAAS_SLICE_PARITY_SUMMARY) line with C(failures=N).
   - Fails the host when any check fails unless O(fail_on_failures=false).
