@@ -34,18 +34,25 @@ import errno
 import fcntl
 import json
 import os
-import re
 import shutil
 import stat
-import subprocess
-import time
 from dataclasses import asdict, dataclass, field
+
+from ansible_collections.gpuaas.fleet.plugins.module_utils import sysfs
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import (
+    CommandResult,
+    run_command,
+)
+from ansible_collections.gpuaas.fleet.plugins.module_utils.procfs import (
+    PROC,
+    read_mountinfo,
+    unescape_octal,
+)
 
 DEFAULT_STABLE_DIRS = ("/dev/disk/by-id",)
 SYSTEM_MOUNTPOINTS = ("/", "/boot", "/boot/efi", "/usr", "/var", "/home")
 SYS_BLOCK = "/sys/class/block"
 SYS_DEV_BLOCK = "/sys/dev/block"
-PROC = "/proc"
 TOOL_DIRS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
 
 # Finding kinds: what a caller may choose to tolerate.
@@ -193,24 +200,6 @@ class DeviceReport:
         return data
 
 
-@dataclass(frozen=True)
-class CommandResult:
-    argv: list
-    rc: int
-    stdout: str
-    stderr: str
-    seconds: float
-
-    @property
-    def command(self) -> str:
-        return " ".join(self.argv)
-
-    @property
-    def error(self) -> str:
-        text = (self.stderr or self.stdout).strip()
-        return f"{self.command} exited {self.rc}: {text}" if self.rc else ""
-
-
 def find_tool(name: str) -> str:
     found = shutil.which(name) or next(
         (os.path.join(d, name) for d in TOOL_DIRS if os.access(os.path.join(d, name), os.X_OK)),
@@ -221,25 +210,9 @@ def find_tool(name: str) -> str:
     return found
 
 
-def run_command(argv, timeout: float | None = None) -> CommandResult:
-    """Run a tool with a clean C locale; the result carries rc, output and duration."""
-    argv = [find_tool(argv[0]), *argv[1:]]
-    env = dict(os.environ, LC_ALL="C", LANG="C")
-    started = time.monotonic()
-    try:
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, check=False, env=env
-        )
-    except subprocess.TimeoutExpired as exc:
-        return CommandResult(argv, 124, "", f"timed out after {exc.timeout}s", exc.timeout)
-    return CommandResult(
-        argv, proc.returncode, proc.stdout, proc.stderr, round(time.monotonic() - started, 3)
-    )
-
-
-def unescape_octal(text: str) -> str:
-    r"""Decode the \040-style escapes used by mountinfo, /proc/swaps and fstab."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+def run_tool(argv, timeout: float | None = None) -> CommandResult:
+    """Run a system tool found by `find_tool`, in the C locale (its output is parsed)."""
+    return run_command([find_tool(argv[0]), *argv[1:]], timeout=timeout, c_locale=True)
 
 
 def devnum_str(devnum: int) -> str:
@@ -328,18 +301,13 @@ def holder_kind(name: str, sys_block: str = SYS_BLOCK) -> tuple[str, str]:
 def holders_of(kernel_names, sys_block: str = SYS_BLOCK) -> list[Holder]:
     """Every device stacked on top of kernel_names, recursively (dm on md on partition...)."""
     found: list[Holder] = []
-    seen: set[str] = set()
-    pending = list(kernel_names)
-    while pending:
-        held = pending.pop(0)
-        for name in listdir(os.path.join(sys_block, held, "holders")):
-            if name in seen:
-                continue
-            seen.add(name)
-            kind, dm_uuid = holder_kind(name, sys_block)
-            found.append(Holder(name=name, kind=kind, held=held, dm_uuid=dm_uuid))
-            pending.append(name)
-            pending.extend(partition_names(name, sys_block))
+    for name, held in sysfs.holders_of(
+        kernel_names,
+        lambda held: listdir(os.path.join(sys_block, held, "holders")),
+        lambda holder: partition_names(holder, sys_block),
+    ):
+        kind, dm_uuid = holder_kind(name, sys_block)
+        found.append(Holder(name=name, kind=kind, held=held, dm_uuid=dm_uuid))
     return found
 
 
@@ -357,40 +325,6 @@ def size_bytes(kernel_name: str, sys_block: str = SYS_BLOCK) -> int:
 
 
 # ---------------------------------------------------------------- mounts, swap, users
-
-
-def read_mountinfo(path: str = os.path.join(PROC, "self", "mountinfo")) -> list[dict]:
-    """Mounts in mount order, with their ids (`mount_id`, `parent_id`: the mount this one
-    sits on) and propagation: `peer_group` (shared:N), `master_group` (master:N)."""
-    entries = []
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            left, right = line.rstrip("\n").split(" - ", 1) if " - " in line else (line, "")
-            fields, tail = left.split(), right.split()
-            if len(fields) < 5 or len(tail) < 2:
-                continue
-            major, minor = fields[2].split(":")
-            entries.append(
-                {
-                    "mount_id": int(fields[0]),
-                    "parent_id": int(fields[1]),
-                    "devnum": os.makedev(int(major), int(minor)),
-                    "mountpoint": unescape_octal(fields[4]),
-                    "fstype": tail[0],
-                    "source": unescape_octal(tail[1]),
-                    "peer_group": _propagation_group(fields[6:], "shared"),
-                    "master_group": _propagation_group(fields[6:], "master"),
-                }
-            )
-    return entries
-
-
-def _propagation_group(optional_fields: list[str], tag: str) -> int | None:
-    for optional in optional_fields:
-        name, sep, value = optional.partition(":")
-        if sep and name == tag and value.isdigit():
-            return int(value)
-    return None
 
 
 def mount_namespace(pid: str = "self") -> str | None:
@@ -562,7 +496,7 @@ def exclusive_open_busy(path: str) -> tuple[bool, str]:
 
 
 def probe_signatures(path: str) -> list[Signature]:
-    result = run_command(["wipefs", "--no-act", "--json", path], timeout=120)
+    result = run_tool(["wipefs", "--no-act", "--json", path], timeout=120)
     if result.rc != 0:
         raise BlockDevError(result.error)
     text = result.stdout.strip()
@@ -581,7 +515,7 @@ def probe_signatures(path: str) -> list[Signature]:
 
 def tag_owners(key: str, value: str) -> list[str]:
     """Every block device on the host whose KEY (UUID, LABEL, ...) is value, probed afresh."""
-    result = run_command(["blkid", "-c", "/dev/null", "-o", "device", "-t", f"{key}={value}"])
+    result = run_tool(["blkid", "-c", "/dev/null", "-o", "device", "-t", f"{key}={value}"])
     if result.rc not in (0, 2):  # 2: no device has that tag
         raise BlockDevError(result.error)
     return sorted(set(result.stdout.split()))
@@ -589,7 +523,7 @@ def tag_owners(key: str, value: str) -> list[str]:
 
 def probe_identities(path: str) -> dict:
     """UUID, LABEL, PARTUUID, PARTLABEL and TYPE as low-level probing sees them now."""
-    result = run_command(["blkid", "-p", "-o", "export", path], timeout=60)
+    result = run_tool(["blkid", "-p", "-o", "export", path], timeout=60)
     values = {}
     for line in result.stdout.splitlines():
         key, sep, value = line.partition("=")

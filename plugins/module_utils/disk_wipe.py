@@ -202,7 +202,7 @@ def probe_nvme_format(
         return NvmeFormatChoice(False, f"{kernel_name} is not an NVMe namespace"), commands
     documents = []
     for sub in ("id-ctrl", "id-ns"):
-        result = blockdev.run_command(["nvme", sub, device_path, "-o", "json"], timeout=60)
+        result = blockdev.run_tool(["nvme", sub, device_path, "-o", "json"], timeout=60)
         commands.append(result.command)
         if result.rc != 0:
             return NvmeFormatChoice(False, f"nvme {sub} failed: {result.error}"), commands
@@ -431,7 +431,7 @@ def run_method(
         except OSError as exc:
             return _attempt(method, False, str(exc), command, time.monotonic() - started)
         return _attempt(method, True, "", command, round(time.monotonic() - started, 3))
-    result = blockdev.run_command(argv, timeout=86400)
+    result = blockdev.run_tool(argv, timeout=86400)
     commands.append(result.command)
     attempt = _attempt(method, result.rc == 0, result.error, result.command, result.seconds)
     if method == "nvme_format":

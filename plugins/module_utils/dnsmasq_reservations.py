@@ -3,9 +3,10 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The node dnsmasq's slice reservations: exactly the approved slots, nothing else.
 
-The control plane owns MAC/IP intent (docs/slice-host.md); lab hosts carried stale
-`/etc/dnsmasq.d/gpuaas-gpuaas-slice-*.conf` reservations left by failed lab attempts that
-kept handing out addresses. This renders the `--dhcp-hostsfile` (lines `MAC,IP[,name]`,
+The control plane owns MAC/IP intent; stale
+`/etc/dnsmasq.d/gpuaas-gpuaas-slice-*.conf` reservations left by failed attempts kept
+handing out addresses to the wrong guests (docs/slice-host.md, "Node-local IPAM and
+reservations"). This renders the `--dhcp-hostsfile` (lines `MAC,IP[,name]`,
 no `dhcp-host=` prefix) so that it holds one line per approved slot:
 
 - a line whose MAC and IP match an approved slot is kept as it is, so a host name the VM

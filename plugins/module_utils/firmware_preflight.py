@@ -3,8 +3,8 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """MAAS commissioning preflight of a GPU slice host: firmware, virtualization, devices, disks.
 
-Commissioning decides whether a node is firmware-capable (docs/slice-host.md, Firmware
-preflight):
+Commissioning decides whether a node is firmware-capable (docs/slice-host.md, "Firmware
+preflight"):
 
 - BIOS virtualization settings read with Dell RACADM where it exists (ProcVirtualization,
   LogicalProc, SriovGlobalEnable); RACADM is installed from Dell's signed OpenManage
@@ -28,10 +28,10 @@ from __future__ import absolute_import, annotations, division, print_function
 __metaclass__ = type
 
 import argparse
+import functools
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 from ansible_collections.gpuaas.fleet.plugins.module_utils import (
@@ -40,6 +40,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils import (
     sysfs,
     topology,
 )
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import run_command
 from ansible_collections.gpuaas.fleet.plugins.module_utils.parity import FAIL, PASS, WARN, result
 
 # (RACADM group, attribute, wanted value, check name)
@@ -63,14 +64,8 @@ INFORMATIONAL_CHECKS = frozenset(("iommu",))
 MAAS_PASSED, MAAS_DEGRADED, MAAS_FAILED = "passed", "degraded", "failed"
 
 
-def run_command(argv, timeout=120):
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except FileNotFoundError as exc:
-        return 127, "", str(exc)
-    except subprocess.TimeoutExpired:
-        return 124, "", "timed out: " + " ".join(argv)
-    return proc.returncode, proc.stdout, proc.stderr
+# RACADM talks to the iDRAC and apt-get to mirrors: slow, but never unbounded.
+default_runner = functools.partial(run_command, timeout=120)
 
 
 # --------------------------------------------------------------------------------- BIOS
@@ -110,10 +105,10 @@ def read_bios(racadm, runner):
     """{group: parsed settings}, or raises RuntimeError with RACADM's message."""
     groups = {}
     for group in sorted({g for g, _a, _w, _c in BIOS_SETTINGS}):
-        rc, out, err = runner([racadm, "get", group])
-        if rc != 0:
-            raise RuntimeError(f"racadm get {group} exited {rc}: {(err or out).strip()}")
-        groups[group] = parse_racadm(out)
+        got = runner([racadm, "get", group])
+        if got.rc != 0:
+            raise RuntimeError(f"racadm get {group} exited {got.rc}: {got.output}")
+        groups[group] = parse_racadm(got.stdout)
     return groups
 
 
@@ -159,33 +154,33 @@ def apply_bios(racadm, groups, runner):
     if not changes:
         return result("bios_apply", PASS, "nothing to stage")
     for change in changes:
-        rc, out, err = runner([racadm, *change])
-        if rc != 0:
+        step = runner([racadm, *change])
+        if step.rc != 0:
             return result(
                 "bios_apply",
                 FAIL,
-                f"racadm {' '.join(change)} exited {rc}: {(err or out).strip()}",
+                f"racadm {' '.join(change)} exited {step.rc}: {step.output}",
                 "check the iDRAC job queue and attribute names for this BIOS revision",
             )
-    rc, out, err = runner([racadm, *BIOS_JOB])
-    if rc != 0:
+    job = runner([racadm, *BIOS_JOB])
+    if job.rc != 0:
         return result(
             "bios_apply",
             FAIL,
-            f"racadm {' '.join(BIOS_JOB)} exited {rc}: {(err or out).strip()}",
+            f"racadm {' '.join(BIOS_JOB)} exited {job.rc}: {job.output}",
             "create the BIOS.Setup.1-1 job with a power cycle by hand",
         )
     staged = ", ".join(change[1] for change in changes)
     return result(
         "bios_apply",
         WARN,
-        f"staged {staged}; BIOS job queued with power cycle: {out.strip()}",
+        f"staged {staged}; BIOS job queued with power cycle: {job.stdout.strip()}",
         "recommission after the power cycle to confirm the settings",
     )
 
 
 def racadm_install_commands(repo=DELL_REPO):
-    """The signed-repository install of RACADM (seed: Dell's key, scoped keyring)."""
+    """The signed-repository install of RACADM: Dell's key in a keyring scoped to that repo."""
     return [
         ["sh", "-c", f"curl -fsSL {DELL_KEY_URL} | gpg --dearmor --yes -o {DELL_KEYRING}"],
         ["sh", "-c", f"echo 'deb [signed-by={DELL_KEYRING}] {repo}' > {DELL_SOURCES}"],
@@ -196,9 +191,9 @@ def racadm_install_commands(repo=DELL_REPO):
 
 def install_racadm(runner, repo=DELL_REPO):
     for argv in racadm_install_commands(repo):
-        rc, out, err = runner(argv)
-        if rc != 0:
-            return f"{' '.join(argv)} exited {rc}: {(err or out).strip()[-300:]}"
+        done = runner(argv)
+        if done.rc != 0:
+            return f"{' '.join(argv)} exited {done.rc}: {done.output[-300:]}"
     return None
 
 
@@ -388,7 +383,7 @@ def maas_status(results):
 
 def collect(
     root="/",
-    runner=run_command,
+    runner=default_runner,
     apply=False,
     expected_gpus=None,
     install=None,
@@ -462,7 +457,7 @@ def result_document(results, evidence):
     }
 
 
-def main(argv=None, environ=None, out=None, runner=run_command, which=shutil.which):
+def main(argv=None, environ=None, out=None, runner=default_runner, which=shutil.which):
     environ = os.environ if environ is None else environ
     out = out or sys.stdout
     parser = argparse.ArgumentParser(

@@ -5,7 +5,8 @@
 
 Files are replaced atomically (temporary file in the same directory, fsync, rename) so a
 crash never leaves half a GRUB or dnsmasq configuration; an edited file keeps its mode;
-backups are timestamped copies next to the original, as operators make them by hand.
+backups are timestamped copies next to the original (docs/slice-host.md, "Host file
+edits").
 """
 
 from __future__ import absolute_import, annotations, division, print_function

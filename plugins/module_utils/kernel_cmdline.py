@@ -3,8 +3,9 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Kernel arguments a slice host needs, staged in /etc/default/grub, and whether to reboot.
 
-Lab hosts were given `intel_iommu=on iommu=pt` by rewriting GRUB_CMDLINE_LINUX with sed,
-which dropped every other argument. Here the variable is edited argument by argument:
+Staging `intel_iommu=on iommu=pt` by rewriting GRUB_CMDLINE_LINUX wholesale drops every
+other argument (docs/slice-host.md, "Kernel command line"). Here the variable is edited
+argument by argument:
 
 - the CPU vendor (from /proc/cpuinfo, or given) picks `intel_iommu=on` or `amd_iommu=on`,
   plus `iommu=pt`; the other vendor's switch is removed, other arguments are kept in order;
@@ -250,8 +251,8 @@ def run(params, check_mode, runner, which=shutil.which):
             result["backup_file"] = hostfile.backup(real)
         hostfile.write_text(real, planned["after_text"])
     if needs_update and command is not None:
-        rc, out, err = runner(command)
-        if rc != 0:
-            raise KernelCmdlineError(f"{' '.join(command)} exited {rc}: {(err or out).strip()}")
+        updated = runner(command)
+        if updated.rc != 0:
+            raise KernelCmdlineError(f"{' '.join(command)} exited {updated.rc}: {updated.output}")
         result["bootloader_updated"] = True
     return result

@@ -5,21 +5,22 @@
 
 Always read from the running system in the caller's network namespace (`ip -j`,
 `iptables-save -t nat`, /proc/sys/net/ipv4/ip_forward), never from a recorded tree:
-lab hosts looked healthy from bootstrap artifacts while the NAT rule was gone. Commands
-run through a `runner(argv) -> (rc, stdout, stderr)` callable
-(AnsibleModule.run_command in modules, `run_command` below elsewhere).
+a host can look healthy from its bootstrap artifacts while the NAT rule is gone.
+Commands run through a `runner(argv) -> CommandResult` callable
+(`commands.module_runner` in modules, `default_runner` below elsewhere).
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import functools
 import ipaddress
 import json
 import shlex
-import subprocess
 
-from ansible_collections.gpuaas.fleet.plugins.module_utils import procfs
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import MISSING, run_command
+from ansible_collections.gpuaas.fleet.plugins.module_utils.procfs import read_ip_forward
 
 FABRIC_INTERFACE_PREFIX = "ibp"
 NAT_TARGETS = ("MASQUERADE", "SNAT")
@@ -29,15 +30,8 @@ OVS_BRIDGE_KIND = "openvswitch"
 OVS_TIMEOUT = "--timeout=5"
 
 
-def run_command(argv):
-    """Default runner: (rc, stdout, stderr); rc 127 when the program is missing."""
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
-    except FileNotFoundError as exc:
-        return 127, "", str(exc)
-    except subprocess.TimeoutExpired:
-        return 124, "", "timed out: " + " ".join(argv)
-    return proc.returncode, proc.stdout, proc.stderr
+# Evidence is collected on every parity run: a hung tool must not hang it.
+default_runner = functools.partial(run_command, timeout=30)
 
 
 def gateway_interface(subnet):
@@ -47,12 +41,12 @@ def gateway_interface(subnet):
 
 
 def _json_command(runner, argv, errors):
-    rc, out, err = runner(argv)
-    if rc != 0:
-        errors.append(f"{' '.join(argv)} exited {rc}: {(err or '').strip()}")
+    result = runner(argv)
+    if result.rc != 0:
+        errors.append(f"{' '.join(argv)} exited {result.rc}: {result.stderr.strip()}")
         return []
     try:
-        return json.loads(out or "[]")
+        return json.loads(result.stdout or "[]")
     except ValueError as exc:
         errors.append(f"{' '.join(argv)} printed invalid JSON: {exc}")
         return []
@@ -156,25 +150,25 @@ def bridge_kind(runner, name, link, errors):
     if kind in BRIDGE_KINDS:
         return kind
     if kind == "tun":
-        rc, _out, err = runner(["ovs-vsctl", OVS_TIMEOUT, "br-exists", name])
-        if rc == 0:
+        result = runner(["ovs-vsctl", OVS_TIMEOUT, "br-exists", name])
+        if result.rc == 0:
             return OVS_BRIDGE_KIND
-        if rc not in (2, 127):
-            errors.append(f"ovs-vsctl br-exists {name} exited {rc}: {(err or '').strip()}")
+        if result.rc not in (2, MISSING):
+            errors.append(f"ovs-vsctl br-exists {name} exited {result.rc}: {result.stderr.strip()}")
     return kind
 
 
-def collect(runner=run_command, bridge="ovsbr0", subnet="10.100.0.0/24", tmfifo="tmfifo_net0"):
+def collect(runner=default_runner, bridge="ovsbr0", subnet="10.100.0.0/24", tmfifo="tmfifo_net0"):
     """Everything the slice network needs, as seen from this network namespace."""
     errors = []
     gateway = gateway_interface(subnet)
     network = gateway.network
     interfaces = parse_interfaces(_json_command(runner, ["ip", "-d", "-j", "addr", "show"], errors))
     routes = _json_command(runner, ["ip", "-j", "route", "show"], errors)
-    rc, save_text, err = runner(["iptables-save", "-t", "nat"])
-    if rc != 0:
-        errors.append(f"iptables-save -t nat exited {rc}: {(err or '').strip()}")
-        save_text = ""
+    saved = runner(["iptables-save", "-t", "nat"])
+    save_text = saved.stdout if saved.rc == 0 else ""
+    if saved.rc != 0:
+        errors.append(f"iptables-save -t nat exited {saved.rc}: {saved.stderr.strip()}")
     masquerade = find_masquerade(save_text, subnet)
     bridge_info = interfaces.get(bridge)
     kind = bridge_kind(runner, bridge, bridge_info, errors) if bridge_info else None
@@ -192,7 +186,7 @@ def collect(runner=run_command, bridge="ovsbr0", subnet="10.100.0.0/24", tmfifo=
         "bridge_owns_gateway": str(gateway) in bridge_addresses,
         "gateway": str(gateway),
         "subnet": str(network),
-        "ip_forward": procfs.read_ip_forward(),
+        "ip_forward": read_ip_forward(),
         "nat_masquerade": masquerade is not None,
         "nat_rule": masquerade,
         "default_route_uplink": default_routes[0].get("dev") if default_routes else None,

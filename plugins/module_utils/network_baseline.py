@@ -9,7 +9,7 @@ One implementation serves both entry points:
 - `gpuaas-slice-network-baseline`, the boot script of the persistent
   `gpuaas-slice-network-baseline.service` (`main()` below): bridges keep existing in OVS,
   but addresses, OpenFlow rules and iptables rules do not survive a reboot or an
-  ovs-vswitchd restart: lab hosts lost their NAT rule exactly so.
+  ovs-vswitchd restart, so without it a rebooted host silently loses its NAT rule.
 
 What converges, observed live in the caller's network namespace and planned before acting:
 
@@ -45,8 +45,9 @@ import time
 from dataclasses import dataclass, field
 from typing import List
 
-from ansible_collections.gpuaas.fleet.plugins.module_utils import procfs, service_manager
-from ansible_collections.gpuaas.fleet.plugins.module_utils.service_manager import run_command
+from ansible_collections.gpuaas.fleet.plugins.module_utils import service_manager
+from ansible_collections.gpuaas.fleet.plugins.module_utils.procfs import read_ip_forward
+from ansible_collections.gpuaas.fleet.plugins.module_utils.service_manager import default_runner
 
 BRIDGE_TYPES = ("openvswitch", "linux")
 DATAPATH_TYPES = ("system", "netdev")
@@ -133,15 +134,11 @@ def load_config(values):
 # ------------------------------------------------------------------------------ observe
 
 
-def _run(runner, argv, data=None):
-    return runner(argv, data) if data is not None else runner(argv)
-
-
 def _must(runner, argv, data=None):
-    rc, out, err = _run(runner, argv, data)
-    if rc != 0:
-        raise BaselineError(f"{' '.join(argv)} exited {rc}: {(err or out).strip()}")
-    return out
+    result = runner(argv, data)
+    if result.rc != 0:
+        raise BaselineError(f"{' '.join(argv)} exited {result.rc}: {result.output}")
+    return result.stdout
 
 
 def _links(runner):
@@ -165,10 +162,10 @@ def _links(runner):
 
 
 def _rule_lines(runner, argv):
-    rc, out, _err = _run(runner, argv)
-    if rc != 0:
+    result = runner(argv)
+    if result.rc != 0:
         return None
-    return [line.strip() for line in out.splitlines() if line.startswith("-A ")]
+    return [line.strip() for line in result.stdout.splitlines() if line.startswith("-A ")]
 
 
 def _tokens(line):
@@ -186,7 +183,7 @@ def _ovs_map(text):
     return values
 
 
-def observe(config, runner=run_command, ovs_may_be_down=False):
+def observe(config, runner=default_runner, ovs_may_be_down=False):
     """The live state the baseline cares about, as plain data.
 
     With `ovs_may_be_down` (check mode, where the role has not started Open vSwitch), an
@@ -204,7 +201,7 @@ def observe(config, runner=run_command, ovs_may_be_down=False):
         "ovs_datapath_type": None,
         "ovs_hwaddr": None,
         "ovs_flows": [],
-        "ip_forward": procfs.read_ip_forward(),
+        "ip_forward": read_ip_forward(),
         "nat_rules": [],
         "forward_chain": None,
         "forward_jump": False,
@@ -216,13 +213,14 @@ def observe(config, runner=run_command, ovs_may_be_down=False):
         "ovs_unreachable": None,
     }
     if config.bridge_type == "openvswitch":
-        rc, _out, err = _run(runner, ["ovs-vsctl", OVS_TIMEOUT, "br-exists", config.bridge])
+        exists = runner(["ovs-vsctl", OVS_TIMEOUT, "br-exists", config.bridge])
+        rc = exists.rc
         if rc not in (0, 2) and ovs_may_be_down:
-            state["ovs_unreachable"] = (err or "").strip() or f"ovs-vsctl exited {rc}"
+            state["ovs_unreachable"] = exists.stderr.strip() or f"ovs-vsctl exited {rc}"
         elif rc not in (0, 2):
             raise BaselineError(
                 f"ovs-vsctl br-exists {config.bridge} exited {rc} (is ovs-vswitchd running?): "
-                f"{(err or '').strip()}"
+                f"{exists.stderr.strip()}"
             )
         state["ovs_bridge"] = rc == 0
         if rc == 0:
@@ -262,17 +260,16 @@ def observe(config, runner=run_command, ovs_may_be_down=False):
 
 
 def _ebtables_chain_exists(runner):
-    rc, _out, _err = _run(runner, ["ebtables", "-L", EBTABLES_CHAIN])
-    return rc == 0
+    return runner(["ebtables", "-L", EBTABLES_CHAIN]).rc == 0
 
 
 def _ebtables_rules(runner, chain):
-    rc, out, _err = _run(runner, ["ebtables", "-L", chain, "--Lmac2"])
-    if rc != 0:
+    result = runner(["ebtables", "-L", chain, "--Lmac2"])
+    if result.rc != 0:
         return None
     return [
         line.strip()
-        for line in out.splitlines()
+        for line in result.stdout.splitlines()
         if line.strip().startswith(("-", "--")) and not line.startswith("Bridge")
     ]
 
@@ -609,8 +606,7 @@ def _execute(runner, actions):
 def _wait_for_link(config, runner, clock=time.monotonic, sleep=time.sleep):
     deadline = clock() + LINK_WAIT_SECONDS
     while True:
-        rc, _out, _err = _run(runner, ["ip", "link", "show", config.bridge])
-        if rc == 0:
+        if runner(["ip", "link", "show", config.bridge]).rc == 0:
             return
         if clock() > deadline:
             raise BaselineError(
@@ -626,7 +622,7 @@ def summarize(state):
     return "".join(f"{key}: {json.dumps(state[key], sort_keys=True)}\n" for key in keys)
 
 
-def converge(config, check_mode=False, runner=run_command):
+def converge(config, check_mode=False, runner=default_runner):
     """Plan and (unless check mode) apply; the module's result dict."""
     before = observe(config, runner, ovs_may_be_down=check_mode)
     phase1 = plan_bridge(config, before)
@@ -678,7 +674,7 @@ def _services(section):
     return [service_manager.service_from_params(item) for item in section or []]
 
 
-def main(argv=None, runner=run_command, out=sys.stdout):
+def main(argv=None, runner=default_runner, out=sys.stdout):
     """gpuaas-slice-network-baseline [--config PATH] [--check] [--no-service-management]."""
     parser = argparse.ArgumentParser(
         prog="gpuaas-slice-network-baseline",

@@ -7,10 +7,10 @@ Read-only and root-relative (works on a recorded host tree), unlike the live
 `blockdev` inspection the destructive modules use. The facts that matter and why:
 
 - disks are named by `/dev/disk/by-id` (nvme-eui.* / wwn-* first); kernel names such as
-  nvme4n1 move across a reboot and are reported only as advisory;
+  nvme4n1 can change across a reboot and are reported only as advisory;
 - mounts are matched by major:minor from /proc/self/mountinfo, for the disk, each child
   partition and each holder (dm/md), because a parent that is not mounted itself can
-  still carry a mounted child partition (the wiped /share2 story);
+  still carry a mounted child partition (which would be wiped with it);
 - the OS disk (/, /boot, /boot/efi, /usr, /var, /home or swap on it, directly, through
   a partition or a holder) is marked and never offered as a slot disk;
 - filesystem signatures come from udev's database (/run/udev/data/b<maj>:<min>).
@@ -24,6 +24,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from ansible_collections.gpuaas.fleet.plugins.module_utils import procfs, sysfs
 from ansible_collections.gpuaas.fleet.plugins.module_utils.sysfs import (
     PCI_ADDRESS,
     numa_node_value,
@@ -51,25 +52,16 @@ class Mount:
     source: str
 
 
-def unescape_mount_field(value):
-    """mountinfo escapes space, tab, newline and backslash as octal (\\040 ...)."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), value)
-
-
 def read_mounts(host):
     """major:minor -> mounts, from /proc/self/mountinfo under the root."""
     mounts = {}
-    for line in (host.read("/proc/self/mountinfo") or "").splitlines():
-        fields = line.split()
-        if " - " not in line or len(fields) < 10:
-            continue
-        pre, post = line.split(" - ", 1)
-        pre_fields, post_fields = pre.split(), post.split()
+    for entry in procfs.parse_mountinfo(host.read("/proc/self/mountinfo") or ""):
+        devnum = entry["devnum"]
         mount = Mount(
-            devno=pre_fields[2],
-            mountpoint=unescape_mount_field(pre_fields[4]),
-            fstype=post_fields[0],
-            source=unescape_mount_field(post_fields[1]) if len(post_fields) > 1 else "",
+            devno=f"{os.major(devnum)}:{os.minor(devnum)}",
+            mountpoint=entry["mountpoint"],
+            fstype=entry["fstype"],
+            source=entry["source"],
         )
         mounts.setdefault(mount.devno, []).append(mount)
     return mounts
@@ -81,7 +73,7 @@ def read_swap_devices(host):
     for line in (host.read("/proc/swaps") or "").splitlines()[1:]:
         fields = line.split()
         if len(fields) >= 2 and fields[1] == "partition":
-            names.add(os.path.basename(unescape_mount_field(fields[0])))
+            names.add(os.path.basename(procfs.unescape_octal(fields[0])))
     return names
 
 
@@ -134,15 +126,14 @@ def pci_address_of(host, sys_path):
     return None
 
 
-def holders_of(host, name, depth=0):
+def holders_of(host, name):
     """Block devices stacked on `name` (dm, md), recursively."""
-    if depth > 8:
-        return []
-    found = []
-    for holder in host.listdir("/sys/class/block/" + name + "/holders"):
-        found.append(holder)
-        found.extend(holders_of(host, holder, depth + 1))
-    return found
+    return [
+        holder
+        for holder, _held in sysfs.holders_of(
+            [name], lambda held: host.listdir("/sys/class/block/" + held + "/holders")
+        )
+    ]
 
 
 def _devno(host, name):

@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpuaas fleet engineering
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Slice host parity: one PASS/FAIL/WARN result per condition of docs/slice-host.md.
+"""Slice host parity: one PASS/FAIL/WARN result per condition of the parity target
+(docs/slice-host.md, "Parity target").
 
 The checks look at behaviour, not package presence: a loaded module, a bridge that owns
 the gateway address, a dnsmasq process in this network namespace with a DHCP range in
@@ -9,7 +10,7 @@ the GPU subnet and a socket on port 67, a libvirt socket that accepts a connecti
 NAT rule as iptables reports it. File-based checks (modules, /dev/kvm, IOMMU groups,
 netplan, systemd units) read under `root`; network checks read the live namespace.
 
-The line format is the seed's, shared with the MAAS commissioning script:
+The line format (parity_lines.py) is shared with the MAAS commissioning script:
 
     GPUAAS_SLICE_PARITY status=FAIL check=ipoib_netplan detail=command\\ exited\\ with\\ 1 \
 remediation=render\\ /etc/netplan/60-ipoib.yaml\\ from\\ site/profile\\ bootstrap
@@ -38,15 +39,31 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils import (
     topology,
 )
 
+# The line format lives in parity_lines; its names stay reachable here for the modules,
+# firmware_preflight and the MAAS script test, which read results and lines from parity.
+from ansible_collections.gpuaas.fleet.plugins.module_utils.parity_lines import (  # noqa: F401  # pylint: disable=unused-import
+    FAIL,
+    LINE_PREFIX,
+    PASS,
+    STATUSES,
+    SUMMARY_PREFIX,
+    WARN,
+    ParityError,
+    escape,
+    format_line,
+    format_lines,
+    format_summary,
+    parse_line,
+    parse_lines,
+    result,
+    summarize,
+)
+
 try:
     import yaml
 except ImportError:  # PyYAML (python3-yaml) ships with netplan; without it, say so
     yaml = None
 
-LINE_PREFIX = "GPUAAS_SLICE_PARITY"
-SUMMARY_PREFIX = "GPUAAS_SLICE_PARITY_SUMMARY"
-PASS, FAIL, WARN = "PASS", "FAIL", "WARN"
-STATUSES = (PASS, FAIL, WARN)
 CHECKS = (
     "vfio",
     "kvm",
@@ -82,128 +99,6 @@ ADVISORY_BLOCKER_CODES = frozenset(
     ("tmfifo_missing", "default_route_missing", "reboot_required", "network_evidence_error")
 )
 
-ESCAPES = (("\\", "\\\\"), (" ", "\\ "), ("\t", "\\t"), ("\r", "\\r"), ("\n", "\\n"))
-UNESCAPES = {"\\": "\\", " ": " ", "t": "\t", "r": "\r", "n": "\n"}
-
-
-class ParityError(ValueError):
-    """Bad parity input (unknown check name, malformed line)."""
-
-
-def result(check, status, detail, remediation=""):
-    """One structured result; PASS results carry no remediation."""
-    return {
-        "check": check,
-        "status": status,
-        "detail": detail,
-        "remediation": "" if status == PASS else remediation,
-    }
-
-
-# ------------------------------------------------------------------------- line format
-
-
-def escape(value):
-    text = str(value)
-    for raw, escaped in ESCAPES:
-        text = text.replace(raw, escaped)
-    return text
-
-
-def _split_escaped(line):
-    """Split on unescaped spaces, undoing the escapes inside each token."""
-    tokens, current, i = [], [], 0
-    while i < len(line):
-        char = line[i]
-        if char == "\\" and i + 1 < len(line):
-            nxt = line[i + 1]
-            current.append(UNESCAPES.get(nxt, nxt))
-            i += 2
-            continue
-        if char == " ":
-            if current:
-                tokens.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-        i += 1
-    if current:
-        tokens.append("".join(current))
-    return tokens
-
-
-def format_line(item):
-    parts = [
-        LINE_PREFIX,
-        "status=" + escape(item["status"]),
-        "check=" + escape(item["check"]),
-        "detail=" + escape(item["detail"]),
-    ]
-    if item.get("remediation"):
-        parts.append("remediation=" + escape(item["remediation"]))
-    return " ".join(parts)
-
-
-def summarize(results):
-    failures = sum(1 for r in results if r["status"] == FAIL)
-    warnings = sum(1 for r in results if r["status"] == WARN)
-    return {
-        "status": FAIL if failures else (WARN if warnings else PASS),
-        "checks": len(results),
-        "passed": sum(1 for r in results if r["status"] == PASS),
-        "failures": failures,
-        "warnings": warnings,
-    }
-
-
-def format_summary(summary):
-    keys = ("status", "checks", "passed", "failures", "warnings")
-    return " ".join([SUMMARY_PREFIX, *(f"{key}={summary[key]}" for key in keys)])
-
-
-def format_lines(results):
-    """One line per result plus the summary line (with failures=N and warnings=N)."""
-    return [format_line(r) for r in results] + [format_summary(summarize(results))]
-
-
-def parse_line(line):
-    """('result'|'summary', fields) for one line; ParityError when it is not ours."""
-    # Only line endings are stripped: a trailing escaped space belongs to the last value.
-    tokens = _split_escaped(line.lstrip().rstrip("\r\n"))
-    if not tokens or tokens[0] not in (LINE_PREFIX, SUMMARY_PREFIX):
-        raise ParityError(f"not a {LINE_PREFIX} line: {line!r}")
-    fields = {}
-    for token in tokens[1:]:
-        key, sep, value = token.partition("=")
-        if not sep:
-            raise ParityError(f"field without '=' in {line!r}: {token!r}")
-        fields[key] = value
-    if tokens[0] == SUMMARY_PREFIX:
-        summary = {"status": fields.get("status", "")}
-        for key in ("checks", "passed", "failures", "warnings"):
-            summary[key] = int(fields.get(key, "0"))
-        return "summary", summary
-    if fields.get("status") not in STATUSES or "check" not in fields:
-        raise ParityError(f"line needs status=PASS|FAIL|WARN and check=: {line!r}")
-    return "result", result(
-        fields["check"], fields["status"], fields.get("detail", ""), fields.get("remediation", "")
-    )
-
-
-def parse_lines(lines):
-    """(results, summary) from printed output; lines that are not ours are skipped."""
-    results, summary = [], None
-    for line in lines:
-        if not line.strip().startswith(LINE_PREFIX):
-            continue
-        kind, fields = parse_line(line)
-        if kind == "summary":
-            summary = fields
-        else:
-            results.append(fields)
-    return results, summary
-
-
 # --------------------------------------------------------------------------- context
 
 
@@ -220,7 +115,7 @@ class ParityContext:
     topology_collected_at: Optional[str] = None
     topology_blockers: Optional[list] = None
     max_age_seconds: int = 86400
-    runner: Callable = netstate.run_command
+    runner: Callable = netstate.default_runner
     proc: str = "/proc"
     # None: detect the live service manager (systemd or direct) when a check needs it.
     manager: Optional[str] = None
@@ -839,7 +734,7 @@ def check_api_topology(ctx):
     A map (`topology_evidence`) carries its blockers; the control plane's stored evidence
     is given as `topology_collected_at` (with its `topology_blockers` when known), where
     an empty value means the control plane holds none for this node. Neither: WARN, local
-    checks only (a first-pass diagnosis).
+    checks only (enough for a first-pass diagnosis).
     """
     name = "api_topology"
     remediation = (

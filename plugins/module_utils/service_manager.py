@@ -23,6 +23,7 @@ from __future__ import absolute_import, annotations, division, print_function
 __metaclass__ = type
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -30,7 +31,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
-from ansible_collections.gpuaas.fleet.plugins.module_utils import procfs
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import run_command
+from ansible_collections.gpuaas.fleet.plugins.module_utils.procfs import netns_inode
 
 SYSTEMD = "systemd"
 DIRECT = "direct"
@@ -50,17 +52,8 @@ def detect_manager(root="/"):
     return SYSTEMD if os.path.isdir(os.path.join(root, SYSTEMD_RUNTIME_DIR)) else DIRECT
 
 
-def run_command(argv, data=None, timeout=60):
-    """Default runner: (rc, stdout, stderr); rc 127 when the program is missing."""
-    try:
-        proc = subprocess.run(
-            argv, input=data, capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except FileNotFoundError as exc:
-        return 127, "", str(exc)
-    except subprocess.TimeoutExpired:
-        return 124, "", "timed out: " + " ".join(argv)
-    return proc.returncode, proc.stdout, proc.stderr
+# systemctl answers in well under a minute unless systemd itself is stuck.
+default_runner = functools.partial(run_command, timeout=60)
 
 
 @dataclass
@@ -136,7 +129,7 @@ def pid_matches(pid, comm):
     name = (_read(f"/proc/{pid}/comm") or "").strip()
     if name != comm or not _running(pid):
         return False
-    return procfs.netns_inode(pid) == procfs.netns_inode("self")
+    return netns_inode(pid) == netns_inode("self")
 
 
 def pidfile_pid(path):
@@ -236,9 +229,9 @@ def direct_reload(spec):
 # ------------------------------------------------------------------------------ systemd
 
 
-def systemd_status(unit, runner=run_command):
+def systemd_status(unit, runner=default_runner):
     """{'present', 'active', 'enabled', 'pid', 'active_state', 'unit_file_state'}."""
-    rc, out, err = runner(
+    shown = runner(
         [
             "systemctl",
             "show",
@@ -247,10 +240,10 @@ def systemd_status(unit, runner=run_command):
             unit,
         ]
     )
-    if rc != 0:
-        raise ServiceError(f"systemctl show {unit} exited {rc}: {(err or out).strip()}")
+    if shown.rc != 0:
+        raise ServiceError(f"systemctl show {unit} exited {shown.rc}: {shown.output}")
     props = {}
-    for line in out.splitlines():
+    for line in shown.stdout.splitlines():
         key, sep, value = line.partition("=")
         if sep:
             props[key.strip()] = value.strip()
@@ -269,9 +262,9 @@ def systemd_status(unit, runner=run_command):
 
 
 def _systemctl(runner, *args):
-    rc, out, err = runner(["systemctl", *args])
-    if rc != 0:
-        raise ServiceError(f"systemctl {' '.join(args)} exited {rc}: {(err or out).strip()}")
+    done = runner(["systemctl", *args])
+    if done.rc != 0:
+        raise ServiceError(f"systemctl {' '.join(args)} exited {done.rc}: {done.output}")
 
 
 # ------------------------------------------------------------------------ plan and apply
@@ -285,7 +278,7 @@ class Request:
     daemon_reload: bool = False
 
 
-def status(service, manager, runner=run_command):
+def status(service, manager, runner=default_runner):
     if manager == SYSTEMD:
         return systemd_status(service.unit, runner)
     if service.direct is None or not service.direct.pidfile:
@@ -327,7 +320,7 @@ def plan(service, manager, request, before):
     return actions
 
 
-def apply(service, manager, actions, runner=run_command):
+def apply(service, manager, actions, runner=default_runner):
     if manager == SYSTEMD:
         for action in actions:
             _systemctl(runner, action, "--", service.unit)
@@ -347,7 +340,7 @@ def ensure(
     request: Request,
     check_mode: bool = False,
     manager: Optional[str] = None,
-    runner: Callable = run_command,
+    runner: Callable = default_runner,
 ):
     """Bring one service to the request; the result dict the module returns."""
     manager = manager or detect_manager()

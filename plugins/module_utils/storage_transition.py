@@ -23,7 +23,7 @@ import re
 import socket
 from dataclasses import dataclass, field
 
-from ansible_collections.gpuaas.fleet.plugins.module_utils import blockdev, hostfile
+from ansible_collections.gpuaas.fleet.plugins.module_utils import blockdev, hostfile, procfs
 
 MARKER = "gpuaas-slice-storage-disabled"
 MANIFEST_SCHEMA = "gpuaas.storage_transition/v1"
@@ -116,7 +116,7 @@ def fstab_fields(line: str) -> list[str] | None:
     stripped = line.strip()
     if not stripped or stripped.startswith("#"):
         return None
-    return [blockdev.unescape_octal(f) for f in stripped.split()]
+    return [procfs.unescape_octal(f) for f in stripped.split()]
 
 
 def device_identities(path: str, devnum: int | None, identities: dict) -> dict:
@@ -344,7 +344,7 @@ def _record(actions: list, action: str, target: str, result=None, **extra) -> di
 
 def _unmount(plan: DevicePlan, actions: list) -> None:
     for mountpoint in plan.unmounts:
-        result = blockdev.run_command(["umount", mountpoint], timeout=300)
+        result = blockdev.run_tool(["umount", mountpoint], timeout=300)
         if not _record(actions, "umount", mountpoint, result)["ok"]:
             raise RuntimeError(result.error)
 
@@ -365,7 +365,7 @@ def _wipe_device(plan: DevicePlan, claim_fd: int, discard: bool, actions: list) 
     """wipefs children then parent, re-read partitions, discard; we hold the O_EXCL claim."""
     parent = plan.report.resolved_path
     for target in [*plan.wipe_children, *([parent] if plan.wipe_parent else [])]:
-        result = blockdev.run_command(["wipefs", "--all", "--force", target], timeout=300)
+        result = blockdev.run_tool(["wipefs", "--all", "--force", target], timeout=300)
         if not _record(actions, "wipefs", target, result)["ok"]:
             raise RuntimeError(result.error)
     blockdev.reread_partitions(claim_fd)
@@ -373,11 +373,11 @@ def _wipe_device(plan: DevicePlan, claim_fd: int, discard: bool, actions: list) 
     if not discard:
         _record(actions, "discard_skipped", parent, reason="discard=false")
         return {"status": "skipped"}
-    result = blockdev.run_command(["blkdiscard", "--force", parent], timeout=3600)
+    result = blockdev.run_tool(["blkdiscard", "--force", parent], timeout=3600)
     _record(actions, "blkdiscard", parent, result)
     if result.rc == 0:
         return {"status": "discarded"}
-    zero = blockdev.run_command(["blkdiscard", "--zeroout", "--force", parent], timeout=86400)
+    zero = blockdev.run_tool(["blkdiscard", "--zeroout", "--force", parent], timeout=86400)
     _record(actions, "zeroout_fallback", parent, zero, reason=result.error)
     if zero.rc != 0:
         raise RuntimeError(f"discard failed ({result.error}) and zeroing failed ({zero.error})")

@@ -5,8 +5,7 @@
 
 Every reader takes host paths ("/sys/bus/pci/devices") and a `HostRoot`; nothing here
 writes. PCI entries are read THROUGH their symlinks (`/sys/bus/pci/devices/*` are symlinks
-to `/sys/devices/pci0000:xx/...` on real hosts: skipping symlinks once hid every GPU from
-discovery).
+to `/sys/devices/pci0000:xx/...` on real hosts: skipping symlinks hides every GPU).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -257,3 +256,27 @@ def host_virtualization(host):
         "reboot_required": bool(reboot_flag or pending_args),
         "reboot_pending_args": pending_args,
     }
+
+
+def holders_of(names, holders_in, partitions_of=None):
+    """(holder, held) for every block device stacked on `names` (dm on md on partition...),
+    recursively, each holder once, nearest first.
+
+    `holders_in(name)` lists the entries of /sys/class/block/<name>/holders (live or under
+    a root); `partitions_of(name)`, when given, also walks a holder's own partitions (a
+    partitioned md array).
+    """
+    found = []
+    seen = set()
+    pending = list(names)
+    while pending:
+        held = pending.pop(0)
+        for name in holders_in(held):
+            if name in seen:
+                continue
+            seen.add(name)
+            found.append((name, held))
+            pending.append(name)
+            if partitions_of is not None:
+                pending.extend(partitions_of(name))
+    return found

@@ -13,7 +13,7 @@ Pairing is deterministic and independent of kernel disk names: GPUs in PCI addre
 become slots 0..n-1; each takes the first free disk (then VF) on its own NUMA node in PCI
 address order, else the first free one on any node. The OS disk is never a candidate.
 Without per-slot VFs, legacy metadata would pass one whole fabric device to several
-slots (lab host j22u05 had exactly that): that is reported as `shared_device` and blocked.
+slots (docs/slice-host.md, "Shared devices"): that is reported as `shared_device` and blocked.
 Fabric devices are `pf`, `vf` or `hca`: a ConnectX HCA without SR-IOV is inventoried
 (kind `hca`) but is neither a slot's VF nor a legacy whole-device fallback.
 """
@@ -493,7 +493,7 @@ def discover(
     tmfifo_interface="tmfifo_net0",
     collect_network=True,
     fabric_link_layer="InfiniBand",
-    runner=netstate.run_command,
+    runner=netstate.default_runner,
     collected_at=None,
 ):
     """The gpuaas.topology/v1 map of the host under `root` (paths as the host sees them)."""

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Persistent VFIO preparation of a slice host from the APPROVED topology, never a fixed list.
 
-The prototype bound hard-coded PCI addresses to vfio-pci; a slice host needs persistent
+The prototype bound hard-coded PCI addresses to vfio-pci; a host needs persistent
 driverctl overrides generated from the approved topology once the node is in slice mode.
 Given the approved PCI addresses (slot GPUs and fabric VFs), this plans and writes:
 
@@ -250,11 +250,11 @@ def run(params, check_mode, runner):
                 hostfile.write_text(real, change["after"], mode=0o644)
         if load_now:
             for module_name in planned["modules_missing"]:
-                rc, out, err = runner(["modprobe", module_name])
-                if rc == 0:
+                loaded = runner(["modprobe", module_name])
+                if loaded.rc == 0:
                     result["modules_loaded"].append(module_name)
                 else:
-                    result["module_errors"][module_name] = (err or out).strip()
+                    result["module_errors"][module_name] = loaded.output
         if bind_now:
             for address in planned["rebind_required"]:
                 bind_live(host, address)

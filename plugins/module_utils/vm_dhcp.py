@@ -4,9 +4,10 @@
 """Per-slot DHCP reservation in the node's dnsmasq, and stale lease removal.
 
 dnsmasq reads `--dhcp-hostsfile` lines `MAC,IP,name` (no `dhcp-host=` prefix) again on
-SIGHUP. The control plane owns MAC/IP intent (docs/slice-host.md), so on this host a line that gives
+SIGHUP. The control plane owns MAC/IP intent, so on this host a line that gives
 our IP or our name to another MAC, or our MAC another IP, is stale state left by an earlier
-attempt and is replaced; what was removed is reported.
+attempt (docs/slice-host.md, "Node-local IPAM and reservations") and is replaced; what
+was removed is reported.
 
 Leases outlive reservations: dnsmasq keeps them in memory and rewrites its leasefile, so
 editing the file under a running dnsmasq does nothing. A stale lease (ours on release;

@@ -4,7 +4,8 @@
 """Slice VM libvirt domain: XML builder, comparable fingerprint, define/start/stop/undefine.
 
 One allocation = one domain named `gpuaas-slice-<allocation id hex>` with the allocation id
-as its UUID. The XML follows the slice runtime profile (docs/slice-host.md):
+as its UUID. The XML follows the slice runtime profile
+(docs/slice-host.md, "Slice runtime profile"):
 
 - UEFI (libvirt firmware autoselection) with Secure Boot and enrolled keys off, no TPM,
   no graphics/VNC/USB: the serial console goes to a log file only;

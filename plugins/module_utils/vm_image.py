@@ -3,8 +3,9 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Slice image: digest verification and the clone onto the slot's raw disk.
 
-The node image cache holds catalog images (docs/slice-host.md, Image cache); a provision
-verifies the cached file's sha256 against the catalog digest and then clones it with
+The node image cache holds catalog images (docs/slice-host.md, "Image cache"); a provision
+verifies the cached
+file's sha256 against the catalog digest and then clones it with
 `qemu-img convert -O raw` onto the boot disk of the allocation (an approved raw NVMe by
 stable identity), with progress samples, timing and throughput.
 

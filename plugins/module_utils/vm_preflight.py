@@ -5,10 +5,11 @@
 
 Checks, each a result `{check, ok, code, detail}`:
 
-- `allocation`: slots are complete; no GPU or fabric VF listed twice (one fabric device
-  behind two slots once sold two slices that could never run together);
+- `allocation`: slots are complete; no GPU or fabric VF listed twice (one fabric
+  device behind two slots sells two slices that can never run together; docs/slice-host.md,
+  "Shared devices");
 - `kvm`: /dev/kvm exists, unless `emulation` (QEMU TCG for test hosts) is selected;
-- `bridge`: the Linux bridge or Open vSwitch bridge exists;
+- `bridge`: the Linux bridge or Open vSwitch bridge exists (the VM's NIC attaches to it);
 - `numa`: the slots' NUMA nodes exist; `hugepages`: enough free pages on them when the
   profile needs hugepage backing;
 - `pci`: each GPU / fabric VF exists on the host (sysfs entries may be symlinks) and no

@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Slice VM readiness gate: the reserved lease, then SSH, within one timeout.
 
-Phases (docs/slice-host.md, "Node-local IPAM and reservations"):
+Phases (docs/slice-host.md, "Node-local IPAM and reservations": ready means the lease
+matches the reservation and SSH answers):
 
 1. `lease`: dnsmasq's leasefile has a lease for the VM's MAC. Its IP must be the expected
    one; a different IP fails at once (`lease_mismatch`): the reservation is not in effect.

@@ -155,6 +155,7 @@ bootloader_note:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuaas.fleet.plugins.module_utils import hostfile, kernel_cmdline
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import module_runner
 
 
 def main():
@@ -178,9 +179,7 @@ def main():
         supports_check_mode=True,
     )
 
-    def runner(argv):
-        return module.run_command(argv)
-
+    runner = module_runner(module)
     try:
         result = kernel_cmdline.run(module.params, module.check_mode, runner)
     except (kernel_cmdline.KernelCmdlineError, hostfile.HostFileError) as exc:

@@ -155,6 +155,7 @@ note:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuaas.fleet.plugins.module_utils import service_manager
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import module_runner
 
 
 def main():
@@ -189,9 +190,7 @@ def main():
         daemon_reload=params["daemon_reload"],
     )
 
-    def runner(argv):
-        return module.run_command(argv)
-
+    runner = module_runner(module)
     try:
         service = service_manager.service_from_params(params)
         result = service_manager.ensure(

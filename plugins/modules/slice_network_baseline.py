@@ -151,6 +151,7 @@ state:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuaas.fleet.plugins.module_utils import network_baseline
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import module_runner
 
 
 def main():
@@ -174,9 +175,7 @@ def main():
         supports_check_mode=True,
     )
 
-    def runner(argv, data=None):
-        return module.run_command(argv, data=data)
-
+    runner = module_runner(module)
     try:
         config = network_baseline.load_config(module.params)
         result = network_baseline.converge(config, module.check_mode, runner)

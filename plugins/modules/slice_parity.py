@@ -29,7 +29,7 @@ description:
     historical C(gpuaas-slice-host-net-baseline) unit exists or still runs (active or
     enabled under systemd, else a live pidfile or a process running its script),
     V(api_topology) fresh topology evidence without hard blocker (WARN when none is given).
-  - Also returns the seed's machine-readable lines
+  - Also returns the machine-readable lines
     C(GPUAAS_SLICE_PARITY status=... check=... detail=... remediation=...) with spaces
     escaped, and a final C(GPUAAS_SLICE_PARITY_SUMMARY) line with C(failures=N).
   - Fails the host when any check fails unless O(fail_on_failures=false).
@@ -222,6 +222,7 @@ summary:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuaas.fleet.plugins.module_utils import parity, sysfs
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import module_runner
 
 
 def main():
@@ -260,7 +261,7 @@ def main():
         topology_collected_at=params["topology_collected_at"],
         topology_blockers=params["topology_blockers"],
         max_age_seconds=max_age_seconds,
-        runner=module.run_command,
+        runner=module_runner(module),
     )
     try:
         results = parity.run_checks(context, params["checks"])

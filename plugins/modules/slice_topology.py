@@ -172,6 +172,7 @@ topology:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import module_runner
 from ansible_collections.gpuaas.fleet.plugins.module_utils.topology import (
     NETWORK_MODES,
     TopologyError,
@@ -206,7 +207,7 @@ def main():
             tmfifo_interface=params["tmfifo_interface"],
             collect_network=params["collect_network"],
             fabric_link_layer=params["fabric_link_layer"],
-            runner=module.run_command,
+            runner=module_runner(module),
         )
     except TopologyError as exc:
         module.fail_json(msg=str(exc))

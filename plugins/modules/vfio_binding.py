@@ -141,6 +141,7 @@ reboot_required:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuaas.fleet.plugins.module_utils import hostfile, vfio_binding
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import module_runner
 
 
 def main():
@@ -157,9 +158,7 @@ def main():
         supports_check_mode=True,
     )
 
-    def runner(argv):
-        return module.run_command(argv)
-
+    runner = module_runner(module)
     try:
         result = vfio_binding.run(module.params, module.check_mode, runner)
     except (vfio_binding.VfioBindingError, hostfile.HostFileError) as exc:

@@ -25,12 +25,14 @@ MODULE_UTILS = REPO_ROOT / "plugins" / "module_utils"
 PACKAGE = "ansible_collections.gpuaas.fleet.plugins.module_utils"
 # firmware_preflight and everything it imports, dependencies first.
 EMBEDDED = (
+    "commands",
     "procfs",
     "sysfs",
     "netstate",
     "nvme_inventory",
     "topology",
     "service_manager",
+    "parity_lines",
     "parity",
     "firmware_preflight",
 )

@@ -1,4 +1,5 @@
-"""inspect_device on real loop disks, partitions, filesystems, mounts, swap and openers."""
+"""inspect_device on real loop disks, partitions, filesystems, mounts, swap and openers (root,
+loop devices; the `lab` fixture is in this directory's conftest)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils.blockdev import (
     CONTENT,
     inspect_device,
-    read_mountinfo,
 )
+from ansible_collections.gpuaas.fleet.plugins.module_utils.procfs import read_mountinfo
 
 from gpuaas_lab.loopdev import private_mount_namespace_argv, run
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils import firmware_preflight as fp
 from ansible_collections.gpuaas.fleet.plugins.module_utils import parity
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import CommandResult
 
 from gpuaas_lab import hosttrees
 
@@ -41,12 +42,12 @@ class Racadm:
         self.calls.append(list(argv))
         args = argv[1:]
         if self.fail_on and self.fail_on in args:
-            return 1, "", "ERROR: RAC1017: attribute is read-only"
+            return CommandResult(tuple(argv), 1, "", "ERROR: RAC1017: attribute is read-only")
         if args[:1] == ["get"]:
-            return 0, self.outputs[args[1]], ""
+            return CommandResult(tuple(argv), 0, self.outputs[args[1]])
         if args[:2] == ["jobqueue", "create"]:
-            return 0, "Commit JID = JID_763788807801\n", ""
-        return 0, "Object value modified successfully\n", ""
+            return CommandResult(tuple(argv), 0, "Commit JID = JID_763788807801\n")
+        return CommandResult(tuple(argv), 0, "Object value modified successfully\n")
 
     @property
     def writes(self) -> list[list[str]]:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils import kernel_cmdline as kc
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import CommandResult
 
 INTEL = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n"
 AMD = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n"
@@ -23,9 +24,9 @@ class Runner:
         self.rc = rc
         self.calls: list[list[str]] = []
 
-    def __call__(self, argv):
+    def __call__(self, argv, data=None):
         self.calls.append(list(argv))
-        return self.rc, "", "grub-mkconfig: error" if self.rc else ""
+        return CommandResult(tuple(argv), self.rc, "", "grub-mkconfig: error" if self.rc else "")
 
 
 def host(

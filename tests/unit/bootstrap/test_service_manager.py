@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils import service_manager as sm
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import CommandResult
 
 # `systemctl show` output as systemd 252 prints it (systemd cannot run here).
 SHOW_ACTIVE = "LoadState=loaded\nActiveState=active\nUnitFileState=enabled\nMainPID=812\n"
@@ -29,8 +30,8 @@ class Systemctl:
     def __call__(self, argv, data=None):
         self.calls.append(list(argv))
         if argv[:2] == ["systemctl", "show"]:
-            return 0, self.show, ""
-        return 0, "", ""
+            return CommandResult(tuple(argv), 0, self.show)
+        return CommandResult(tuple(argv), 0)
 
 
 def test_detects_systemd_only_when_its_runtime_directory_exists(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import json
 
 import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils import netstate
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import CommandResult
 
 SAVE_HEADER = "*nat\n:PREROUTING ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n"
 
@@ -68,7 +69,7 @@ def test_parse_interfaces_from_ip_json():
 
 def test_collect_reports_command_failures_as_errors():
     def runner(argv):
-        return 127, "", f"{argv[0]}: not found"
+        return CommandResult(tuple(argv), 127, "", f"{argv[0]}: not found")
 
     evidence = netstate.collect(runner)
     assert evidence["bridge_present"] is False and evidence["nat_masquerade"] is False
@@ -96,12 +97,14 @@ def recorded_runner(link: dict, ovs_rc: int):
     def runner(argv):
         calls.append(argv)
         if argv[:3] == ["ip", "-d", "-j"]:
-            return 0, json.dumps([{"ifname": "ovsbr0", **link}]), ""
+            return CommandResult(tuple(argv), 0, json.dumps([{"ifname": "ovsbr0", **link}]))
         if argv[0] == "ovs-vsctl":
-            return ovs_rc, "", "" if ovs_rc in (0, 2) else "database connection failed"
+            return CommandResult(
+                tuple(argv), ovs_rc, "", "" if ovs_rc in (0, 2) else "database connection failed"
+            )
         if argv[0] == "ip":
-            return 0, "[]", ""
-        return 0, "", ""
+            return CommandResult(tuple(argv), 0, "[]")
+        return CommandResult(tuple(argv), 0)
 
     return runner, calls
 

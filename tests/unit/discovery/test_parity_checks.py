@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils import parity, sysfs
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import CommandResult
 
 from gpuaas_lab import hosttrees
 
@@ -154,14 +155,18 @@ class SystemctlShow:
         self.calls.append(argv)
         unit = argv[-1]
         if argv[:2] != ["systemctl", "show"]:
-            return 1, "", "unexpected"
+            return CommandResult(tuple(argv), 1, "", "unexpected")
         if unit not in self.units:
-            return 0, "LoadState=not-found\nActiveState=inactive\nUnitFileState=\nMainPID=0\n", ""
+            return CommandResult(
+                tuple(argv),
+                0,
+                "LoadState=not-found\nActiveState=inactive\nUnitFileState=\nMainPID=0\n",
+            )
         active, file_state = self.units[unit]
-        return (
+        return CommandResult(
+            tuple(argv),
             0,
-            (f"LoadState=loaded\nActiveState={active}\nUnitFileState={file_state}\nMainPID=0\n"),
-            "",
+            f"LoadState=loaded\nActiveState={active}\nUnitFileState={file_state}\nMainPID=0\n",
         )
 
 
@@ -216,7 +221,7 @@ def test_historical_network_service_under_systemd(spec_tree, units, status, deta
 
 def test_historical_service_state_unreadable_is_a_warning(spec_tree):
     def broken(argv):
-        return 1, "", "Failed to connect to bus"
+        return CommandResult(tuple(argv), 1, "", "Failed to connect to bus")
 
     result = run(
         spec_tree(hosttrees.clean_host("j22u11")),

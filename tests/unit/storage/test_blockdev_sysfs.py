@@ -13,11 +13,11 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils.blockdev import (
     holder_findings,
     holders_of,
     is_reached,
-    read_mountinfo,
     read_swaps,
     resolve_stable_path,
     umount_reaches,
 )
+from ansible_collections.gpuaas.fleet.plugins.module_utils.procfs import read_mountinfo
 
 
 def test_kernel_names_and_nested_paths_are_not_stable(tmp_path):
