@@ -158,6 +158,40 @@ def bridge_kind(runner, name, link, errors):
     return kind
 
 
+def bridge_facts(runner, bridge, interfaces=None, errors=None, ask_ovs=False):
+    """What a VM's NIC needs of its bridge: the link, its kind, up, its IPv4 addresses.
+
+    Without `interfaces` (from `collect`) the one link is read (`ip -d -j addr show dev`).
+    `ask_ovs` asks the OVS database first, the authority for OVS bridges: a bridge it does
+    not know is absent, and an unreachable database is reported as `ovs_error`.
+    """
+    errors = [] if errors is None else errors
+    ovs_error = None
+    if ask_ovs:
+        answer = runner(["ovs-vsctl", OVS_TIMEOUT, "br-exists", bridge])
+        if answer.rc not in (0, 2):
+            ovs_error = f"ovs-vsctl br-exists {bridge} exited {answer.rc}: {answer.stderr.strip()}"
+        elif answer.rc == 2:
+            interfaces = {}
+    if interfaces is None:
+        shown = runner(["ip", "-d", "-j", "addr", "show", "dev", bridge])
+        interfaces = parse_interfaces(json.loads(shown.stdout or "[]")) if shown.rc == 0 else {}
+    info = interfaces.get(bridge)
+    kind = bridge_kind(runner, bridge, info, errors) if info else None
+    if ask_ovs and info and ovs_error is None and kind not in BRIDGE_KINDS:
+        kind = OVS_BRIDGE_KIND
+    addresses = (info or {}).get("ipv4", [])
+    return {
+        "bridge": bridge,
+        "bridge_link": info is not None,
+        "bridge_present": kind in BRIDGE_KINDS,
+        "bridge_kind": kind,
+        "bridge_up": bool(info and info["up"]),
+        "bridge_addresses": addresses,
+        "ovs_error": ovs_error,
+    }
+
+
 def collect(runner=default_runner, bridge="ovsbr0", subnet="10.100.0.0/24", tmfifo="tmfifo_net0"):
     """Everything the slice network needs, as seen from this network namespace."""
     errors = []
@@ -170,18 +204,13 @@ def collect(runner=default_runner, bridge="ovsbr0", subnet="10.100.0.0/24", tmfi
     if saved.rc != 0:
         errors.append(f"iptables-save -t nat exited {saved.rc}: {saved.stderr.strip()}")
     masquerade = find_masquerade(save_text, subnet)
-    bridge_info = interfaces.get(bridge)
-    kind = bridge_kind(runner, bridge, bridge_info, errors) if bridge_info else None
-    bridge_addresses = (bridge_info or {}).get("ipv4", [])
+    facts = bridge_facts(runner, bridge, interfaces, errors)
+    bridge_addresses = facts["bridge_addresses"]
     in_subnet = [a for a in bridge_addresses if ipaddress.ip_interface(a).ip in network]
     default_routes = [r for r in routes if r.get("dst") == "default"]
     tmfifo_info = interfaces.get(tmfifo) or {}
     return {
-        "bridge": bridge,
-        "bridge_link": bridge_info is not None,
-        "bridge_present": kind in BRIDGE_KINDS,
-        "bridge_kind": kind,
-        "bridge_up": bool(bridge_info and bridge_info["up"]),
+        **facts,
         "bridge_ipv4": in_subnet[0] if in_subnet else (bridge_addresses or [None])[0],
         "bridge_owns_gateway": str(gateway) in bridge_addresses,
         "gateway": str(gateway),

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Tuple
 
 from ansible_collections.gpuaas.fleet.plugins.module_utils import (
+    checks,
     netstate,
     procfs,
     service_manager,
@@ -148,15 +149,7 @@ def check_vfio(ctx):
 
 
 def check_kvm(ctx):
-    usable, detail = sysfs.kvm_state(ctx.host)
-    if usable:
-        return result("kvm", PASS, detail)
-    return result(
-        "kvm",
-        FAIL,
-        detail,
-        "enable VT-x/VMX (BIOS ProcVirtualization) in firmware and load kvm_intel/kvm_amd",
-    )
+    return checks.check_kvm(ctx.host.path("/dev/kvm"))
 
 
 def check_iommu(ctx):
@@ -323,25 +316,7 @@ def check_bridge(ctx):
         f"run the slice network baseline so {ctx.bridge} is an up Linux or Open vSwitch "
         f"bridge that owns {net['gateway']}"
     )
-    if not net["bridge_link"]:
-        return result("bridge", FAIL, f"{ctx.bridge} does not exist", remediation)
-    if not net["bridge_present"]:
-        kind = net["bridge_kind"] or "plain"
-        detail = f"{ctx.bridge} is a {kind} link, not a Linux or Open vSwitch bridge"
-        return result("bridge", FAIL, detail, remediation)
-    if not net["bridge_up"]:
-        return result("bridge", FAIL, f"{ctx.bridge} ({net['bridge_kind']}) is down", remediation)
-    if not net["bridge_owns_gateway"]:
-        addrs = net["interfaces"][ctx.bridge]["ipv4"]
-        return result(
-            "bridge",
-            FAIL,
-            f"{ctx.bridge} does not own {net['gateway']} (has: {', '.join(addrs) or 'none'})",
-            remediation,
-        )
-    return result(
-        "bridge", PASS, f"{ctx.bridge} ({net['bridge_kind']}) is up and owns {net['gateway']}"
-    )
+    return checks.check_bridge(net, remediation, gateway=net["gateway"])
 
 
 def _read_live(path):

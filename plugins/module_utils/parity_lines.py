@@ -2,7 +2,8 @@
 # Copyright: gpuaas fleet engineering
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The parity result-line format: one structured result per check, encoded as
-`GPUAAS_SLICE_PARITY status=PASS|FAIL|WARN check=NAME detail=... remediation=...` lines and
+`GPUAAS_SLICE_PARITY status=PASS|FAIL|WARN check=NAME detail=... [code=...] [remediation=...]`
+lines and
 a summary line (docs/slice-host.md, "Parity target"); parsed back the same way. The
 `slice_parity` module and the MAAS commissioning script speak this one format.
 """
@@ -11,10 +12,17 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+# The result type is shared with the preflights; its names stay reachable here.
+from ansible_collections.gpuaas.fleet.plugins.module_utils.checks import (  # pylint: disable=unused-import
+    FAIL,
+    PASS,
+    STATUSES,
+    WARN,
+    result,
+)
+
 LINE_PREFIX = "GPUAAS_SLICE_PARITY"
 SUMMARY_PREFIX = "GPUAAS_SLICE_PARITY_SUMMARY"
-PASS, FAIL, WARN = "PASS", "FAIL", "WARN"
-STATUSES = (PASS, FAIL, WARN)
 
 ESCAPES = (("\\", "\\\\"), (" ", "\\ "), ("\t", "\\t"), ("\r", "\\r"), ("\n", "\\n"))
 UNESCAPES = {"\\": "\\", " ": " ", "t": "\t", "r": "\r", "n": "\n"}
@@ -22,16 +30,6 @@ UNESCAPES = {"\\": "\\", " ": " ", "t": "\t", "r": "\r", "n": "\n"}
 
 class ParityError(ValueError):
     """Bad parity input (unknown check name, malformed line)."""
-
-
-def result(check, status, detail, remediation=""):
-    """One structured result; PASS results carry no remediation."""
-    return {
-        "check": check,
-        "status": status,
-        "detail": detail,
-        "remediation": "" if status == PASS else remediation,
-    }
 
 
 # ------------------------------------------------------------------------- line format
@@ -73,6 +71,8 @@ def format_line(item):
         "check=" + escape(item["check"]),
         "detail=" + escape(item["detail"]),
     ]
+    if item.get("code"):
+        parts.append("code=" + escape(item["code"]))
     if item.get("remediation"):
         parts.append("remediation=" + escape(item["remediation"]))
     return " ".join(parts)
@@ -120,7 +120,11 @@ def parse_line(line):
     if fields.get("status") not in STATUSES or "check" not in fields:
         raise ParityError(f"line needs status=PASS|FAIL|WARN and check=: {line!r}")
     return "result", result(
-        fields["check"], fields["status"], fields.get("detail", ""), fields.get("remediation", "")
+        fields["check"],
+        fields["status"],
+        fields.get("detail", ""),
+        fields.get("remediation", ""),
+        code=fields.get("code", ""),
     )
 
 

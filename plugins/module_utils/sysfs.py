@@ -212,31 +212,35 @@ KVM_API_VERSION = 12
 
 
 def kvm_state(host):
-    """(usable, detail) for /dev/kvm: a real device must answer KVM_GET_API_VERSION.
+    """(usable, detail) for the host's /dev/kvm (kvm_device_state)."""
+    return kvm_device_state(host.path("/dev/kvm"))
+
+
+def kvm_device_state(path, label="/dev/kvm"):
+    """(usable, detail) for a KVM device: a real device must answer KVM_GET_API_VERSION.
 
     A recorded tree holds a plain file as the stand-in for the device; its presence is
     all a recording can show.
     """
-    path = host.path("/dev/kvm")
     try:
         mode = os.stat(path).st_mode
     except OSError:
-        return False, "/dev/kvm missing"
+        return False, f"{label} missing"
     if not stat.S_ISCHR(mode):
-        return True, "/dev/kvm present (recorded)"
+        return True, f"{label} present (recorded)"
     try:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except OSError as exc:
-        return False, f"/dev/kvm cannot be opened: {exc.strerror}"
+        return False, f"{label} cannot be opened: {exc.strerror}"
     try:
         version = fcntl.ioctl(fd, KVM_GET_API_VERSION)
     except OSError as exc:
-        return False, f"/dev/kvm does not answer KVM_GET_API_VERSION: {exc.strerror}"
+        return False, f"{label} does not answer KVM_GET_API_VERSION: {exc.strerror}"
     finally:
         os.close(fd)
     if version != KVM_API_VERSION:
-        return False, f"/dev/kvm reports API version {version}, expected {KVM_API_VERSION}"
-    return True, f"/dev/kvm answers (API version {version})"
+        return False, f"{label} reports API version {version}, expected {KVM_API_VERSION}"
+    return True, f"{label} answers (API version {version})"
 
 
 def host_virtualization(host):

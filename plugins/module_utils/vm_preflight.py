@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Slice VM provision preflight: every precondition checked before anything is written.
 
-Checks, each a result `{check, ok, code, detail}`:
+Checks, each a `checks.result` (`{check, status, ok, code, detail, remediation}`):
 
 - `allocation`: slots are complete; no GPU or fabric VF listed twice (one fabric
   device behind two slots sells two slices that can never run together; docs/slice-host.md,
@@ -24,14 +24,16 @@ Checks, each a result `{check, ok, code, detail}`:
 from __future__ import annotations
 
 import os
-import subprocess
 
 from ansible_collections.gpuaas.fleet.plugins.module_utils import (
     blockdev,
+    checks,
+    netstate,
     vm_common,
     vm_disk,
     vm_domain,
 )
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import run_command
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import (
     PHASE_PREFLIGHT,
     VmError,
@@ -39,11 +41,6 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import (
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_image import verify_digest
 
 SYS_PCI_DEVICES = "/sys/bus/pci/devices"
-SYS_NET = "/sys/class/net"
-
-
-def result(check: str, ok: bool, code: str = "", detail: str = "", **extra) -> dict:
-    return {"check": check, "ok": ok, "code": code, "detail": detail, **extra}
 
 
 def check_allocation(slots) -> dict:
@@ -53,70 +50,50 @@ def check_allocation(slots) -> dict:
     for label, values in (("GPU", gpus), ("fabric VF", vfs), ("disk", disks)):
         duplicates = sorted({v for v in values if values.count(v) > 1})
         if duplicates:
-            return result(
+            return checks.failed(
                 "allocation",
-                False,
                 "duplicate_device",
                 f"{label} {', '.join(duplicates)} is listed for more than one slot",
             )
     overlap = sorted(set(gpus) & set(vfs))
     if overlap:
-        return result(
-            "allocation", False, "duplicate_device", f"{overlap} is both a GPU and a fabric VF"
+        return checks.failed(
+            "allocation", "duplicate_device", f"{overlap} is both a GPU and a fabric VF"
         )
-    return result("allocation", True, detail=f"{len(slots)} slot(s)")
+    return checks.passed("allocation", f"{len(slots)} slot(s)")
 
 
 def check_kvm(emulation: bool, kvm_device: str) -> dict:
     if emulation:
-        return result("kvm", True, detail="emulation selected: domain type qemu (TCG)")
-    if not os.path.exists(kvm_device):
-        return result(
-            "kvm",
-            False,
-            "kvm_missing",
-            f"{kvm_device} is missing: enable VT-x/VMX (or AMD-V) and VT-d in firmware; "
-            "no disk is written until it is present",
-        )
-    return result("kvm", True, detail=f"{kvm_device} present")
+        return checks.passed("kvm", "emulation selected: domain type qemu (TCG)")
+    found = checks.check_kvm(kvm_device, kvm_device)
+    if found["ok"]:
+        return found
+    return {**found, "detail": f"{found['detail']}: no disk is written until KVM is usable"}
 
 
-def check_bridge(bridge: str, bridge_type: str, sys_net: str = SYS_NET) -> dict:
-    if bridge_type == "openvswitch":
-        proc = subprocess.run(
-            ["ovs-vsctl", "--timeout=10", "br-exists", bridge],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode == 2:
-            return result(
-                "bridge", False, "bridge_missing", f"Open vSwitch bridge {bridge} does not exist"
-            )
-        if proc.returncode != 0:
-            return result(
-                "bridge",
-                False,
-                "ovs_unavailable",
-                f"ovs-vsctl br-exists {bridge} exited {proc.returncode}: {proc.stderr.strip()}",
-            )
-        return result("bridge", True, detail=f"Open vSwitch bridge {bridge} exists")
-    if not os.path.isdir(os.path.join(sys_net, bridge)):
-        return result("bridge", False, "bridge_missing", f"bridge {bridge} does not exist")
-    if not os.path.isdir(os.path.join(sys_net, bridge, "bridge")):
-        return result("bridge", False, "not_a_bridge", f"{bridge} exists but is not a Linux bridge")
-    return result("bridge", True, detail=f"Linux bridge {bridge} exists")
+def check_bridge(bridge: str, bridge_type: str, runner=run_command) -> dict:
+    """The NIC's bridge exists and is of `bridge_type`; that it is up and routed is the
+    network baseline's job, judged by parity."""
+    facts = netstate.bridge_facts(runner, bridge, ask_ovs=bridge_type == "openvswitch")
+    remediation = f"create the {bridge_type} bridge {bridge} (slice network baseline)"
+    return checks.check_bridge(
+        facts,
+        remediation,
+        expected_kind="openvswitch" if bridge_type == "openvswitch" else "bridge",
+        must_be_up=False,
+    )
 
 
 def check_numa(nodes, sys_node: str = vm_domain.SYS_NODE) -> tuple[dict, str]:
     """(result, host cpuset of the nodes)."""
     if not nodes:
-        return result("numa", True, detail="no NUMA placement requested"), ""
+        return checks.passed("numa", "no NUMA placement requested"), ""
     try:
         cpuset = vm_domain.node_cpuset(nodes, sys_node)
     except VmError as exc:
-        return result("numa", False, exc.code, exc.message), ""
-    return result("numa", True, detail=f"nodes {nodes}: host CPUs {cpuset}"), cpuset
+        return checks.failed("numa", exc.code, exc.message), ""
+    return checks.passed("numa", f"nodes {nodes}: host CPUs {cpuset}"), cpuset
 
 
 def free_hugepages(size_kib: int, nodes, sys_root: str = "/sys") -> dict:
@@ -140,31 +117,27 @@ def free_hugepages(size_kib: int, nodes, sys_root: str = "/sys") -> dict:
 
 def check_hugepages(profile, nodes, sys_root: str = "/sys") -> dict:
     if not profile.hugepages:
-        return result("hugepages", True, detail="profile does not use hugepages")
+        return checks.passed("hugepages", "profile does not use hugepages")
     needed = profile.hugepages_needed()
     free = free_hugepages(profile.hugepage_size_kib, nodes, sys_root)
     total = sum(free.values())
     if total < needed:
-        return result(
+        return checks.failed(
             "hugepages",
-            False,
             "hugepages_insufficient",
             f"profile needs {needed} free {profile.hugepage_size_kib} KiB hugepages "
             f"({profile.memory_mib} MiB), the host reports {total} free {free}",
             needed=needed,
             free=free,
         )
-    return result(
-        "hugepages", True, detail=f"{needed} needed, {total} free", needed=needed, free=free
-    )
+    return checks.passed("hugepages", f"{needed} needed, {total} free", needed=needed, free=free)
 
 
 def check_pci(slots, pci_passthrough: bool, conn, own_name: str, sys_pci: str = SYS_PCI_DEVICES):
     if not pci_passthrough:
-        return result(
+        return checks.passed(
             "pci",
-            True,
-            detail="PCI passthrough disabled (test host without VFIO): no hostdevs attached",
+            "PCI passthrough disabled (test host without VFIO): no hostdevs attached",
         )
     wanted = []
     for slot in slots:
@@ -175,20 +148,19 @@ def check_pci(slots, pci_passthrough: bool, conn, own_name: str, sys_pci: str = 
         if not os.path.exists(os.path.join(sys_pci, address))
     ]
     if missing:
-        return result(
-            "pci", False, "pci_device_missing", f"not present on this host: {', '.join(missing)}"
+        return checks.failed(
+            "pci", "pci_device_missing", f"not present on this host: {', '.join(missing)}"
         )
     addresses = {address for _kind, address in wanted}
     for other in vm_domain.domains_using(conn, exclude_name=own_name):
         shared = sorted(addresses & set(other["hostdevs"]))
         if shared:
-            return result(
+            return checks.failed(
                 "pci",
-                False,
                 "pci_in_use_by_domain",
                 f"{', '.join(shared)} is passed through to domain {other['name']}",
             )
-    return result("pci", True, detail=f"{len(wanted)} PCI device(s) present and free")
+    return checks.passed("pci", f"{len(wanted)} PCI device(s) present and free")
 
 
 def check_disks(slots, stable_dirs, conn, own_name: str, own_defined: bool) -> dict:
@@ -199,22 +171,21 @@ def check_disks(slots, stable_dirs, conn, own_name: str, own_defined: bool) -> d
     problems = [(d["device"], p) for d in disks for p in d["problems"]]
     if problems:
         _device, first = problems[0]
-        return result(
+        return checks.failed(
             "disk",
-            False,
             first["code"],
             "; ".join(f"{dev}: {p['message']}" for dev, p in problems),
             disks=disks,
         )
-    return result("disk", True, detail=f"{len(disks)} raw disk(s) usable", disks=disks)
+    return checks.passed("disk", f"{len(disks)} raw disk(s) usable", disks=disks)
 
 
 def check_image(path: str, sha256: str) -> dict:
     try:
         evidence = verify_digest(path, sha256, PHASE_PREFLIGHT)
     except VmError as exc:
-        return result("image", False, exc.code, exc.message, **exc.details)
-    return result("image", True, detail=f"sha256 matches ({evidence['seconds']}s)", digest=evidence)
+        return checks.failed("image", exc.code, exc.message, **exc.details)
+    return checks.passed("image", f"sha256 matches ({evidence['seconds']}s)", digest=evidence)
 
 
 def run_preflight(params: dict) -> dict:
@@ -223,35 +194,35 @@ def run_preflight(params: dict) -> dict:
     profile = vm_domain.parse_profile(params["profile"], PHASE_PREFLIGHT)
     name = vm_common.domain_name(params["allocation_id"])
     vm_common.normalize_mac(params["mac_address"])
-    checks = [
+    results = [
         check_allocation(slots),
         check_kvm(params["emulation"], params["kvm_device"]),
         check_bridge(params["bridge"], params["bridge_type"]),
     ]
     nodes = sorted({s.numa_node for s in slots if s.numa_node is not None})
     numa, cpuset = check_numa(nodes)
-    checks += [numa, check_hugepages(profile, nodes)]
+    results += [numa, check_hugepages(profile, nodes)]
     try:
         conn = vm_common.open_libvirt(params["libvirt_uri"], PHASE_PREFLIGHT)
     except VmError as exc:
-        checks.append(result("libvirt", False, exc.code, exc.message))
+        results.append(checks.failed("libvirt", exc.code, exc.message))
         conn = None
     domain_state = "unknown"
     if conn is not None:
         try:
             dom = vm_common.lookup_domain(conn, name)
             domain_state = vm_domain.domain_state(dom)
-            checks.append(result("libvirt", True, detail=f"connected to {params['libvirt_uri']}"))
-            checks.append(check_pci(slots, params["pci_passthrough"], conn, name))
-            checks.append(
+            results.append(checks.passed("libvirt", f"connected to {params['libvirt_uri']}"))
+            results.append(check_pci(slots, params["pci_passthrough"], conn, name))
+            results.append(
                 check_disks(slots, params["stable_dirs"], conn, name, own_defined=dom is not None)
             )
         finally:
             conn.close()
-    checks.append(check_image(params["image"]["path"], params["image"]["sha256"]))
-    failed = [c for c in checks if not c["ok"]]
+    results.append(check_image(params["image"]["path"], params["image"]["sha256"]))
+    failed = checks.failures(results)
     outcome = {
-        "checks": checks,
+        "checks": results,
         "domain_name": name,
         "domain_state": domain_state,
         "host_cpuset": cpuset,

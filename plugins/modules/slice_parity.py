@@ -165,6 +165,15 @@ results:
       description: PASS, FAIL or WARN.
       type: str
       returned: always
+    ok:
+      description: False only for FAIL (the result type shared with the VM preflight).
+      type: bool
+      returned: always
+    code:
+      description: Machine-readable failure code where the check has one (for example
+        C(kvm_missing), C(not_a_bridge)); empty otherwise.
+      type: str
+      returned: always
     detail:
       description: What was observed.
       type: str

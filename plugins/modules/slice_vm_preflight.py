@@ -180,6 +180,10 @@ checks:
       description: Check name (allocation, kvm, bridge, numa, hugepages, libvirt, pci, disk, image).
       type: str
       returned: always
+    status:
+      description: PASS or FAIL (the result type shared with slice parity).
+      type: str
+      returned: always
     ok:
       description: Whether the precondition holds.
       type: bool
@@ -190,6 +194,10 @@ checks:
       returned: always
     detail:
       description: Human-readable detail.
+      type: str
+      returned: always
+    remediation:
+      description: What to do about a failed check (empty when ok or when the detail says it).
       type: str
       returned: always
 ok:

@@ -28,6 +28,7 @@ EMBEDDED = (
     "commands",
     "procfs",
     "sysfs",
+    "checks",
     "netstate",
     "nvme_inventory",
     "topology",

@@ -487,6 +487,8 @@ def evidence_from(**overrides):
         "errors": [],
     }
     base.update(overrides)
+    base.setdefault("bridge", "ovsbr0")
+    base.setdefault("bridge_addresses", base["interfaces"].get("ovsbr0", {}).get("ipv4", []))
     return base
 
 

@@ -28,10 +28,19 @@ def test_parses_the_seed_lines():
     results, summary = parity.parse_lines([SEED_PASS, "unrelated output", SEED_FAIL])
     assert summary is None
     assert results == [
-        {"check": "node_agent", "status": "PASS", "detail": "active/running", "remediation": ""},
+        {
+            "check": "node_agent",
+            "status": "PASS",
+            "ok": True,
+            "code": "",
+            "detail": "active/running",
+            "remediation": "",
+        },
         {
             "check": "ipoib_netplan",
             "status": "FAIL",
+            "ok": False,
+            "code": "",
             "detail": "command exited with 1",
             "remediation": "render /etc/netplan/60-ipoib.yaml from site/profile bootstrap",
         },
@@ -95,12 +104,14 @@ text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=60
 
 @given(
     st.lists(
-        st.tuples(st.sampled_from(parity.CHECKS), st.sampled_from(parity.STATUSES), text, text),
+        st.tuples(
+            st.sampled_from(parity.CHECKS), st.sampled_from(parity.STATUSES), text, text, text
+        ),
         max_size=14,
     )
 )
 def test_round_trip_property(rows):
-    results = [parity.result(*row) for row in rows]
+    results = [parity.result(*row[:4], code=row[4]) for row in rows]
     parsed, summary = parity.parse_lines(parity.format_lines(results))
     assert parsed == results
     assert summary == parity.summarize(results)

@@ -87,7 +87,14 @@ def test_numa_node_must_exist(tmp_path: Path):
     (tmp_path / "node0").mkdir()
     (tmp_path / "node0" / "cpulist").write_text("0-1\n")
     assert vm_preflight.check_numa([0], str(tmp_path)) == (
-        {"check": "numa", "ok": True, "code": "", "detail": "nodes [0]: host CPUs 0-1"},
+        {
+            "check": "numa",
+            "status": "PASS",
+            "ok": True,
+            "code": "",
+            "detail": "nodes [0]: host CPUs 0-1",
+            "remediation": "",
+        },
         "0-1",
     )
     check, cpuset = vm_preflight.check_numa([3], str(tmp_path))
