@@ -16,7 +16,7 @@ from controlplane import db
 from controlplane.enums import AdminState, AllocationState, EvidenceKind, NodeTaskKind
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
-from controlplane.scheduler.placement import PlacementRequest, Scheduler
+from controlplane.scheduler.placement import Placement, PlacementRequest, Scheduler, Unavailable
 from controlplane.services import (
     allocations,
     events,
@@ -97,13 +97,13 @@ class ControlPlane:
         with db.transaction(self.engine) as session:
             return occupancy.occupancy(session, region)
 
-    def place(self, request: PlacementRequest) -> dict[str, Any]:
+    def place(self, request: PlacementRequest) -> Placement | Unavailable:
         """Place a request: a placement, or an explicit unavailable result (``placed``)."""
-        return self.scheduler.place(request).as_dict()
+        return self.scheduler.place(request)
 
     def place_request(
         self, request: PlacementRequest, request_id: str, flow_run_id: str | None = None
-    ) -> dict[str, Any]:
+    ) -> requests.PlacedRequest | Unavailable:
         """Place once per request id: a repeated request (a retry, a second client call)
         returns the allocation the first one placed (``replayed``), never a second one.
         ``flow_run_id`` names the run driving the allocation, if it has none yet."""
@@ -114,7 +114,7 @@ class ControlPlane:
             placed = requests.replay(session, request.allocation_id, request.sku, request.gpu_count)
         if placed is None:
             try:
-                placed = {**self.scheduler.place(request).as_dict(), "replayed": False}
+                fresh = self.scheduler.place(request)
             except IntegrityError as exc:
                 if db.violated_constraint(exc) != "pk_allocations":
                     raise
@@ -123,10 +123,14 @@ class ControlPlane:
                     placed = requests.replay(
                         session, request.allocation_id, request.sku, request.gpu_count
                     )
-        if placed and placed["placed"] and flow_run_id and not placed.get("flow_run_id"):
+            else:
+                if isinstance(fresh, Unavailable):
+                    return fresh
+                placed = requests.PlacedRequest.fresh(fresh, None)
+        if flow_run_id and not placed.flow_run_id:
             with db.transaction(self.engine) as session:
                 allocations.set_flow_run(session, request.allocation_id, flow_run_id)
-            placed["flow_run_id"] = flow_run_id
+            placed = dataclasses.replace(placed, flow_run_id=flow_run_id)
         return placed
 
     def publish_events(

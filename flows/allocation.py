@@ -21,8 +21,9 @@ from sqlalchemy.exc import DBAPIError
 
 from controlplane.enums import AllocationState
 from controlplane.errors import GpuaasError
-from controlplane.scheduler.placement import PlacementRequest
+from controlplane.scheduler.placement import PlacementRequest, Unavailable
 from controlplane.services.allocations import CatalogImage, ReleaseResult, RuntimeSpec
+from controlplane.services.requests import PlacedRequest
 from flows import artifacts
 from flows.fleet import ACTOR, control_plane, current_run
 from flows.hostwork import VM_PROVISION, VM_RELEASE, HostOutcome, run_host_action
@@ -77,7 +78,7 @@ def place(
     project_id: str | None,
     requested_by: str,
     request_id: str,
-) -> dict[str, Any]:
+) -> PlacedRequest | Unavailable:
     """Place once per request id: a retry after a committed placement returns it."""
     return control_plane().place_request(
         PlacementRequest(
@@ -178,33 +179,31 @@ def provision_allocation(
     except GpuaasError as exc:
         logger.warning("refused: %s: %s", exc.code, exc.message)
         return Failed(message=f"{exc.code}: {exc.message}")
-    if not placed["placed"]:
-        logger.warning(
-            "unavailable: %s (%s): %s", placed["code"], placed["reason"], placed["message"]
-        )
-        return Failed(message=f"{placed['code']} ({placed['reason']}): {placed['message']}")
-    allocation_id = placed["allocation_id"]
+    if isinstance(placed, Unavailable):
+        logger.warning("unavailable: %s (%s): %s", placed.code, placed.reason, placed.message)
+        return Failed(message=f"{placed.code} ({placed.reason}): {placed.message}")
+    allocation_id = placed.allocation_id
     logger.info(
         "placed allocation %s on %s, %s",
         allocation_id,
-        placed["node"],
-        f"slots {[s['slot_index'] for s in placed['slots']]}" if placed["slots"] else "whole node",
+        placed.node,
+        f"slots {list(placed.slot_indexes)}" if placed.slot_indexes else "whole node",
     )
-    if placed.get("replayed") and (
-        placed["state"] != AllocationState.PENDING.value or placed["flow_run_id"] != current_run()
+    if placed.replayed and (
+        placed.state != AllocationState.PENDING.value or placed.flow_run_id != current_run()
     ):
         logger.info(
             "request %s already became allocation %s (%s, run %s)",
             request_id,
             allocation_id,
-            placed["state"],
-            placed["flow_run_id"],
+            placed.state,
+            placed.flow_run_id,
         )
-        return placed
+        return placed.as_dict()
     if catalog is None:
         # Whole nodes are deployed by MAAS; this collection does not drive the MAAS API.
-        logger.info("baremetal allocation %s placed on %s", allocation_id, placed["node"])
-        return placed
+        logger.info("baremetal allocation %s placed on %s", allocation_id, placed.node)
+        return placed.as_dict()
     spec = mark_provisioning(allocation_id)
     logger.info("allocation %s is provisioning on %s", allocation_id, spec.node)
     try:
@@ -241,7 +240,7 @@ def provision_allocation(
         return Failed(message=f"allocation {allocation_id} failed: {outcome.failure}")
     mark_active(allocation_id)
     logger.info("allocation %s is active", allocation_id)
-    return {**placed, "state": "active", "readiness": readiness}
+    return {**placed.as_dict(), "state": "active", "readiness": readiness}
 
 
 def log_readiness(readiness: dict[str, Any]) -> None:

@@ -22,8 +22,9 @@ from sqlalchemy.exc import OperationalError
 
 from controlplane.enums import AdminState
 from controlplane.errors import GpuaasError, InvalidInput
-from controlplane.scheduler.placement import PlacementRequest
+from controlplane.scheduler.placement import PlacementRequest, Unavailable
 from controlplane.services.inventory import NodeSpec
+from controlplane.services.requests import PlacedRequest
 from gpuaas_cli import lab, render
 from gpuaas_cli.render import jsonable, out
 from gpuaas_cli.store import control_plane
@@ -411,25 +412,26 @@ def alloc_create(
 ) -> None:
     """Place an allocation (claims only; provisioning is the flows' job)."""
 
-    def create() -> dict[str, Any]:
+    def create() -> PlacedRequest:
         result = control_plane().place_request(
             PlacementRequest(
                 sku=sku, gpu_count=gpus, region=region, project_id=project, requested_by=actor()
             ),
             request_id or str(uuid.uuid4()),
         )
-        if not result["placed"]:
-            details = {"reason": result["reason"], **result["details"]}
-            raise GpuaasError(result["code"], result["message"], details)
+        if isinstance(result, Unavailable):
+            raise GpuaasError(
+                result.code, result.message, {"reason": result.reason, **result.details}
+            )
         return result
 
     run(
         as_json,
         create,
         lambda r: out.print(
-            f"{'already placed' if r['replayed'] else 'placed'} {r['allocation_id']}: "
-            f"{r['capacity_shape']} x{r['gpu_count']} on {r['node']}"
-            + (f" slots {[s['slot_index'] for s in r['slots']]}" if r["slots"] else " (whole node)")
+            f"{'already placed' if r.replayed else 'placed'} {r.allocation_id}: "
+            f"{r.capacity_shape} x{r.gpu_count} on {r.node}"
+            + (f" slots {list(r.slot_indexes)}" if r.slot_indexes else " (whole node)")
         ),
     )
 

@@ -284,6 +284,10 @@ class Placement:
     attempts: int
     passed_over: int = 0
 
+    @property
+    def placed(self) -> bool:
+        return True
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "placed": True,
@@ -310,6 +314,10 @@ class Unavailable:
     reason: str | None
     message: str
     details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def placed(self) -> bool:
+        return False
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -9,15 +9,75 @@ allocation already there replays it instead of placing again (docs/architecture.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from controlplane.errors import Conflict, NotFound
+from controlplane.scheduler.placement import Placement
 from controlplane.services import allocations
 
 # Fixed forever: allocation ids already derived from request ids depend on it.
 REQUEST_NAMESPACE = uuid.UUID("0b6f0c52-6a56-4f4e-9f0e-5d1c2a7e4b10")
+
+
+@dataclass(frozen=True)
+class PlacedRequest:
+    """The allocation a request id placed: by this call (``placement`` holds the scheduler's
+    claims and attempts) or by an earlier one (``replayed``, with its current ``state``)."""
+
+    allocation_id: str
+    capacity_shape: str
+    sku: str
+    gpu_count: int
+    node: str
+    slot_indexes: tuple[int, ...]
+    replayed: bool
+    state: str
+    flow_run_id: str | None = None
+    failure_reason: str | None = None
+    placement: Placement | None = None
+
+    @property
+    def placed(self) -> bool:
+        return True
+
+    @classmethod
+    def fresh(cls, placement: Placement, flow_run_id: str | None) -> PlacedRequest:
+        return cls(
+            allocation_id=str(placement.allocation_id),
+            capacity_shape=placement.capacity_shape,
+            sku=placement.sku,
+            gpu_count=placement.gpu_count,
+            node=placement.hostname,
+            slot_indexes=tuple(s["slot_index"] for s in placement.slots),
+            replayed=False,
+            state="pending",
+            flow_run_id=flow_run_id,
+            placement=placement,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form: a fresh placement's own fields, or the replayed allocation's."""
+        if self.placement is not None:
+            shown = {**self.placement.as_dict(), "replayed": False}
+            if self.flow_run_id:
+                shown["flow_run_id"] = self.flow_run_id
+            return shown
+        return {
+            "placed": True,
+            "allocation_id": self.allocation_id,
+            "capacity_shape": self.capacity_shape,
+            "sku": self.sku,
+            "gpu_count": self.gpu_count,
+            "node": self.node,
+            "slots": [{"slot_index": index} for index in self.slot_indexes],
+            "state": self.state,
+            "failure_reason": self.failure_reason,
+            "flow_run_id": self.flow_run_id,
+            "replayed": True,
+        }
 
 
 def allocation_id_for(request_id: str, project_id: str | None) -> uuid.UUID:
@@ -26,7 +86,7 @@ def allocation_id_for(request_id: str, project_id: str | None) -> uuid.UUID:
 
 def replay(
     session: Session, allocation_id: uuid.UUID, sku: str, gpu_count: int
-) -> dict[str, Any] | None:
+) -> PlacedRequest | None:
     """The placement an earlier attempt of the same request committed, if any; a request
     id reused for a different SKU or size is refused."""
     try:
@@ -40,16 +100,15 @@ def replay(
             f"{shown.sku} x{shown.gpu_count}, not {sku} x{gpu_count}",
             {"allocation_id": str(allocation_id)},
         )
-    return {
-        "placed": True,
-        "allocation_id": shown.id,
-        "capacity_shape": shown.capacity_shape,
-        "sku": shown.sku,
-        "gpu_count": shown.gpu_count,
-        "node": shown.node,
-        "slots": [{"slot_index": c.slot_index} for c in shown.claims if c.slot_index is not None],
-        "state": shown.state,
-        "failure_reason": shown.failure_reason,
-        "flow_run_id": shown.runtime_metadata.get("flow_run_id"),
-        "replayed": True,
-    }
+    return PlacedRequest(
+        allocation_id=shown.id,
+        capacity_shape=shown.capacity_shape,
+        sku=shown.sku,
+        gpu_count=shown.gpu_count,
+        node=shown.node,
+        slot_indexes=tuple(c.slot_index for c in shown.claims if c.slot_index is not None),
+        replayed=True,
+        state=shown.state,
+        flow_run_id=shown.runtime_metadata.get("flow_run_id"),
+        failure_reason=shown.failure_reason,
+    )

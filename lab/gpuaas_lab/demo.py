@@ -28,7 +28,7 @@ from rich.rule import Rule
 from controlplane import db
 from controlplane.api import ControlPlane
 from controlplane.embedded import EmbeddedPostgres
-from controlplane.scheduler.placement import PlacementRequest
+from controlplane.scheduler.placement import Placement, PlacementRequest
 from controlplane.services.inventory import NodeSpec
 from gpuaas_cli import render
 
@@ -147,22 +147,19 @@ def discover_and_approve(cp: ControlPlane, console: Console, simulated: bool) ->
             console.print(f"   {code} (slots {indexes}): {example['message']}")
 
 
-def place_mix(cp: ControlPlane, console: Console) -> list[dict[str, Any]]:
+def place_mix(cp: ControlPlane, console: Console) -> list[Placement]:
     placed = []
     for sku, gpus in PLACEMENTS:
         result = cp.place(PlacementRequest(sku, gpus, region=REGION, requested_by=ACTOR))
-        if result["placed"]:
-            where = (
-                f"slots {[s['slot_index'] for s in result['slots']]}"
-                if result["slots"]
-                else "whole node"
-            )
-            console.print(f"placed {sku} x{gpus} on {result['node']} ({where})")
+        if isinstance(result, Placement):
+            indexes = [s["slot_index"] for s in result.slots]
+            where = f"slots {indexes}" if indexes else "whole node"
+            console.print(f"placed {sku} x{gpus} on {result.hostname} ({where})")
             placed.append(result)
         else:
             console.print(
-                f"[yellow]unavailable[/yellow] {sku} x{gpus}: {result['code']}/"
-                f"{result['reason']}: {result['message']}"
+                f"[yellow]unavailable[/yellow] {sku} x{gpus}: {result.code}/"
+                f"{result.reason}: {result.message}"
             )
     return placed
 

@@ -12,7 +12,7 @@ from controlplane.api import ControlPlane
 from controlplane.audit import audit
 from controlplane.enums import AdminState
 from controlplane.errors import GpuaasError
-from controlplane.scheduler.placement import PlacementRequest
+from controlplane.scheduler.placement import Placement, PlacementRequest, Unavailable
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
 from tests.integration.wipe_proofs import proof_for
 
@@ -27,7 +27,8 @@ def cp(engine) -> ControlPlane:
 
 
 def place(cp: ControlPlane, gpus: int, sku: str = SLICE, **kw) -> dict:
-    return cp.place(PlacementRequest(sku=sku, gpu_count=gpus, requested_by="test", **kw))
+    """The placement's JSON form (what `gpuaas alloc create --json` prints)."""
+    return cp.place(PlacementRequest(sku=sku, gpu_count=gpus, requested_by="test", **kw)).as_dict()
 
 
 def sql(engine, statement: str, **params):
@@ -39,6 +40,25 @@ def sql(engine, statement: str, **params):
 def assert_invariants(engine):
     with engine.connect() as conn:
         assert audit(conn) == []
+
+
+def test_place_returns_typed_results(cp):
+    placed = cp.place(PlacementRequest(sku=SLICE, gpu_count=2, requested_by="test"))
+    assert isinstance(placed, Placement) and placed.placed
+    assert isinstance(placed.allocation_id, uuid.UUID) and isinstance(placed.node_id, uuid.UUID)
+    assert [s["slot_index"] for s in placed.slots] == [
+        s["slot_index"] for s in placed.as_dict()["slots"]
+    ]
+    while (refused := cp.place(PlacementRequest(SLICE, 8, requested_by="test"))).placed:
+        pass
+    assert isinstance(refused, Unavailable) and refused.reason
+    assert refused.as_dict() == {
+        "placed": False,
+        "code": refused.code,
+        "reason": refused.reason,
+        "message": refused.message,
+        "details": refused.details,
+    }
 
 
 def test_slice_placement_reserves_slots_on_one_node_with_claims_and_outbox(cp, engine):

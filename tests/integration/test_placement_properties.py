@@ -20,7 +20,7 @@ from controlplane.audit import audit
 from controlplane.enums import AdminState
 from controlplane.errors import GpuaasError
 from controlplane.repositories.capacity import ELIGIBLE_SLOTS_SQL
-from controlplane.scheduler.placement import PlacementRequest
+from controlplane.scheduler.placement import Placement, PlacementRequest
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
 from tests.integration.wipe_proofs import wipe_proof
 
@@ -87,23 +87,23 @@ def test_random_sequences_keep_every_invariant(pg_cluster, template_database):
             self.used_ids.add(request.allocation_id)
             result = self.cp.place(request)
             fits = {h: clean for h, (free, clean) in before.items() if free >= gpus}
-            if result["placed"]:
-                self.held.append(uuid.UUID(result["allocation_id"]))
-                assert result["node"] in fits
-                if fits[result["node"]]:
+            if isinstance(result, Placement):
+                self.held.append(result.allocation_id)
+                assert result.hostname in fits
+                if fits[result.hostname]:
                     assert all(fits.values()), "a clean node was chosen over a sliced one"
             else:
-                assert not fits, f"capacity missed: {fits} for {gpus} ({result['reason']})"
+                assert not fits, f"capacity missed: {fits} for {gpus} ({result.reason})"
                 total = sum(free for free, _ in before.values())
                 expected = "fragmented" if total >= gpus else "no_capacity"
-                if result["reason"] != "no_eligible_node":
-                    assert result["reason"] == expected
+                if result.reason != "no_eligible_node":
+                    assert result.reason == expected
 
         @rule()
         def place_baremetal(self):
             result = self.cp.place(PlacementRequest(BAREMETAL, 8))
-            if result["placed"]:
-                self.held.append(uuid.UUID(result["allocation_id"]))
+            if isinstance(result, Placement):
+                self.held.append(result.allocation_id)
 
         # Choices among rows drawn as indexes: which rows exist depends on node ids the
         # database generates, and Hypothesis needs draws that do not depend on them.
@@ -178,9 +178,9 @@ def test_sixteen_clients_placing_and_releasing_at_once(engine):
                 else:
                     result = cp.place(PlacementRequest(SLICE, rng.choice([1, 1, 2, 2, 4, 8])))
                 with lock:
-                    outcomes[result.get("reason") or "placed"] += 1
-                if result["placed"]:
-                    held.append(uuid.UUID(result["allocation_id"]))
+                    outcomes["placed" if result.placed else result.reason] += 1
+                if isinstance(result, Placement):
+                    held.append(result.allocation_id)
         except BaseException as exc:  # surfaced below, with the thread's failure
             errors.append(exc)
 

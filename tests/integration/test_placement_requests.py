@@ -11,8 +11,8 @@ from sqlalchemy import text
 
 from controlplane.api import ControlPlane
 from controlplane.errors import Conflict
-from controlplane.scheduler.placement import PlacementRequest
-from controlplane.services.requests import allocation_id_for
+from controlplane.scheduler.placement import Placement, PlacementRequest, Unavailable
+from controlplane.services.requests import PlacedRequest, allocation_id_for
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
 
 SLICE = "h200-sxm-slice"
@@ -37,15 +37,17 @@ def test_a_repeated_request_replays_its_allocation(cp, engine):
     first = cp.place_request(request(2), "req-1", flow_run_id="run-a")
     again = cp.place_request(request(2), "req-1", flow_run_id="run-b")
 
-    assert first["placed"] and not first["replayed"]
-    assert first["allocation_id"] == str(allocation_id_for("req-1", "p1"))
-    assert again["replayed"] and again["allocation_id"] == first["allocation_id"]
-    assert (again["node"], again["state"]) == (first["node"], "pending")
-    assert sorted(s["slot_index"] for s in again["slots"]) == sorted(
-        s["slot_index"] for s in first["slots"]
-    )
-    assert again["flow_run_id"] == "run-a"
-    shown = cp.show_allocation(uuid.UUID(first["allocation_id"]))
+    assert isinstance(first, PlacedRequest) and isinstance(first.placement, Placement)
+    assert first.placed and not first.replayed
+    assert first.allocation_id == str(allocation_id_for("req-1", "p1"))
+    assert again.replayed and again.allocation_id == first.allocation_id
+    assert again.placement is None
+    assert (again.node, again.state) == (first.node, "pending")
+    assert sorted(again.slot_indexes) == sorted(first.slot_indexes)
+    assert again.flow_run_id == "run-a"
+    assert again.as_dict()["slots"] == [{"slot_index": i} for i in again.slot_indexes]
+    assert first.as_dict()["flow_run_id"] == "run-a" and not first.as_dict()["replayed"]
+    shown = cp.show_allocation(uuid.UUID(first.allocation_id))
     assert shown.runtime_metadata["flow_run_id"] == "run-a"
     assert allocations(engine) == 1
 
@@ -53,8 +55,8 @@ def test_a_repeated_request_replays_its_allocation(cp, engine):
 def test_a_request_id_is_scoped_by_project(cp, engine):
     one = cp.place_request(request(1, "p1"), "same")
     other = cp.place_request(request(1, "p2"), "same")
-    assert one["allocation_id"] != other["allocation_id"]
-    assert not other["replayed"] and allocations(engine) == 2
+    assert one.allocation_id != other.allocation_id
+    assert not other.replayed and allocations(engine) == 2
 
 
 def test_a_request_id_reused_for_another_size_is_refused_and_places_nothing(cp, engine):
@@ -67,15 +69,16 @@ def test_a_request_id_reused_for_another_size_is_refused_and_places_nothing(cp, 
 
 def test_a_replay_answers_even_when_the_fleet_has_filled_since(cp, engine):
     first = cp.place_request(request(8), "big")
-    while cp.place(request(8))["placed"]:
+    while cp.place(request(8)).placed:
         pass
+    assert isinstance(cp.place_request(request(8), "another"), Unavailable)
     again = cp.place_request(request(8), "big")
-    assert again["placed"] and again["allocation_id"] == first["allocation_id"]
+    assert again.placed and again.allocation_id == first.allocation_id
 
 
 def test_concurrent_attempts_of_one_request_place_one_allocation(cp, engine):
     barrier = threading.Barrier(6)
-    answers: list[dict] = []
+    answers: list[PlacedRequest] = []
     errors: list[BaseException] = []
 
     def attempt() -> None:
@@ -92,6 +95,6 @@ def test_concurrent_attempts_of_one_request_place_one_allocation(cp, engine):
         thread.join()
 
     assert errors == []
-    assert {a["allocation_id"] for a in answers} == {str(allocation_id_for("racy", "p1"))}
-    assert sum(not a["replayed"] for a in answers) == 1
+    assert {a.allocation_id for a in answers} == {str(allocation_id_for("racy", "p1"))}
+    assert sum(not a.replayed for a in answers) == 1
     assert allocations(engine) == 1

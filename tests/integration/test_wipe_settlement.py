@@ -4,7 +4,6 @@ record each, block every slot left without a usable proof (real PostgreSQL)."""
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 
 import pytest
 from sqlalchemy import text
@@ -23,8 +22,8 @@ def released(engine):
     create_fleet(engine, FleetSpec(nodes=1, baremetal_nodes=0, prefix="w"))
     cp = ControlPlane(engine)
     placed = cp.place(PlacementRequest(sku="h200-sxm-slice", gpu_count=4, requested_by="t"))
-    cp.release(uuid.UUID(placed["allocation_id"]), "test")
-    return cp, placed["node"], sorted(s["slot_index"] for s in placed["slots"])
+    cp.release(placed.allocation_id, "test")
+    return cp, placed.hostname, sorted(s["slot_index"] for s in placed.slots)
 
 
 def slot_rows(cp: ControlPlane, node: str) -> dict[int, tuple[str, bool, str | None]]:

@@ -16,6 +16,7 @@ from sqlalchemy import text
 
 from controlplane.audit import audit
 from controlplane.enums import AllocationState
+from controlplane.services.requests import PlacedRequest
 from flows.allocation import place, provision_allocation, release_allocation
 from flows.fleet import approve_slots, discover_topology
 from tests.integration.flows.prefect_reads import flow_run_logs
@@ -107,14 +108,14 @@ def test_release_without_wipe_proof_keeps_slots_cleanup_blocked(approved, engine
     from controlplane.scheduler.placement import PlacementRequest
 
     placed = approved.place(PlacementRequest("h200-sxm-slice", 1))
-    allocation = uuid.UUID(placed["allocation_id"])
+    allocation = placed.allocation_id
     approved.transition(allocation, AllocationState.PROVISIONING, "test")
     approved.transition(allocation, AllocationState.ACTIVE, "test")
-    state = release_allocation(placed["allocation_id"], return_state=True)
-    shown, _ = slots_of(approved, placed["allocation_id"])
+    state = release_allocation(str(placed.allocation_id), return_state=True)
+    shown, _ = slots_of(approved, str(placed.allocation_id))
     assert shown.state == "released"
     slot = next(
-        s for s in approved.list_slots("j22u15") if s.slot_index == placed["slots"][0]["slot_index"]
+        s for s in approved.list_slots("j22u15") if s.slot_index == placed.slots[0]["slot_index"]
     )
     assert slot.status == "cleanup_blocked", (state, slot)
     with engine.connect() as conn:
@@ -149,18 +150,16 @@ def test_image_outside_the_catalog_is_refused_before_placement(approved, engine,
 
 def test_placement_is_idempotent_per_request_id(approved, engine):
     @flow
-    def place_with_a_retry() -> tuple[dict, dict]:
+    def place_with_a_retry() -> tuple[PlacedRequest, PlacedRequest]:
         # A retry re-runs the task with the same arguments after the first commit.
         first = place("h200-sxm-slice", 2, None, "proj-a", "test", "request-1")
         again = place("h200-sxm-slice", 2, None, "proj-a", "test", "request-1")
         return first, again
 
     first, again = place_with_a_retry()
-    assert first["placed"] and not first.get("replayed")
-    assert again["replayed"] and again["allocation_id"] == first["allocation_id"]
-    assert sorted(s["slot_index"] for s in again["slots"]) == sorted(
-        s["slot_index"] for s in first["slots"]
-    )
+    assert first.placed and not first.replayed
+    assert again.replayed and again.allocation_id == first.allocation_id
+    assert sorted(again.slot_indexes) == sorted(first.slot_indexes)
     with engine.connect() as conn:
         allocations, claims = conn.execute(
             text(

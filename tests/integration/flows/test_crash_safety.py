@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 
 import pytest
@@ -315,10 +314,10 @@ def test_kill_provision_at_each_step_then_reconcile(approved, engine, step):
 @pytest.mark.parametrize("step", list(RELEASE_STEPS))
 def test_kill_release_at_each_step_then_reconcile(approved, engine, step):
     placed = approved.place(PlacementRequest("h200-sxm-slice", 2))
-    allocation = uuid.UUID(placed["allocation_id"])
+    allocation = placed.allocation_id
     approved.transition(allocation, AllocationState.PROVISIONING, "test")
     approved.transition(allocation, AllocationState.ACTIVE, "test")
-    killed = run_and_kill(engine, RELEASE, [placed["allocation_id"]], RELEASE_STEPS[step])
+    killed = run_and_kill(engine, RELEASE, [str(placed.allocation_id)], RELEASE_STEPS[step])
     assert killed, f"never reached {step}"
     with engine.connect() as conn:
         assert audit(conn) == []
@@ -328,7 +327,7 @@ def test_kill_release_at_each_step_then_reconcile(approved, engine, step):
     _, state, reason = allocation_row(engine)
     assert (state, reason) == ("released", None)
     slots = slots_by_index(approved, "j22u15")
-    claimed = sorted(s["slot_index"] for s in placed["slots"])
+    claimed = sorted(s["slot_index"] for s in placed.slots)
     # These disks do not exist here, so no proof is possible: never available.
     assert [slots[i].status for i in claimed] == ["cleanup_blocked"] * 2
     details = {slots[i].health_detail for i in claimed}

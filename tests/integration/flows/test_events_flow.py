@@ -61,7 +61,7 @@ def test_allocation_events_reach_prefect_once(cp, engine):
     placed = cp.place(PlacementRequest(sku="h200-sxm-slice", gpu_count=2, requested_by="t"))
     with engine.connect() as conn:
         since = conn.execute(text("SELECT min(created_at) FROM outbox")).scalar_one()
-    allocation = uuid.UUID(placed["allocation_id"])
+    allocation = placed.allocation_id
     cp.release(allocation, "t")
     assert sorted(unpublished(engine)) == [
         ("allocation.placed", allocation),
@@ -72,13 +72,15 @@ def test_allocation_events_reach_prefect_once(cp, engine):
     assert unpublished(engine) == []
     assert publish_events() == {"published": 0}
 
-    events = prefect_events(placed["allocation_id"], since)
+    events = prefect_events(str(placed.allocation_id), since)
     assert sorted(e.event for e in events) == [
         "gpuaas.allocation.placed",
         "gpuaas.allocation.released",
     ]
     placed_event = next(e for e in events if e.event == "gpuaas.allocation.placed")
-    assert placed_event.payload["gpu_count"] == 2 and placed_event.payload["node"] == placed["node"]
+    assert (
+        placed_event.payload["gpu_count"] == 2 and placed_event.payload["node"] == placed.hostname
+    )
     assert placed_event.related[0].id == f"gpuaas.node.{placed['node']}"
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -338,10 +337,10 @@ def test_provision_progress_is_an_artifact_of_the_run_stopped_at_the_preflight(a
 @pytest.mark.xdist_group("prefect")
 def test_release_progress_names_where_the_release_stopped(approved, engine):
     placed = approved.place(PlacementRequest("h200-sxm-slice", 1))
-    allocation = uuid.UUID(placed["allocation_id"])
+    allocation = placed.allocation_id
     approved.transition(allocation, AllocationState.PROVISIONING, "test")
     approved.transition(allocation, AllocationState.ACTIVE, "test")
-    state = release_allocation(placed["allocation_id"], return_state=True)
+    state = release_allocation(str(placed.allocation_id), return_state=True)
     assert state.is_failed()
     artifact, task_run = progress_artifact(
         state.state_details.flow_run_id, f"release-progress-{allocation}"

@@ -64,8 +64,8 @@ def domains(host: LabSliceHost) -> list[str]:
 
 def place_one(cp: ControlPlane) -> str:
     placed = cp.place(PlacementRequest(LAB_SKU.slug, 1))
-    assert placed["placed"], placed
-    return placed["allocation_id"]
+    assert placed.placed, placed
+    return str(placed.allocation_id)
 
 
 def codes(drift: list[dict]) -> list[tuple]:
@@ -202,7 +202,7 @@ def test_an_idle_node_is_probed_and_a_stray_domain_on_an_available_disk_is_caugh
     assert codes(result["drift"]) == [("orphan_domain", stranger_id, "left")]
     slot = cp.list_slots(host.hostname)[0]
     assert slot.status != "available" and stranger in (slot.health_detail or "")
-    assert not cp.place(PlacementRequest(LAB_SKU.slug, 1))["placed"]
+    assert not cp.place(PlacementRequest(LAB_SKU.slug, 1)).placed
     assert domains(host) == [stranger]
     with engine.connect() as conn:
         assert audit(conn) == []

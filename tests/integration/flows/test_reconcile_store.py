@@ -74,8 +74,8 @@ def place(cp, *states: AllocationState) -> tuple[str, int]:
     """One 1-GPU allocation moved through ``states``: (allocation id, slot index)."""
     placed = cp.place(PlacementRequest("h200-sxm-slice", 1))
     for state in states:
-        cp.transition(uuid.UUID(placed["allocation_id"]), state, "test")
-    return placed["allocation_id"], placed["slots"][0]["slot_index"]
+        cp.transition(placed.allocation_id, state, "test")
+    return str(placed.allocation_id), placed.slots[0]["slot_index"]
 
 
 LIVE = (AllocationState.PROVISIONING, AllocationState.ACTIVE)
