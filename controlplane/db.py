@@ -44,8 +44,11 @@ def database_url() -> str:
 
 # The hot statements are prepared once per connection (psycopg does so after a few runs);
 # a generic plan then skips planning each time, which custom plans would repeat (measured:
-# about a third of the scheduler's database CPU per placement).
-CONNECT_OPTIONS = {"options": "-c plan_cache_mode=force_generic_plan"}
+# about a third of the scheduler's database CPU per placement). JIT is off: these are
+# short OLTP statements, and JIT fires on the planner's cost estimate, which statistics
+# taken before a fleet filled inflate a hundredfold; the refusal diagnosis then spent
+# ~80 ms compiling for a 0.1 ms scan (docs/store-invariants.md, "Plans and statistics").
+CONNECT_OPTIONS = {"options": "-c plan_cache_mode=force_generic_plan -c jit=off"}
 
 
 def create(url: str, pool_size: int = 5, max_overflow: int = 20) -> Engine:
