@@ -608,6 +608,96 @@ def run_trace(cluster: Cluster, args: argparse.Namespace, load: float) -> None:
         )
 
 
+OPEN_LOOP_SIZES = (1, 1, 2, 4, 8)
+OPEN_LOOP_FILLS = (("empty", 0.0), ("half", 0.5), ("90%", 0.9), ("full", 1.0))
+OPEN_LOOP_THREADS = 64
+OPEN_LOOP_POOL = 32
+# Warm-up requests for a region no node is in: the snapshot and the diagnosis run (and get
+# prepared on every pooled connection) without placing anything.
+WARMUP_REGION = "bench-warmup-nowhere"
+
+
+def bulk_fill(scheduler: Scheduler, fraction: float, slice_gpus: int) -> int:
+    """8-GPU slices, then 1-GPU slices, until ``fraction`` of the slice GPUs are placed."""
+    placed = 0
+    for gpus in (8, 1):
+        while placed + gpus <= fraction * slice_gpus:
+            if not scheduler.place(PlacementRequest(SLICE, gpus, requested_by="fill")).placed:
+                break
+            placed += gpus
+    return placed
+
+
+def open_loop(scheduler: Scheduler, rate: float, arrivals: int, seed: int) -> dict:
+    """Poisson arrivals at ``rate``/s served by a pool of client threads; each latency runs
+    from the request's arrival, so time spent queued for a thread or a connection counts."""
+    rng = random.Random(seed)
+    schedule = [(rng.expovariate(rate), rng.choice(OPEN_LOOP_SIZES)) for _ in range(arrivals)]
+
+    def one(arrival: float, gpus: int) -> tuple[float, bool]:
+        placed = scheduler.place(PlacementRequest(SLICE, gpus, requested_by="open-loop"))
+        return time.perf_counter() - arrival, placed.placed
+
+    with concurrent.futures.ThreadPoolExecutor(OPEN_LOOP_THREADS) as pool:
+        warm = [
+            pool.submit(scheduler.place, PlacementRequest(SLICE, 1, region=WARMUP_REGION))
+            for _ in range(OPEN_LOOP_POOL * WARMUP_PER_CLIENT)
+        ]
+        concurrent.futures.wait(warm)
+        futures = []
+        arrival = time.perf_counter()
+        for gap, gpus in schedule:
+            arrival += gap
+            delay = arrival - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            futures.append(pool.submit(one, arrival, gpus))
+        done = [f.result() for f in futures]
+    latencies = [seconds * 1000 for seconds, _ in done]
+    return {
+        "placed": sum(placed for _, placed in done),
+        "refused": sum(not placed for _, placed in done),
+        "p50": statistics.median(latencies),
+        "p99": percentile(latencies, 0.99),
+        "max": max(latencies),
+    }
+
+
+def run_open_loop(cluster: Cluster, args: argparse.Namespace) -> list[float]:
+    """For each fill level: a fresh fleet analyzed while empty, bulk-filled with no ANALYZE
+    after (the morning rush), then each arrival rate in turn; returns every p99."""
+    fleet = FleetSpec(nodes=args.nodes, baremetal_nodes=args.nodes // 5, prefix="o")
+    slice_gpus = (fleet.nodes - fleet.baremetal_nodes) * fleet.slots_per_node
+    rates = args.rate or [50.0, 100.0, 200.0]
+    print(
+        f"open loop: {fleet.nodes - fleet.baremetal_nodes} sliceable nodes x 8 slots, Poisson "
+        f"arrivals of {args.open_loop_arrivals} requests per rate (sizes {OPEN_LOOP_SIZES}), "
+        f"{OPEN_LOOP_THREADS} client threads, a pool of {OPEN_LOOP_POOL}, durable commits; "
+        "statistics taken on the empty fleet, no ANALYZE after the fill"
+    )
+    print(f"{'fill':>6} {'rate/s':>7} {'placed':>7} {'refused':>8} {'p50 ms':>8} {'p99 ms':>8}")
+    p99s = []
+    for label, fraction in OPEN_LOOP_FILLS:
+        url = cluster.database(f"bench_open_{label.strip('%')}", fleet)
+        engine = db.create(url, pool_size=OPEN_LOOP_POOL, max_overflow=0)
+        with engine.connect() as conn:
+            conn.execute(text("ANALYZE"))
+            conn.commit()
+        scheduler = Scheduler(engine, candidate_nodes=args.candidate_nodes or 16)
+        filled = bulk_fill(scheduler, fraction, slice_gpus)
+        for number, rate in enumerate(rates):
+            found = open_loop(scheduler, rate, args.open_loop_arrivals, args.seed + number)
+            p99s.append(found["p99"])
+            print(
+                f"{label:>6} {rate:>7.0f} {found['placed']:>7} {found['refused']:>8} "
+                f"{found['p50']:>8.1f} {found['p99']:>8.1f}"
+                + (f"   (bulk fill placed {filled} GPUs first)" if number == 0 and filled else "")
+            )
+        engine.dispose()
+    print(f"open loop: worst p99 {max(p99s):.1f} ms over every fill level and rate")
+    return p99s
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
@@ -636,10 +726,20 @@ def main() -> None:
     parser.add_argument("--trace-arrivals", type=int, help="override the trace length")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
-        "--only", choices=["floor", "throughput", "trace"], action="append", help="run a subset"
+        "--rate",
+        type=float,
+        action="append",
+        help="open-loop arrival rate per second (repeatable; default 50, 100, 200)",
+    )
+    parser.add_argument("--open-loop-arrivals", type=int, default=400)
+    parser.add_argument(
+        "--only",
+        choices=["floor", "throughput", "openloop", "trace"],
+        action="append",
+        help="run a subset",
     )
     args = parser.parse_args()
-    phases = set(args.only or ["floor", "throughput", "trace"])
+    phases = set(args.only or ["floor", "throughput", "openloop", "trace"])
     cluster = Cluster()
     try:
         fleet = FleetSpec(nodes=args.nodes, prefix="b")
@@ -665,6 +765,8 @@ def main() -> None:
                 measured.single_gpu_rate = run_single_gpu(cluster, fleet, args, measured.floors)
             rounds.append(measured)
         summarise(rounds)
+        if "openloop" in phases:
+            run_open_loop(cluster, args)
         if "trace" in phases:
             for load in args.trace_load or [1.0, 1.1]:
                 run_trace(cluster, args, load)

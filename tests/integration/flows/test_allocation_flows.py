@@ -183,6 +183,6 @@ def test_placement_is_idempotent_per_request_id(approved, engine):
     assert reused.is_failed() and reused.message.startswith("request_id_reused: ")
     # The same request from another project is another allocation.
     other = place.fn("h200-sxm-slice", 1, None, "proj-b", "test", "request-1")
-    assert other["allocation_id"] != first["allocation_id"]
+    assert other.allocation_id != first.allocation_id
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM allocations")).scalar_one() == 2

@@ -81,7 +81,7 @@ def test_allocation_events_reach_prefect_once(cp, engine):
     assert (
         placed_event.payload["gpu_count"] == 2 and placed_event.payload["node"] == placed.hostname
     )
-    assert placed_event.related[0].id == f"gpuaas.node.{placed['node']}"
+    assert placed_event.related[0].id == f"gpuaas.node.{placed.hostname}"
 
 
 def test_a_batch_the_sender_did_not_deliver_stays_unpublished(cp, engine):
