@@ -27,12 +27,18 @@ on) in a temporary directory, one database per phase, and removes it at the end:
    enough), clean nodes left for baremetal (mean over every arrival, and over the second
    half once the fleet is in steady state), GPU utilisation at the first rejection.
 
+4. open loop: Poisson arrivals (default 50, 100 and 200 per second; sizes 1/1/2/4/8) on
+   1,000 nodes (800 sliceable x 8), 64 client threads and a pool of 32, latency from each
+   request's arrival (queueing included), at fill levels empty, half, 90% and full; each
+   level is a fresh fleet analyzed while empty and bulk-filled with no ANALYZE after, as a
+   morning rush leaves it (docs/store-invariants.md, "Plans and statistics").
+
 Phases 1 and 2 run back to back in each of ``--rounds`` rounds (default 3); the summary
 gives the medians, and each scheduler/floor ratio is taken within its own round, since
 the load of a shared 2-core machine comes and goes between rounds.
 
-Usage: python bench/placement.py [--only floor|throughput|trace] [--rounds 3]
-                                 [--trace-load 1.0 ...]
+Usage: python bench/placement.py [--only floor|throughput|openloop|trace] [--rounds 3]
+                                 [--trace-load 1.0 ...] [--rate 100 ...]
 """
 
 from __future__ import annotations
