@@ -86,9 +86,10 @@ def test_refusals_after_a_fill_keep_cheap_plans(filled):
         # JIT is chosen from the (stale) cost estimate: compiling cost ~80 ms per refusal.
         assert "JIT" not in explained, statement.text
         # Nothing reads more than the counters table and the few rows it points at.
-        assert explained["Plan"]["Shared Hit Blocks"] + explained["Plan"].get(
-            "Shared Read Blocks", 0
-        ) < 200, (statement.text, explained["Plan"])
+        assert (
+            explained["Plan"]["Shared Hit Blocks"] + explained["Plan"].get("Shared Read Blocks", 0)
+            < 200
+        ), (statement.text, explained["Plan"])
 
 
 def test_the_snapshot_is_served_by_the_rank_index(filled):
