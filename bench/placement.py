@@ -50,9 +50,12 @@ import gc
 import heapq
 import math
 import multiprocessing
+import os
 import random
+import re
 import shutil
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -62,12 +65,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
-from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, make_url, text
 
 from controlplane import db, migrate
 from controlplane.audit import CHECKS, audit
 from controlplane.embedded import EmbeddedPostgres
-from controlplane.scheduler.placement import Placement, PlacementRequest, Scheduler
+from controlplane.enums import CapacityShape
+from controlplane.scheduler.placement import (
+    BAREMETAL_LOCK,
+    BAREMETAL_SNAPSHOT,
+    SKU_QUERY,
+    SLICE_LOCK,
+    SLICE_SNAPSHOT,
+    Placement,
+    PlacementRequest,
+    Scheduler,
+    SkuInfo,
+    placed_event,
+)
 from controlplane.scheduler.ranking import Policy
 from controlplane.services import allocations, wipes
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
@@ -244,6 +259,126 @@ def bare_claim_loop(url: str, clients: int, total: int, per_claim_checkout: bool
         conn.close()
     engine.dispose()
     return claimed["claims"] / seconds
+
+
+# -- 1b. the same-work floor: the scheduler's own statements from C pgbench --------------
+
+# The scheduler's statement texts take these as bind parameters; pgbench passes a
+# variable's value as a text parameter, and has no NULL (nor an empty value), so this
+# value stands for one.
+SAME_WORK_NULL = "-"
+SAME_WORK_NULLABLE = ("region", "region_code", "project")
+
+
+def pgbench_statement(sql: str, constants: dict[str, str]) -> str:
+    """One scheduler statement as a one-line pgbench command: bind parameters stay
+    parameters (pgbench variables), except ``constants``, which are spliced in as SQL."""
+    for name in SAME_WORK_NULLABLE:
+        sql = re.sub(rf":{name}\b", f"NULLIF(:{name}, '{SAME_WORK_NULL}')", sql)
+    for name, value in constants.items():
+        sql = re.sub(rf":{name}\b", value, sql)
+    return " ".join(sql.split())
+
+
+def same_work_scripts(engine: Engine, directory: Path) -> list[str]:
+    """pgbench ``-f FILE@WEIGHT`` arguments, one script per request kind of ``MIX``: the
+    scheduler's snapshot, aggregated into the ranked node ids and preferred slot ids in
+    the snapshot's own (preselection) order and taken with ``\\gset``, then its locking
+    statement fed with them. No Python ranking, no retry; the same statements, plans and
+    rows written otherwise."""
+    with engine.connect() as conn:
+        skus = {row.slug: row for row in conn.execute(SKU_QUERY)}
+    slice_ranking = (
+        "WITH snap AS MATERIALIZED (SELECT x.*, row_number() OVER () AS ord FROM ({sql}) "
+        "AS x(node_id, hostname, clean, slot_id, slot_index, numa_node, gpu_count)) "
+        "SELECT (SELECT '{{' || coalesce(string_agg(node_id, ',' ORDER BY first), '') || '}}' "
+        "FROM (SELECT node_id, min(ord) AS first FROM snap GROUP BY node_id) AS n) AS ranked, "
+        "(SELECT '{{' || coalesce(string_agg(slot_id, ',' ORDER BY ord), '') || '}}' "
+        "FROM snap WHERE slot_id IS NOT NULL) AS preferred"
+    )
+    baremetal_ranking = (
+        "SELECT '{{' || coalesce(string_agg(node_id, ',' ORDER BY intent DESC, free_slots), "
+        "'') || '}}' AS ranked FROM ({sql}) AS x(node_id, hostname, intent, free_slots)"
+    )
+    arguments = []
+    for (slug, gpus), weight in Counter(MIX).items():
+        sku = skus[slug]
+        shape = CapacityShape(sku.capacity_shape)
+        constants = {
+            "allocation": "gen_random_uuid()",
+            "event": "'" + placed_event(shape, SkuInfo(sku.id, slug, shape, "", ()), gpus) + "'",
+        }
+        if shape is CapacityShape.BAREMETAL:
+            snapshot, lock, ranking_sql = (
+                BAREMETAL_SNAPSHOT[Policy.BEST_FIT],
+                BAREMETAL_LOCK,
+                baremetal_ranking,
+            )
+        else:
+            snapshot, lock, ranking_sql = (
+                SLICE_SNAPSHOT[Policy.BEST_FIT],
+                SLICE_LOCK,
+                slice_ranking,
+            )
+        snapshot_sql = pgbench_statement(str(snapshot), constants)
+        script = directory / f"{shape.value}-{gpus}.sql"
+        script.write_text(
+            f"\\set gpus {gpus}\n\\set sku_id {sku.id}\n"
+            + ranking_sql.format(sql=snapshot_sql)
+            + " \\gset\n"
+            + pgbench_statement(str(lock), constants)
+            + ";\n"
+        )
+        arguments += ["-f", f"{script}@{weight}"]
+    return arguments
+
+
+def same_work_floor(cluster: Cluster, url: str, clients: int, total: int) -> tuple[float, int]:
+    """Placements per second of the scheduler's statements driven from C pgbench (prepared
+    statements, the scheduler's connection options) after the same untimed warm-up, and
+    how many timed scripts placed nothing (every candidate lost to a concurrent one: the
+    scheduler would retry, pgbench moves on)."""
+    engine = db.create(url)
+    count = text("SELECT count(*) FROM allocations")
+    with engine.connect() as conn:
+        (family,) = {row.node_family for row in conn.execute(SKU_QUERY)}
+    with tempfile.TemporaryDirectory(prefix="gpuaas-pgbench-") as directory:
+        command = [
+            str(cluster.pg.bindir / "pgbench"),
+            "--no-vacuum",
+            f"--host={cluster.pg.socket_dir}",
+            f"--username={cluster.pg._role()}",
+            "--protocol=prepared",
+            f"--client={clients}",
+            f"--jobs={min(clients, os.cpu_count() or 1)}",
+            f"--define=k={Scheduler(engine).candidate_nodes}",
+            "--define=offset=0",
+            f"--define=family={family}",
+            "--define=actor=pgbench",
+            *(f"--define={name}={SAME_WORK_NULL}" for name in SAME_WORK_NULLABLE),
+            *same_work_scripts(engine, Path(directory)),
+            make_url(url).database,
+        ]
+        env = {**os.environ, "PGOPTIONS": db.CONNECT_OPTIONS["options"]}
+        per_client = max(total // clients, 1)
+        for transactions in (WARMUP_PER_CLIENT, per_client):
+            with engine.connect() as conn:
+                before = conn.execute(count).scalar_one()
+            proc = subprocess.run(
+                [*command, f"--transactions={transactions}"],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=False,
+            )
+            if proc.returncode != 0 or "number of failed transactions: 0 " not in proc.stdout:
+                raise RuntimeError(f"pgbench failed: {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
+        with engine.connect() as conn:
+            placed = conn.execute(count).scalar_one() - before
+    engine.dispose()
+    tps = re.search(r"tps = ([\d.]+) \(without initial connection time\)", proc.stdout)
+    seconds = per_client * clients / float(tps.group(1))
+    return placed / seconds, per_client * clients - placed
 
 
 # -- 2. throughput -----------------------------------------------------------------------
@@ -438,6 +573,13 @@ FLOOR_DESCRIPTION = (
     "LOCKED, UPDATE its status (fires the node_capacity trigger), INSERT into a "
     "one-index side table, durable COMMIT; no ranking, no allocation, claim or event rows"
 )
+SAME_WORK = "same-work pgbench"
+SAME_WORK_DESCRIPTION = (
+    f"{SAME_WORK} loop, per placement: the scheduler's snapshot statement (aggregated into "
+    "its preselection order with \\gset) and its locking statement, prepared, from C pgbench "
+    "with the same clients, fleet, request mix and connection options; no Python ranking "
+    "and no retry"
+)
 
 
 @dataclass
@@ -457,6 +599,13 @@ def run_floors(cluster: Cluster, fleet: FleetSpec, args: argparse.Namespace) -> 
         url = cluster.database("bench_floor", fleet)
         floors[name] = bare_claim_loop(url, args.clients, args.bare_claims, per_claim)
         print(f"bare claim loop, {name}: {floors[name]:.0f} claims/s")
+    url = cluster.database("bench_floor", fleet)
+    floors[SAME_WORK], lost = same_work_floor(cluster, url, args.clients, args.placements)
+    print(
+        f"{SAME_WORK} loop: {floors[SAME_WORK]:.0f} placements/s ({lost} of "
+        f"{args.placements // args.clients * args.clients} scripts lost every candidate and "
+        "placed nothing)"
+    )
     return floors
 
 
@@ -539,7 +688,7 @@ def summarise(rounds: list[Round]) -> None:
         floors = [r.floors[name] for r in scheduled]
         shares = [r.rate / r.floors[name] for r in scheduled]
         print(
-            f"  bare loop, {name}: {statistics.median(floors):.0f} claims/s; scheduler "
+            f"  {name} loop: {statistics.median(floors):.0f}/s; scheduler "
             f"{statistics.median(shares):.0%} of it (rounds: "
             f"{', '.join(f'{x:.0%}' for x in shares)})"
         )
@@ -744,8 +893,20 @@ def main() -> None:
         action="append",
         help="run a subset",
     )
+    parser.add_argument(
+        "--no-gc-freeze",
+        action="store_true",
+        help="leave the start-up heap to Python's full collections (docs/operations.md)",
+    )
     args = parser.parse_args()
     phases = set(args.only or ["floor", "throughput", "openloop", "trace"])
+    if not args.no_gc_freeze:
+        # What a long-lived placing process does once started (docs/operations.md): the
+        # imported modules' objects leave the collector's generations, so a full
+        # collection walks what the service allocated since, not the whole heap.
+        gc.collect()
+        gc.freeze()
+        print(f"gc.freeze() after start-up: {gc.get_freeze_count()} objects frozen")
     cluster = Cluster()
     try:
         fleet = FleetSpec(nodes=args.nodes, prefix="b")
@@ -756,6 +917,7 @@ def main() -> None:
             )
         if "floor" in phases:
             print(FLOOR_DESCRIPTION)
+            print(SAME_WORK_DESCRIPTION)
         rounds = []
         round_count = args.rounds if phases & {"floor", "throughput"} else 0
         for number in range(1, round_count + 1):
