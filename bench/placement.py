@@ -8,8 +8,13 @@ on) in a temporary directory, one database per phase, and removes it at the end:
    LOCKED of a free slot on a random node, one UPDATE of its status (which fires the
    schema's node_capacity trigger), one INSERT into a side table, a durable COMMIT; no
    ranking. Run twice: with one connection held per client, and with a pooled
-   connection checked out per claim as the scheduler does per placement. Both timed
-   loops (floor and scheduler) follow an untimed warm-up of 6 requests per client;
+   connection checked out per claim as the scheduler does per placement. Beside it the
+   same-work floor: the scheduler's own snapshot and locking statements, prepared, from C
+   pgbench with the same clients, fleet, request mix and connection options (the snapshot
+   aggregated into its preselection order with \\gset feeds the locking statement; no
+   Python ranking, no retry), so the scheduler's share of it is what Python, SQLAlchemy
+   and the ranking cost on the same database work. Every timed loop (floors and
+   scheduler) follows an untimed warm-up of 6 requests per client;
 2. throughput: 16 concurrent clients place a mix of 1/2/4/8-GPU slices and 10%
    baremetal on 1,000 nodes x 8 slots: placements/s and the fraction of each floor,
    p50/p99 latency, Python's full garbage collections in the timed run and how many
@@ -33,9 +38,11 @@ on) in a temporary directory, one database per phase, and removes it at the end:
    level is a fresh fleet analyzed while empty and bulk-filled with no ANALYZE after, as a
    morning rush leaves it (docs/store-invariants.md, "Plans and statistics").
 
-Phases 1 and 2 run back to back in each of ``--rounds`` rounds (default 3); the summary
-gives the medians, and each scheduler/floor ratio is taken within its own round, since
-the load of a shared 2-core machine comes and goes between rounds.
+The process calls gc.freeze() once started, as a long-lived placing process should
+(docs/operations.md); --no-gc-freeze measures without it. Phases 1 and 2 run back to back
+in each of ``--rounds`` rounds (default 3); the summary gives the medians, and each
+scheduler/floor ratio is taken within its own round, since the load of a shared 2-core
+machine comes and goes between rounds.
 
 Usage: python bench/placement.py [--only floor|throughput|openloop|trace] [--rounds 3]
                                  [--trace-load 1.0 ...] [--rate 100 ...]
