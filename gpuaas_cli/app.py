@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import signal
 import sys
 import time
 import uuid
@@ -48,6 +49,12 @@ image_app = typer.Typer(no_args_is_help=True, help="The slice OS image catalog."
 app.add_typer(image_app, name="image")
 storage_app = typer.Typer(no_args_is_help=True, help="Approve disks for a storage transition.")
 app.add_typer(storage_app, name="storage")
+lab_app = typer.Typer(no_args_is_help=True, help="Lab machinery (needs the lab package).")
+lab_host_app = typer.Typer(
+    no_args_is_help=True, help="Debian lab hosts under QEMU, managed over SSH (root only)."
+)
+lab_app.add_typer(lab_host_app, name="host")
+app.add_typer(lab_app, name="lab")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
 NodeOpt = Annotated[str, typer.Option("--node", help="Node host name.")]
@@ -533,6 +540,38 @@ def demo_command() -> None:
         fail(error, False)
         return
     demo.main()
+
+
+def json_only(_: Any) -> None:
+    """Lab host commands are for people and scripts alike: JSON always."""
+
+
+@lab_host_app.command("up")
+def lab_host_up(
+    name: Annotated[str, typer.Argument(help="Host name (1-10: a-z, 0-9, dash).")],
+    nvme: Annotated[int, typer.Option("--nvme", help="Emulated NVMe controllers.")] = 2,
+) -> None:
+    """Build the image if needed, boot a lab host and wait for SSH; prints JSON."""
+
+    def boot() -> dict:
+        hostlab = lab.import_lab("hostlab")
+        # A service manager's SIGTERM while booting still removes the half-made host.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        return hostlab.up(name, nvme=nvme).describe()
+
+    run(True, boot, json_only)
+
+
+@lab_host_app.command("down")
+def lab_host_down(name: Annotated[str, typer.Argument(help="Host name.")]) -> None:
+    """Stop a lab host and remove everything it made (QEMU, tap, bridge, files)."""
+    run(True, lambda: lab.import_lab("hostlab").down(name), json_only)
+
+
+@lab_host_app.command("list")
+def lab_host_list() -> None:
+    """Lab hosts of this machine, running or not, as JSON."""
+    run(True, lambda: lab.import_lab("hostlab").list_hosts(), json_only)
 
 
 def usage_error(exc: typer.TyperException, argv: list[str]) -> int:

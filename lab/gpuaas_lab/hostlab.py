@@ -1,0 +1,878 @@
+"""Debian 12 lab hosts under QEMU: real OS hosts for the collection to manage over SSH.
+
+A lab host is what MAAS would hand over after deploying Debian on a GPU server, minus the
+GPUs and the fabric: systemd as PID 1, GRUB booted through OVMF from the host's own disk
+(so `/etc/default/grub` and `update-grub` take effect on the next boot), a q35 machine
+with an emulated Intel IOMMU (`intel_iommu=on` yields IOMMU groups), emulated NVMe
+controllers with fixed serials and EUI-64s (`/dev/disk/by-id/nvme-eui.*`), 2 GiB of RAM
+and a virtio NIC on a bridge of this machine, reachable from the controller by IP.
+cloud-init reads a NoCloud seed on first boot: the lab user (passwordless sudo, the lab's
+SSH key, no password login), the static address, and any extra user-data part (the MAAS
+deploy user-data, for example).
+
+Image: `mmdebstrap` builds the root file system from Debian packages only; `mkfs.ext4 -d`
+and mtools write the disk without mounting anything. The slice runtime packages
+(`slice_host_bootstrap_packages`) and a bootstrap virtual environment with this
+controller's ansible-core (wheels downloaded here, installed offline) are in the image,
+since lab hosts have no route to a mirror: the bootstrap's package step finds them
+installed. Cache: $GPUAAS_CACHE_DIR or ~/.cache/gpuaas, under `hostimage/<key>/`, the key
+being the package list, the ansible-core version and the hash of this file.
+
+Hosts: one directory each under $GPUAAS_LAB_STATE_DIR or ~/.local/state/gpuaas/lab-hosts
+(host.json, the copy-on-write OS disk, NVMe backing files, seed, OVMF variables, console
+log, QEMU pid). Each host has a bridge `glb-<name>` with its own /24 from 10.213.0.0/16
+(the controller is .1, the host .2) and a tap `glt-<name>`. `down` removes what host.json
+records and nothing else. QEMU uses KVM when it can create a VM, TCG otherwise.
+
+    gpuaas lab host up NAME [--nvme N] | down NAME | list
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from email.mime.multipart import MIMEMultipart
+from email.mime.text import MIMEText
+from pathlib import Path
+
+from controlplane.errors import GpuaasError
+
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+# What MAAS's Debian deploy brings, plus the tools the collection's modules call.
+BASE_PACKAGES = (
+    "systemd-sysv",
+    "udev",
+    "dbus",
+    "openssh-server",
+    "sudo",
+    "python3",
+    "python3-venv",
+    "python3-apt",
+    "cloud-init",
+    "ifupdown",
+    "linux-image-cloud-amd64",
+    "grub-efi-amd64",
+    "initramfs-tools",
+    "iproute2",
+    "iptables",
+    "kmod",
+    "pciutils",
+    "nvme-cli",
+    "mdadm",
+    "lvm2",
+    "util-linux",
+    "e2fsprogs",
+    "dosfstools",
+    "parted",
+    "gdisk",
+    "psmisc",
+    "lsof",
+    "procps",
+    "curl",
+    "ca-certificates",
+)
+# roles/slice_host_bootstrap/defaults/main.yml: slice_host_bootstrap_packages.
+SLICE_PACKAGES = (
+    "qemu-system-x86",
+    "qemu-utils",
+    "libvirt-daemon-system",
+    "libvirt-clients",
+    "virtinst",
+    "openvswitch-switch",
+    "dnsmasq",
+    "cloud-image-utils",
+    "ovmf",
+    "rdma-core",
+    "driverctl",
+)
+PACKAGES = BASE_PACKAGES + SLICE_PACKAGES
+BOOTSTRAP_VENV = "/opt/gpuaas/bootstrap/venv"
+DISK_SIZE_MIB = 8192
+ESP_SIZE_MIB = 64
+ESP_START_SECTOR = 2048
+SECTOR = 512
+ROOT_START_SECTOR = ESP_START_SECTOR + (ESP_SIZE_MIB << 20) // SECTOR
+OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
+OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
+LAB_USER = "lab"
+MEMORY_MIB = 2048
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9-]{0,9}$")
+LAB_NETWORK = ipaddress.ip_network("10.213.0.0/16")
+BOOT_TIMEOUT = 900.0
+SERIAL_PREFIX = "GPUAASLAB"
+
+
+class HostLabError(GpuaasError):
+    """A lab host could not be built, started or removed."""
+
+
+def _run(argv: list[str], timeout: float = 600, **kwargs) -> str:
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, check=False, **kwargs
+    )
+    if proc.returncode != 0:
+        raise HostLabError(
+            "lab_command_failed",
+            f"{' '.join(argv[:3])} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}",
+        )
+    return proc.stdout
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("GPUAAS_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "gpuaas"
+
+
+def default_state_dir() -> Path:
+    env = os.environ.get("GPUAAS_LAB_STATE_DIR")
+    return Path(env) if env else Path.home() / ".local" / "state" / "gpuaas" / "lab-hosts"
+
+
+def unavailable_reason() -> str | None:
+    """Why lab hosts cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "lab hosts need root (bridges, taps and the image build); run as root"
+    for tool in ("mmdebstrap", "qemu-system-x86_64", "qemu-img", "mkfs.ext4", "mkfs.vfat"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (scripts/system-packages.txt)"
+    for tool in ("mcopy", "mmd", "sgdisk", "ssh", "ssh-keygen", "ip"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (scripts/system-packages.txt)"
+    for path in (OVMF_CODE, OVMF_VARS, Path("/dev/net/tun")):
+        if not path.exists():
+            return f"{path} is missing"
+    return None
+
+
+def _require_usable() -> None:
+    reason = unavailable_reason()
+    if reason:
+        raise HostLabError("lab_host_unavailable", reason)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# -- the image ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostImage:
+    path: str
+    cache_key: str
+    ansible_core: str
+    root_uuid: str
+    build_seconds: float
+    built_now: bool
+
+
+def _ansible_core_version() -> str:
+    from importlib.metadata import version
+
+    return version("ansible-core")
+
+
+def image_key(ansible_core: str) -> str:
+    recipe = {
+        "suite": SUITE,
+        "packages": sorted(PACKAGES),
+        "ansible_core": ansible_core,
+        "builder_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+    }
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def ensure_host_image(cache_dir: Path | None = None) -> HostImage:
+    """The cached host disk image for the current recipe, building it first if needed."""
+    _require_usable()
+    cache_dir = cache_dir or default_cache_dir()
+    ansible_core = _ansible_core_version()
+    key = image_key(ansible_core)
+    entry = cache_dir / "hostimage" / key
+    record = entry / "image.json"
+    with _locked(cache_dir / "hostimage" / ".lock"):
+        if record.exists():
+            return HostImage(**{**json.loads(record.read_text()), "built_now": False})
+        for stale in (cache_dir / "hostimage").iterdir():
+            # One image is kept: each is about a gigabyte and old recipes are never used.
+            if stale.is_dir() and stale.name != key:
+                shutil.rmtree(stale, ignore_errors=True)
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="build-", dir=cache_dir / "hostimage") as tmp:
+            work = Path(tmp)
+            root_uuid = str(uuid.uuid4())
+            disk = _build_disk(work, root_uuid, ansible_core)
+            entry.mkdir(parents=True, exist_ok=True)
+            os.replace(disk, entry / "disk.raw")
+        image = HostImage(
+            path=str(entry / "disk.raw"),
+            cache_key=key,
+            ansible_core=ansible_core,
+            root_uuid=root_uuid,
+            build_seconds=round(time.monotonic() - started, 1),
+            built_now=True,
+        )
+        record.write_text(json.dumps(asdict(image), indent=2))
+        return image
+
+
+def _customize_script(root_uuid: str, esp_uuid: str) -> str:
+    """Runs once on the finished root file system (mmdebstrap's customize hook, "$1")."""
+    early = (
+        "insmod part_gpt\\ninsmod ext2\\n"
+        f"search --no-floppy --fs-uuid --set=root {root_uuid}\\n"
+        "configfile ($root)/boot/grub/grub.cfg\\n"
+    )
+    return f"""set -eu
+root="$1"
+cat > "$root/etc/fstab" <<EOF
+UUID={root_uuid} / ext4 errors=remount-ro 0 1
+UUID={esp_uuid} /boot/efi vfat umask=0077 0 2
+EOF
+mkdir -p "$root/boot/efi" "$root/etc/cloud/cloud.cfg.d"
+echo lab-host > "$root/etc/hostname"
+cat > "$root/etc/cloud/cloud.cfg.d/90-gpuaas-lab.cfg" <<EOF
+datasource_list: [NoCloud, None]
+EOF
+sed -i -e 's/^GRUB_TIMEOUT=.*/GRUB_TIMEOUT=1/' \\
+    -e 's/^GRUB_CMDLINE_LINUX_DEFAULT=.*/GRUB_CMDLINE_LINUX_DEFAULT="console=ttyS0,115200"/' \\
+    "$root/etc/default/grub"
+echo 'GRUB_TERMINAL="console serial"' >> "$root/etc/default/grub"
+kernel=$(cd "$root/boot" && ls vmlinuz-* | sort -V | tail -n1)
+cat > "$root/boot/grub/grub.cfg" <<EOF
+set timeout=1
+menuentry 'Debian GNU/Linux (lab first boot)' {{
+    search --no-floppy --fs-uuid --set=root {root_uuid}
+    linux /boot/$kernel root=UUID={root_uuid} ro console=ttyS0,115200
+    initrd /boot/initrd.img-${{kernel#vmlinuz-}}
+}}
+EOF
+printf '{early}' > "$root/tmp/early.cfg"
+chroot "$root" grub-mkstandalone -O x86_64-efi -o /boot/lab-BOOTX64.EFI \\
+    "boot/grub/grub.cfg=/tmp/early.cfg"
+chroot "$root" python3 -m venv {BOOTSTRAP_VENV}
+chroot "$root" {BOOTSTRAP_VENV}/bin/pip install --quiet --no-index --find-links /tmp/wheels \\
+    ansible-core
+rm -rf "$root/tmp/wheels" "$root/tmp/early.cfg" "$root/var/cache/apt/archives"/*.deb
+"""
+
+
+def _build_disk(work: Path, root_uuid: str, ansible_core: str) -> Path:
+    wheels = work / "wheels"
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "-d",
+            str(wheels),
+            f"ansible-core=={ansible_core}",
+        ]
+    )
+    esp_id = uuid.uuid4().hex[:8].upper()
+    esp_uuid = f"{esp_id[:4]}-{esp_id[4:]}"
+    script = work / "customize.sh"
+    script.write_text(_customize_script(root_uuid, esp_uuid))
+    rootfs = work / "rootfs"
+    _run(
+        [
+            "mmdebstrap",
+            "--variant=minbase",
+            "--mode=root",
+            f"--include={','.join(PACKAGES)}",
+            "--aptopt=APT::Install-Recommends false",
+            f"--customize-hook=copy-in {wheels} /tmp",
+            f'--customize-hook=sh {script} "$1"',
+            SUITE,
+            str(rootfs),
+            MIRROR,
+        ],
+        timeout=1800,
+    )
+    efi = work / "BOOTX64.EFI"
+    shutil.move(rootfs / "boot" / "lab-BOOTX64.EFI", efi)
+    esp = work / "esp.img"
+    _run(
+        [
+            "mkfs.vfat",
+            "-F",
+            "16",
+            "-n",
+            "EFI",
+            "-i",
+            esp_id,
+            "-C",
+            str(esp),
+            str(ESP_SIZE_MIB * 1024),
+        ]
+    )
+    _run(["mmd", "-i", str(esp), "::/EFI", "::/EFI/BOOT"])
+    _run(["mcopy", "-i", str(esp), str(efi), "::/EFI/BOOT/BOOTX64.EFI"])
+    disk = work / "disk.raw"
+    with open(disk, "wb") as handle:
+        handle.truncate(DISK_SIZE_MIB << 20)
+    last = (DISK_SIZE_MIB << 20) // SECTOR - 34
+    _run(
+        [
+            "sgdisk",
+            f"--new=1:{ESP_START_SECTOR}:{ROOT_START_SECTOR - 1}",
+            "--typecode=1:ef00",
+            "--change-name=1:EFI System",
+            f"--new=2:{ROOT_START_SECTOR}:{last}",
+            "--typecode=2:8304",
+            "--change-name=2:root",
+            str(disk),
+        ]
+    )
+    with open(esp, "rb") as src, open(disk, "r+b") as dst:
+        dst.seek(ESP_START_SECTOR * SECTOR)
+        shutil.copyfileobj(src, dst, 4 << 20)
+    root_kib = (last - ROOT_START_SECTOR + 1) * SECTOR // 1024
+    _run(
+        [
+            "mkfs.ext4",
+            "-q",
+            "-F",
+            "-L",
+            "root",
+            # GRUB 2.06 cannot read file systems with these (e2fsprogs 1.47 defaults).
+            "-O",
+            "^metadata_csum_seed,^orphan_file",
+            "-U",
+            root_uuid,
+            "-E",
+            f"offset={ROOT_START_SECTOR * SECTOR}",
+            "-d",
+            str(rootfs),
+            str(disk),
+            f"{root_kib}k",
+        ]
+    )
+    shutil.rmtree(rootfs)
+    return disk
+
+
+# -- hosts -------------------------------------------------------------------------------
+
+
+@dataclass
+class LabHost:
+    name: str
+    directory: str
+    address: str
+    gateway: str
+    prefixlen: int
+    bridge: str
+    tap: str
+    mac: str
+    ssh_user: str
+    ssh_private_key: str
+    nvme: list[dict] = field(default_factory=list)
+    pid: int | None = None
+    boot_seconds: float | None = None
+    accel: str = ""
+    image_key: str = ""
+
+    @property
+    def path(self) -> Path:
+        return Path(self.directory)
+
+    def inventory_line(self) -> str:
+        return (
+            f"{self.name} ansible_host={self.address} ansible_user={self.ssh_user} "
+            f"ansible_ssh_private_key_file={self.ssh_private_key} ansible_become=true "
+            "ansible_python_interpreter=/usr/bin/python3 "
+            "ansible_ssh_common_args='-o StrictHostKeyChecking=no "
+            "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR'"
+        )
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "address": self.address,
+            "ssh_user": self.ssh_user,
+            "ssh_private_key": self.ssh_private_key,
+            "inventory_line": self.inventory_line(),
+            "nvme": self.nvme,
+            "bridge": self.bridge,
+            "pid": self.pid,
+            "running": self.running(),
+            "boot_seconds": self.boot_seconds,
+            "accel": self.accel,
+            "console_log": str(self.path / "console.log"),
+        }
+
+    def running(self) -> bool:
+        return self.pid is not None and _is_our_qemu(self.pid, self.path)
+
+    def ssh_argv(self, *command: str, timeout: int = 10) -> list[str]:
+        return [
+            "ssh",
+            "-i",
+            self.ssh_private_key,
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"ConnectTimeout={timeout}",
+            f"{self.ssh_user}@{self.address}",
+            *command,
+        ]
+
+    def ssh(self, *command: str, timeout: float = 120, check: bool = True):
+        proc = subprocess.run(
+            self.ssh_argv(*command), capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and proc.returncode != 0:
+            raise HostLabError(
+                "lab_ssh_failed",
+                f"{' '.join(command)} on {self.name} exited {proc.returncode}: "
+                f"{proc.stderr.strip()[-1000:]}",
+            )
+        return proc
+
+    def wait_for_ssh(self, timeout: float = BOOT_TIMEOUT, since: float | None = None) -> float:
+        """Seconds until `ssh true` succeeds; fails early when QEMU has exited."""
+        started = since or time.monotonic()
+        while time.monotonic() - started < timeout:
+            if not self.running():
+                raise HostLabError(
+                    "lab_host_died",
+                    f"{self.name}: QEMU exited while waiting for SSH",
+                    {"console_tail": console_tail(self)},
+                )
+            if _port_open(self.address, 22):
+                proc = subprocess.run(
+                    self.ssh_argv("true", timeout=5), capture_output=True, timeout=30, check=False
+                )
+                if proc.returncode == 0:
+                    return round(time.monotonic() - started, 1)
+            time.sleep(2)
+        raise HostLabError(
+            "lab_host_boot_timeout",
+            f"{self.name}: no SSH after {timeout:.0f} s",
+            {"console_tail": console_tail(self)},
+        )
+
+    def wait_for_ssh_gone(self, timeout: float = 300) -> None:
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if not _port_open(self.address, 22):
+                return
+            time.sleep(1)
+        raise HostLabError("lab_host_reboot_timeout", f"{self.name} did not go down")
+
+
+def console_tail(host: LabHost, lines: int = 40) -> str:
+    log = host.path / "console.log"
+    if not log.exists():
+        return ""
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _port_open(address: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((address, port), timeout=2):
+        return True
+    return False
+
+
+def _is_our_qemu(pid: int, directory: Path) -> bool:
+    """The pid is a QEMU started for this host directory (not a recycled pid)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return (
+        bool(cmdline)
+        and b"qemu-system" in cmdline[0]
+        and any(str(directory).encode() in part for part in cmdline)
+    )
+
+
+def _validate_name(name: str) -> None:
+    if not NAME_PATTERN.match(name):
+        raise HostLabError(
+            "lab_host_bad_name",
+            f"lab host name {name!r} must be 1-10 characters: a lowercase letter, then "
+            "lowercase letters, digits or dashes (it names the host's bridge and tap)",
+        )
+
+
+def _load(directory: Path) -> LabHost | None:
+    record = directory / "host.json"
+    if not record.exists():
+        return None
+    return LabHost(**json.loads(record.read_text()))
+
+
+def _save(host: LabHost) -> None:
+    tmp = host.path / "host.json.tmp"
+    tmp.write_text(json.dumps(asdict(host), indent=2))
+    os.replace(tmp, host.path / "host.json")
+
+
+def list_hosts(state_dir: Path | None = None) -> list[dict]:
+    state_dir = state_dir or default_state_dir()
+    if not state_dir.is_dir():
+        return []
+    hosts = (_load(d) for d in sorted(state_dir.iterdir()) if d.is_dir())
+    return [h.describe() for h in hosts if h is not None]
+
+
+def get_host(name: str, state_dir: Path | None = None) -> LabHost:
+    _validate_name(name)
+    host = _load((state_dir or default_state_dir()) / name)
+    if host is None:
+        raise HostLabError("lab_host_not_found", f"no lab host {name!r}")
+    return host
+
+
+def lab_key(state_dir: Path) -> Path:
+    """The lab's SSH key (one per state directory), created on first use."""
+    key = state_dir / "id_ed25519"
+    with _locked(state_dir / ".key.lock"):
+        if not key.exists():
+            _run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpuaas-lab", "-f", str(key)]
+            )
+    return key
+
+
+def _subnet_in_use(subnet: ipaddress.IPv4Network) -> bool:
+    out = _run(["ip", "-4", "-o", "addr", "show"])
+    for match in re.finditer(r"inet (\S+)", out):
+        if ipaddress.ip_interface(match.group(1)).network.overlaps(subnet):
+            return True
+    return False
+
+
+def _allocate_subnet(state_dir: Path) -> ipaddress.IPv4Network:
+    taken = set()
+    for directory in state_dir.iterdir():
+        host = _load(directory) if directory.is_dir() else None
+        if host is not None:
+            taken.add(ipaddress.ip_interface(f"{host.gateway}/{host.prefixlen}").network)
+    for subnet in LAB_NETWORK.subnets(new_prefix=24):
+        if subnet not in taken and not _subnet_in_use(subnet):
+            return subnet
+    raise HostLabError("lab_no_subnet", f"every /24 of {LAB_NETWORK} is in use")
+
+
+def _eui64(name: str, index: int) -> int:
+    digest = hashlib.sha256(f"{name}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & 0xFFFFFFFFFFFFFF00 | index
+
+
+def _mac(name: str) -> str:
+    digest = hashlib.sha256(name.encode()).digest()
+    return "52:54:00:" + ":".join(f"{b:02x}" for b in digest[:3])
+
+
+def seed_user_data(public_key: str, extra_user_data: str | None) -> str:
+    """The lab's cloud-config (user, key, no passwords), plus an extra part when given:
+    multipart, so cloud-init merges both as MAAS's own parts would be."""
+    lab = "#cloud-config\n" + json.dumps(
+        {
+            "users": [
+                {
+                    "name": LAB_USER,
+                    "shell": "/bin/bash",
+                    "sudo": "ALL=(ALL) NOPASSWD:ALL",
+                    "lock_passwd": True,
+                    "ssh_authorized_keys": [public_key],
+                }
+            ],
+            "ssh_pwauth": False,
+            "disable_root": True,
+        },
+        indent=1,
+    )
+    if extra_user_data is None:
+        return lab + "\n"
+    message = MIMEMultipart()
+    for number, part in enumerate((lab, extra_user_data)):
+        attachment = MIMEText(part, "cloud-config")
+        attachment.add_header("Content-Disposition", "attachment", filename=f"part-{number}")
+        message.attach(attachment)
+    return message.as_string()
+
+
+def _write_seed(host: LabHost, public_key: str, extra_user_data: str | None) -> Path:
+    """The NoCloud seed as a small FAT volume labelled CIDATA (cloud-init accepts FAT or
+    ISO9660): user-data, meta-data and a static network-config for the lab NIC."""
+    network = {
+        "version": 2,
+        "ethernets": {
+            "lab0": {
+                "match": {"macaddress": host.mac},
+                "set-name": "lab0",
+                "addresses": [f"{host.address}/{host.prefixlen}"],
+                "routes": [{"to": "0.0.0.0/0", "via": host.gateway}],
+            }
+        },
+    }
+    files = {
+        "user-data": seed_user_data(public_key, extra_user_data),
+        "meta-data": f"instance-id: {host.name}-{uuid.uuid4()}\nlocal-hostname: {host.name}\n",
+        "network-config": json.dumps(network, indent=1) + "\n",
+    }
+    seed = host.path / "seed.img"
+    _run(["mkfs.vfat", "-n", "CIDATA", "-C", str(seed), "4096"])
+    staging = host.path / "seed"
+    staging.mkdir()
+    for name, text in files.items():
+        (staging / name).write_text(text)
+        _run(["mcopy", "-i", str(seed), str(staging / name), f"::/{name}"])
+    shutil.rmtree(staging)
+    return seed
+
+
+def _qemu_argv(host: LabHost, accel: str, os_disk: Path, seed: Path, vars_file: Path) -> list[str]:
+    argv = [
+        "qemu-system-x86_64",
+        "-name",
+        f"gpuaas-lab-{host.name}",
+        "-machine",
+        f"q35,accel={accel},kernel-irqchip=split",
+        "-cpu",
+        "host" if accel == "kvm" else "max",
+        "-smp",
+        "2",
+        "-m",
+        str(MEMORY_MIB),
+        "-device",
+        "intel-iommu,intremap=on",
+        "-drive",
+        f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
+        "-drive",
+        f"if=pflash,format=raw,unit=1,file={vars_file}",
+        "-drive",
+        f"file={os_disk},if=none,id=os,format=qcow2",
+        "-device",
+        "virtio-blk-pci,drive=os,bootindex=0",
+        "-drive",
+        f"file={seed},if=none,id=seed,readonly=on,format=raw",
+        "-device",
+        "virtio-blk-pci,drive=seed",
+        "-netdev",
+        f"tap,id=net0,ifname={host.tap},script=no,downscript=no",
+        "-device",
+        f"virtio-net-pci,netdev=net0,mac={host.mac}",
+        "-display",
+        "none",
+        "-serial",
+        f"file:{host.path / 'console.log'}",
+        "-pidfile",
+        str(host.path / "qemu.pid"),
+        "-daemonize",
+    ]
+    for index, disk in enumerate(host.nvme):
+        argv += [
+            "-drive",
+            f"file={disk['backing']},if=none,id=nvme{index},format=raw",
+            "-device",
+            f"nvme,id=nvmec{index},serial={disk['serial']}",
+            "-device",
+            f"nvme-ns,drive=nvme{index},bus=nvmec{index},nsid=1,eui64={disk['eui64']}",
+        ]
+    return argv
+
+
+def _start_qemu(host: LabHost) -> None:
+    """KVM when QEMU can start a VM with it here (some hosts expose /dev/kvm yet refuse the
+    guest's CPU state: QEMU then exits at once), else TCG."""
+    accels = ("kvm", "tcg") if Path("/dev/kvm").exists() else ("tcg",)
+    for accel in accels:
+        argv = _qemu_argv(
+            host, accel, host.path / "os.qcow2", host.path / "seed.img", host.path / "OVMF_VARS.fd"
+        )
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        if proc.returncode == 0:
+            break
+        if accel == accels[-1]:
+            raise HostLabError(
+                "lab_host_start_failed",
+                f"QEMU did not start {host.name}: {proc.stderr.strip()[-1500:]}",
+            )
+    host.accel = accel
+    host.pid = int((host.path / "qemu.pid").read_text().strip())
+    _save(host)
+
+
+def up(
+    name: str,
+    nvme: int = 2,
+    nvme_size_mib: int = 1024,
+    extra_user_data: str | None = None,
+    state_dir: Path | None = None,
+    cache_dir: Path | None = None,
+    wait: bool = True,
+) -> LabHost:
+    """Build (or reuse) the image, create and boot a lab host; returns once SSH answers."""
+    _validate_name(name)
+    if not 0 <= nvme <= 8:
+        raise HostLabError("lab_host_bad_nvme", f"--nvme must be 0-8, not {nvme}")
+    _require_usable()
+    state_dir = state_dir or default_state_dir()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    image = ensure_host_image(cache_dir)
+    key = lab_key(state_dir)
+    with _locked(state_dir / ".hosts.lock"):
+        existing = _load(state_dir / name)
+        if existing is not None:
+            state = "running" if existing.running() else "stopped"
+            raise HostLabError(
+                "lab_host_exists",
+                f"lab host {name!r} already exists ({state}); `gpuaas lab host down {name}` first",
+            )
+        subnet = _allocate_subnet(state_dir)
+        directory = state_dir / name
+        directory.mkdir()
+        gateway, address = list(subnet.hosts())[:2]
+        host = LabHost(
+            name=name,
+            directory=str(directory),
+            address=str(address),
+            gateway=str(gateway),
+            prefixlen=subnet.prefixlen,
+            bridge=f"glb-{name}",
+            tap=f"glt-{name}",
+            mac=_mac(name),
+            ssh_user=LAB_USER,
+            ssh_private_key=str(key),
+            image_key=image.cache_key,
+        )
+        _save(host)
+    try:
+        _create(host, image, nvme, nvme_size_mib, key, extra_user_data)
+        if wait:
+            host.boot_seconds = host.wait_for_ssh()
+            _save(host)
+    except BaseException:
+        _teardown(host)
+        raise
+    return host
+
+
+def _create(
+    host: LabHost,
+    image: HostImage,
+    nvme: int,
+    nvme_size_mib: int,
+    key: Path,
+    extra_user_data: str | None,
+) -> None:
+    directory = host.path
+    _run(
+        [
+            "qemu-img",
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-b",
+            image.path,
+            "-F",
+            "raw",
+            str(directory / "os.qcow2"),
+        ]
+    )
+    shutil.copyfile(OVMF_VARS, directory / "OVMF_VARS.fd")
+    for index in range(nvme):
+        backing = directory / f"nvme{index}.raw"
+        with open(backing, "wb") as handle:
+            handle.truncate(nvme_size_mib << 20)
+        host.nvme.append(
+            {
+                "backing": str(backing),
+                "serial": f"{SERIAL_PREFIX}{host.name.upper().replace('-', '')}{index}"[:20],
+                "eui64": _eui64(host.name, index),
+                "by_id": f"/dev/disk/by-id/nvme-eui.{_eui64(host.name, index):016x}",
+            }
+        )
+    _write_seed(host, key.with_suffix(".pub").read_text().strip(), extra_user_data)
+    _save(host)
+    _run(["ip", "link", "add", host.bridge, "type", "bridge"])
+    _run(["ip", "addr", "add", f"{host.gateway}/{host.prefixlen}", "dev", host.bridge])
+    _run(["ip", "link", "set", host.bridge, "up"])
+    _run(["ip", "tuntap", "add", "dev", host.tap, "mode", "tap"])
+    _run(["ip", "link", "set", host.tap, "master", host.bridge])
+    _run(["ip", "link", "set", host.tap, "up"])
+    _start_qemu(host)
+
+
+def power_cycle(host: LabHost, timeout: float = BOOT_TIMEOUT) -> float:
+    """Stop QEMU and start it again from the same disks (a cold boot): seconds to SSH."""
+    _stop_qemu(host)
+    started = time.monotonic()
+    _start_qemu(host)
+    return host.wait_for_ssh(timeout, since=started)
+
+
+def _stop_qemu(host: LabHost, timeout: float = 30) -> None:
+    if host.pid is None or not _is_our_qemu(host.pid, host.path):
+        return
+    os.kill(host.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _is_our_qemu(host.pid, host.path):
+        time.sleep(0.2)
+    if _is_our_qemu(host.pid, host.path):
+        os.kill(host.pid, signal.SIGKILL)
+        time.sleep(0.5)
+
+
+def _link_exists(name: str) -> bool:
+    return subprocess.run(["ip", "link", "show", name], capture_output=True).returncode == 0
+
+
+def _teardown(host: LabHost) -> None:
+    _stop_qemu(host)
+    for link in (host.tap, host.bridge):
+        if _link_exists(link):
+            subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
+    shutil.rmtree(host.path, ignore_errors=True)
+
+
+def down(name: str, state_dir: Path | None = None) -> dict:
+    """Stop the host and remove everything it made: QEMU, tap, bridge, its directory."""
+    _require_usable()
+    state_dir = state_dir or default_state_dir()
+    with _locked(state_dir / ".hosts.lock"):
+        host = get_host(name, state_dir)
+        was_running = host.running()
+        _teardown(host)
+    return {"name": name, "removed": True, "was_running": was_running}
