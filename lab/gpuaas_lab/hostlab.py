@@ -4,7 +4,9 @@ A lab host is what MAAS would hand over after deploying Debian on a GPU server, 
 GPUs and the fabric: systemd as PID 1, GRUB booted through OVMF from the host's own disk
 (so `/etc/default/grub` and `update-grub` take effect on the next boot), a q35 machine
 with an emulated Intel IOMMU (`intel_iommu=on` yields IOMMU groups), emulated NVMe
-controllers with fixed serials and EUI-64s (`/dev/disk/by-id/nvme-eui.*`), 2 GiB of RAM
+controllers with fixed serials and EUI-64s (`nvme id-ns` reports them; Linux ignores the
+namespace IDs of QEMU's controllers, so udev's stable link is
+`/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_<serial>`, not `nvme-eui.*`), 2 GiB of RAM
 and a virtio NIC on a bridge of this machine, reachable from the controller by IP.
 cloud-init reads a NoCloud seed on first boot: the lab user (passwordless sudo, the lab's
 SSH key, no password login), the static address, and any extra user-data part (the MAAS
@@ -16,7 +18,8 @@ and mtools write the disk without mounting anything. The slice runtime packages
 controller's ansible-core (wheels downloaded here, installed offline) are in the image,
 since lab hosts have no route to a mirror: the bootstrap's package step finds them
 installed. Cache: $GPUAAS_CACHE_DIR or ~/.cache/gpuaas, under `hostimage/<key>/`, the key
-being the package list, the ansible-core version and the hash of this file.
+being the package list, the ansible-core version and the hash of the build recipe
+(the functions that build it).
 
 Hosts: one directory each under $GPUAAS_LAB_STATE_DIR or ~/.local/state/gpuaas/lab-hosts
 (host.json, the copy-on-write OS disk, NVMe backing files, seed, OVMF variables, console
@@ -32,10 +35,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import inspect
 import ipaddress
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -201,13 +206,19 @@ def image_key(ansible_core: str) -> str:
         "suite": SUITE,
         "packages": sorted(PACKAGES),
         "ansible_core": ansible_core,
-        "builder_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+        # The recipe is the code that builds the image, not the rest of this file.
+        "recipe_sha256": hashlib.sha256(
+            "".join(inspect.getsource(f) for f in (_customize_script, _build_disk)).encode()
+        ).hexdigest(),
     }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def ensure_host_image(cache_dir: Path | None = None) -> HostImage:
-    """The cached host disk image for the current recipe, building it first if needed."""
+def ensure_host_image(
+    cache_dir: Path | None = None, in_use: frozenset[str] = frozenset()
+) -> HostImage:
+    """The cached host disk image for the current recipe, building it first if needed.
+    Images of older recipes are removed unless ``in_use`` (cache keys hosts boot from)."""
     _require_usable()
     cache_dir = cache_dir or default_cache_dir()
     ansible_core = _ansible_core_version()
@@ -218,8 +229,8 @@ def ensure_host_image(cache_dir: Path | None = None) -> HostImage:
         if record.exists():
             return HostImage(**{**json.loads(record.read_text()), "built_now": False})
         for stale in (cache_dir / "hostimage").iterdir():
-            # One image is kept: each is about a gigabyte and old recipes are never used.
-            if stale.is_dir() and stale.name != key:
+            # Each image is about a gigabyte; an old recipe's serves only existing hosts.
+            if stale.is_dir() and stale.name not in {key, *in_use}:
                 shutil.rmtree(stale, ignore_errors=True)
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="build-", dir=cache_dir / "hostimage") as tmp:
@@ -400,6 +411,7 @@ class LabHost:
     pid: int | None = None
     boot_seconds: float | None = None
     accel: str = ""
+    cloud_init_status: str = ""
     image_key: str = ""
 
     @property
@@ -428,6 +440,7 @@ class LabHost:
             "running": self.running(),
             "boot_seconds": self.boot_seconds,
             "accel": self.accel,
+            "cloud_init_status": self.cloud_init_status,
             "console_log": str(self.path / "console.log"),
         }
 
@@ -450,7 +463,8 @@ class LabHost:
             "-o",
             f"ConnectTimeout={timeout}",
             f"{self.ssh_user}@{self.address}",
-            *command,
+            # One argument: ssh hands the remote shell a single string to split.
+            *([shlex.join(command)] if command else []),
         ]
 
     def ssh(self, *command: str, timeout: float = 120, check: bool = True):
@@ -487,6 +501,18 @@ class LabHost:
             f"{self.name}: no SSH after {timeout:.0f} s",
             {"console_tail": console_tail(self)},
         )
+
+    def wait_until_ready(self, timeout: float = BOOT_TIMEOUT) -> float:
+        """Seconds until SSH answers and cloud-init has finished (its ssh module restarts
+        sshd with new host keys after the first answer); records cloud-init's status."""
+        started = time.monotonic()
+        while True:
+            self.wait_for_ssh(timeout, since=started)
+            proc = self.ssh("cloud-init", "status", "--wait", timeout=timeout, check=False)
+            if proc.returncode != 255:  # 255: ssh itself lost the connection
+                self.cloud_init_status = (proc.stdout.split("status:")[-1] or "").strip()
+                return round(time.monotonic() - started, 1)
+            time.sleep(2)
 
     def wait_for_ssh_gone(self, timeout: float = 300) -> None:
         started = time.monotonic()
@@ -618,6 +644,8 @@ def seed_user_data(public_key: str, extra_user_data: str | None) -> str:
             ],
             "ssh_pwauth": False,
             "disable_root": True,
+            "manage_etc_hosts": True,
+            "locale": "C.UTF-8",
         },
         indent=1,
     )
@@ -707,7 +735,7 @@ def _qemu_argv(host: LabHost, accel: str, os_disk: Path, seed: Path, vars_file: 
             "-device",
             f"nvme,id=nvmec{index},serial={disk['serial']}",
             "-device",
-            f"nvme-ns,drive=nvme{index},bus=nvmec{index},nsid=1,eui64={disk['eui64']}",
+            f"nvme-ns,drive=nvme{index},bus=nvmec{index},nsid=1,eui64={int(disk['eui64'], 16)}",
         ]
     return argv
 
@@ -749,7 +777,12 @@ def up(
     _require_usable()
     state_dir = state_dir or default_state_dir()
     state_dir.mkdir(parents=True, exist_ok=True)
-    image = ensure_host_image(cache_dir)
+    in_use = frozenset(
+        host.image_key
+        for host in (_load(d) for d in state_dir.iterdir() if d.is_dir())
+        if host is not None
+    )
+    image = ensure_host_image(cache_dir, in_use)
     key = lab_key(state_dir)
     with _locked(state_dir / ".hosts.lock"):
         existing = _load(state_dir / name)
@@ -780,7 +813,7 @@ def up(
     try:
         _create(host, image, nvme, nvme_size_mib, key, extra_user_data)
         if wait:
-            host.boot_seconds = host.wait_for_ssh()
+            host.boot_seconds = host.wait_until_ready()
             _save(host)
     except BaseException:
         _teardown(host)
@@ -816,12 +849,15 @@ def _create(
         backing = directory / f"nvme{index}.raw"
         with open(backing, "wb") as handle:
             handle.truncate(nvme_size_mib << 20)
+        serial = f"{SERIAL_PREFIX}{host.name.upper().replace('-', '')}{index}"[:20]
         host.nvme.append(
             {
                 "backing": str(backing),
-                "serial": f"{SERIAL_PREFIX}{host.name.upper().replace('-', '')}{index}"[:20],
-                "eui64": _eui64(host.name, index),
-                "by_id": f"/dev/disk/by-id/nvme-eui.{_eui64(host.name, index):016x}",
+                "serial": serial,
+                "eui64": f"{_eui64(host.name, index):016x}",
+                # udev's model_serial link: Linux ignores the namespace IDs of QEMU's NVMe
+                # controllers (a kernel quirk), so no nvme-eui.* link appears for them.
+                "by_id": f"/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_{serial}",
             }
         )
     _write_seed(host, key.with_suffix(".pub").read_text().strip(), extra_user_data)
