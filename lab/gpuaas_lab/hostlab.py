@@ -33,7 +33,6 @@ records and nothing else. QEMU uses KVM when it can create a VM, TCG otherwise.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import inspect
 import ipaddress
@@ -49,13 +48,13 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
 from pathlib import Path
 
 from controlplane.errors import GpuaasError
+from gpuaas_lab.vmguest import default_cache_dir, locked
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
@@ -139,11 +138,6 @@ def _run(argv: list[str], timeout: float = 600, **kwargs) -> str:
     return proc.stdout
 
 
-def default_cache_dir() -> Path:
-    env = os.environ.get("GPUAAS_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "gpuaas"
-
-
 def default_state_dir() -> Path:
     env = os.environ.get("GPUAAS_LAB_STATE_DIR")
     return Path(env) if env else Path.home() / ".local" / "state" / "gpuaas" / "lab-hosts"
@@ -169,17 +163,6 @@ def _require_usable() -> None:
     reason = unavailable_reason()
     if reason:
         raise HostLabError("lab_host_unavailable", reason)
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # -- the image ---------------------------------------------------------------------------
@@ -225,7 +208,7 @@ def ensure_host_image(
     key = image_key(ansible_core)
     entry = cache_dir / "hostimage" / key
     record = entry / "image.json"
-    with _locked(cache_dir / "hostimage" / ".lock"):
+    with locked(cache_dir / "hostimage" / ".lock"):
         if record.exists():
             return HostImage(**{**json.loads(record.read_text()), "built_now": False})
         for stale in (cache_dir / "hostimage").iterdir():
@@ -590,7 +573,7 @@ def get_host(name: str, state_dir: Path | None = None) -> LabHost:
 def lab_key(state_dir: Path) -> Path:
     """The lab's SSH key (one per state directory), created on first use."""
     key = state_dir / "id_ed25519"
-    with _locked(state_dir / ".key.lock"):
+    with locked(state_dir / ".key.lock"):
         if not key.exists():
             _run(
                 ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpuaas-lab", "-f", str(key)]
@@ -784,7 +767,7 @@ def up(
     )
     image = ensure_host_image(cache_dir, in_use)
     key = lab_key(state_dir)
-    with _locked(state_dir / ".hosts.lock"):
+    with locked(state_dir / ".hosts.lock"):
         existing = _load(state_dir / name)
         if existing is not None:
             state = "running" if existing.running() else "stopped"
@@ -907,7 +890,7 @@ def down(name: str, state_dir: Path | None = None) -> dict:
     """Stop the host and remove everything it made: QEMU, tap, bridge, its directory."""
     _require_usable()
     state_dir = state_dir or default_state_dir()
-    with _locked(state_dir / ".hosts.lock"):
+    with locked(state_dir / ".hosts.lock"):
         host = get_host(name, state_dir)
         was_running = host.running()
         _teardown(host)

@@ -189,8 +189,9 @@ def resolve_inputs() -> GuestInputs:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Serialise builders (pytest-xdist workers share one cache)."""
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive file lock: serialises builders and lab state changes (pytest-xdist
+    workers and concurrent commands share one cache and one state directory)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -215,7 +216,7 @@ def ensure_guest_image(cache_dir: Path | None = None) -> GuestImage:
     key = inputs.cache_key()
     entry = cache_dir / "vmguest" / key
     record_path = entry / "image.json"
-    with _locked(cache_dir / "vmguest" / ".lock"):
+    with locked(cache_dir / "vmguest" / ".lock"):
         if record_path.exists():
             record = json.loads(record_path.read_text())
             return GuestImage(**{**record, "built_now": False})
