@@ -469,7 +469,8 @@ class LabHost:
             if not self.running():
                 raise HostLabError(
                     "lab_host_died",
-                    f"{self.name}: QEMU exited while waiting for SSH",
+                    f"{self.name}: QEMU exited while waiting for SSH; console:\n"
+                    + console_tail(self),
                     {"console_tail": console_tail(self)},
                 )
             if _port_open(self.address, 22):
@@ -481,7 +482,7 @@ class LabHost:
             time.sleep(2)
         raise HostLabError(
             "lab_host_boot_timeout",
-            f"{self.name}: no SSH after {timeout:.0f} s",
+            f"{self.name}: no SSH after {timeout:.0f} s; console:\n" + console_tail(self),
             {"console_tail": console_tail(self)},
         )
 
