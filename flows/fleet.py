@@ -425,11 +425,24 @@ def bootstrap(hostname: str, extravars: dict[str, Any]) -> HostOutcome:
 
 
 @flow(name="bootstrap_host")
-def bootstrap_host(hostname: str, extravars: dict[str, Any] | None = None) -> dict[str, Any]:
+def bootstrap_host(
+    hostname: str, extravars: dict[str, Any] | None = None, allow_reboot: bool = False
+) -> dict[str, Any]:
     """Host bootstrap and network baseline for the node's profile, proven by parity; the
-    parity verdict then decides whether the node is schedulable."""
-    get_run_logger().info("bootstrapping %s", hostname)
-    outcome = bootstrap(hostname, extravars or {})
+    parity verdict then decides whether the node is schedulable.
+
+    ``allow_reboot`` alone decides whether the host may be rebooted when staged kernel
+    arguments or VFIO binding need it (the run then waits for SSH to return and carries on);
+    without it the run reports the reasons and the host keeps running."""
+    logger = get_run_logger()
+    logger.info(
+        "bootstrapping %s (%s)",
+        hostname,
+        "may reboot if required" if allow_reboot else "never reboots; reports if one is needed",
+    )
+    outcome = bootstrap(
+        hostname, {**(extravars or {}), "slice_host_bootstrap_allow_reboot": allow_reboot}
+    )
     rows = apply_verdicts({hostname: outcome})
     artifacts.table(f"bootstrap-{hostname}", f"Bootstrap of {hostname}", rows)
     if not outcome.passed:

@@ -550,14 +550,24 @@ def json_only(_: Any) -> None:
 def lab_host_up(
     name: Annotated[str, typer.Argument(help="Host name (1-10: a-z, 0-9, dash).")],
     nvme: Annotated[int, typer.Option("--nvme", help="Emulated NVMe controllers.")] = 2,
+    deploy: Annotated[
+        bool,
+        typer.Option(
+            "--deploy",
+            help="Boot with the MAAS deploy user-data (slice-vm profile): the collection of "
+            "this checkout is served to the host, which bootstraps itself on first boot.",
+        ),
+    ] = False,
 ) -> None:
-    """Build the image if needed, boot a lab host and wait for SSH; prints JSON."""
+    """Build the image if needed, boot a lab host and wait for SSH and cloud-init; prints
+    JSON."""
 
     def boot() -> dict:
-        hostlab = lab.import_lab("hostlab")
         # A service manager's SIGTERM while booting still removes the half-made host.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        return hostlab.up(name, nvme=nvme).describe()
+        if deploy:
+            return lab.import_lab("deployseed").up_deployed(name, nvme=nvme).describe()
+        return lab.import_lab("hostlab").up(name, nvme=nvme).describe()
 
     run(True, boot, json_only)
 

@@ -84,3 +84,12 @@ def cli_env(database_url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str
     """Environment for running the gpuaas CLI against the test database."""
     monkeypatch.setenv("GPUAAS_DATABASE_URL", database_url)
     return {**os.environ, "GPUAAS_DATABASE_URL": database_url}
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    """A Prefect server of this test session (one per xdist worker), for flow runs."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

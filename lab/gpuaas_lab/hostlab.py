@@ -48,6 +48,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
@@ -401,13 +402,27 @@ class LabHost:
     def path(self) -> Path:
         return Path(self.directory)
 
+    def host_vars(self) -> dict[str, str]:
+        """How Ansible reaches the host: over SSH as the lab user, root through sudo."""
+        return {
+            "ansible_host": self.address,
+            "ansible_connection": "ssh",
+            "ansible_user": self.ssh_user,
+            "ansible_ssh_private_key_file": self.ssh_private_key,
+            "ansible_become": "true",
+            "ansible_python_interpreter": "/usr/bin/python3",
+            "ansible_ssh_common_args": (
+                "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+            ),
+        }
+
     def inventory_line(self) -> str:
-        return (
-            f"{self.name} ansible_host={self.address} ansible_user={self.ssh_user} "
-            f"ansible_ssh_private_key_file={self.ssh_private_key} ansible_become=true "
-            "ansible_python_interpreter=/usr/bin/python3 "
-            "ansible_ssh_common_args='-o StrictHostKeyChecking=no "
-            "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR'"
+        return " ".join(
+            [self.name]
+            + [
+                f"{key}='{value}'" if " " in value else f"{key}={value}"
+                for key, value in self.host_vars().items()
+            ]
         )
 
     def describe(self) -> dict:
@@ -505,6 +520,9 @@ class LabHost:
                 return
             time.sleep(1)
         raise HostLabError("lab_host_reboot_timeout", f"{self.name} did not go down")
+
+
+UserData = str | Callable[[LabHost], str] | None
 
 
 def console_tail(host: LabHost, lines: int = 40) -> str:
@@ -749,12 +767,14 @@ def up(
     name: str,
     nvme: int = 2,
     nvme_size_mib: int = 1024,
-    extra_user_data: str | None = None,
+    extra_user_data: UserData = None,
     state_dir: Path | None = None,
     cache_dir: Path | None = None,
     wait: bool = True,
 ) -> LabHost:
-    """Build (or reuse) the image, create and boot a lab host; returns once SSH answers."""
+    """Build (or reuse) the image, create and boot a lab host; returns once SSH answers and
+    cloud-init is done. ``extra_user_data`` is a second user-data part (a MAAS deploy
+    user-data, say), or a function of the host giving it (for URLs on the lab bridge)."""
     _validate_name(name)
     if not 0 <= nvme <= 8:
         raise HostLabError("lab_host_bad_nvme", f"--nvme must be 0-8, not {nvme}")
@@ -811,7 +831,7 @@ def _create(
     nvme: int,
     nvme_size_mib: int,
     key: Path,
-    extra_user_data: str | None,
+    extra_user_data: UserData,
 ) -> None:
     directory = host.path
     _run(
@@ -844,7 +864,8 @@ def _create(
                 "by_id": f"/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_{serial}",
             }
         )
-    _write_seed(host, key.with_suffix(".pub").read_text().strip(), extra_user_data)
+    extra = extra_user_data(host) if callable(extra_user_data) else extra_user_data
+    _write_seed(host, key.with_suffix(".pub").read_text().strip(), extra)
     _save(host)
     _run(["ip", "link", "add", host.bridge, "type", "bridge"])
     _run(["ip", "addr", "add", f"{host.gateway}/{host.prefixlen}", "dev", host.bridge])

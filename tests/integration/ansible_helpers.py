@@ -85,6 +85,18 @@ class PlaybookRun:
             raise AssertionError(f"task {name!r} did not run; stderr: {self.stderr[-2000:]}")
         return found[-1]
 
+    def failures(self) -> str:
+        """Each failed or unreachable task with its message, for an assertion's message."""
+        lines = [
+            f"{task['task']['name']} on {host}: "
+            + str(result.get("msg") or result.get("stderr") or result)[:1500]
+            for play in self.document.get("plays", [])
+            for task in play["tasks"]
+            for host, result in task["hosts"].items()
+            if result.get("failed") or result.get("unreachable")
+        ]
+        return "\n".join(lines) or self.stderr[-3000:]
+
 
 def run_playbook(
     playbooks: str | list[str],

@@ -8,8 +8,6 @@ through an interpreter wrapper, so every host sees only its own network.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from controlplane.api import ControlPlane
@@ -25,14 +23,6 @@ SIMULATED_FLEET = {
     "j22u11": ("missing-vfs", False),
     "j22u15": ("clean", True),
 }
-
-
-@pytest.fixture(scope="session")
-def prefect_harness() -> Iterator[None]:
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 def flow_control_plane(

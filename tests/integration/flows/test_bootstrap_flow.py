@@ -131,7 +131,7 @@ def test_bootstrap_takes_profile_network_and_approved_slots_from_the_store(
         " WHERE kind = 'host.bootstrap'",
     )
     assert task_state == "succeeded"
-    assert parameters == SLICE_MACHINE_VARS
+    assert parameters == {**SLICE_MACHINE_VARS, "slice_host_bootstrap_allow_reboot": False}
     vfio = module_args(artifact_dir, "gpuaas.fleet.vfio_binding")
     assert vfio["devices"] == sorted(
         address
