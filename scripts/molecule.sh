@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every role's Molecule scenario (molecule/*/): syntax, check, converge, idempotence, verify
 # against isolated targets built on this machine (network + mount namespaces, loop disks,
-# the VM lab; see molecule/shared/target.py). Needs root; without it, says why and skips.
+# the VM lab; see molecule/shared/target.py) and, for lab_host, a Debian host under QEMU
+# booted by `gpuaas lab host up`. Needs root; without it, says why and skips.
 #
 # Usage: scripts/molecule.sh [scenario ...]      (default: all of them)
 # Scenarios run GPUAAS_MOLECULE_WORKERS at a time (default 2), longest first; each one's
@@ -20,7 +21,7 @@ fi
 command -v molecule >/dev/null || { echo "molecule: not installed; run scripts/setup.sh" >&2; exit 1; }
 
 # Longest first, so two workers finish together.
-all=(slice_network_baseline slice_vm_provision slice_vm_release slice_host_bootstrap
+all=(lab_host slice_network_baseline slice_vm_provision slice_vm_release slice_host_bootstrap
      slice_parity slice_disk_wipe slice_storage_transition)
 for dir in molecule/*/molecule.yml; do
   name=$(basename "$(dirname "$dir")")

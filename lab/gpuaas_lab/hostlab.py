@@ -108,6 +108,11 @@ SLICE_PACKAGES = (
 )
 PACKAGES = BASE_PACKAGES + SLICE_PACKAGES
 BOOTSTRAP_VENV = "/opt/gpuaas/bootstrap/venv"
+# The lab's own kernel arguments (the bootstrap adds the IOMMU ones and keeps these).
+# no_timer_check: under TCG on a busy machine the emulated timer can miss the kernel's
+# early check, and with interrupt remapping on (intel-iommu intremap) that check panics
+# ("timer doesn't work through Interrupt-remapped IO-APIC") instead of falling back.
+KERNEL_ARGS = "console=ttyS0,115200 no_timer_check"
 DISK_SIZE_MIB = 8192
 ESP_SIZE_MIB = 64
 ESP_START_SECTOR = 2048
@@ -190,6 +195,7 @@ def image_key(ansible_core: str) -> str:
         "suite": SUITE,
         "packages": sorted(PACKAGES),
         "ansible_core": ansible_core,
+        "kernel_args": KERNEL_ARGS,
         # The recipe is the code that builds the image, not the rest of this file.
         "recipe_sha256": hashlib.sha256(
             "".join(inspect.getsource(f) for f in (_customize_script, _build_disk)).encode()
@@ -254,7 +260,7 @@ cat > "$root/etc/cloud/cloud.cfg.d/90-gpuaas-lab.cfg" <<EOF
 datasource_list: [NoCloud, None]
 EOF
 sed -i -e 's/^GRUB_TIMEOUT=.*/GRUB_TIMEOUT=1/' \\
-    -e 's/^GRUB_CMDLINE_LINUX_DEFAULT=.*/GRUB_CMDLINE_LINUX_DEFAULT="console=ttyS0,115200"/' \\
+    -e 's/^GRUB_CMDLINE_LINUX_DEFAULT=.*/GRUB_CMDLINE_LINUX_DEFAULT="{KERNEL_ARGS}"/' \\
     "$root/etc/default/grub"
 echo 'GRUB_TERMINAL="console serial"' >> "$root/etc/default/grub"
 kernel=$(cd "$root/boot" && ls vmlinuz-* | sort -V | tail -n1)
@@ -262,7 +268,7 @@ cat > "$root/boot/grub/grub.cfg" <<EOF
 set timeout=1
 menuentry 'Debian GNU/Linux (lab first boot)' {{
     search --no-floppy --fs-uuid --set=root {root_uuid}
-    linux /boot/$kernel root=UUID={root_uuid} ro console=ttyS0,115200
+    linux /boot/$kernel root=UUID={root_uuid} ro {KERNEL_ARGS}
     initrd /boot/initrd.img-${{kernel#vmlinuz-}}
 }}
 EOF

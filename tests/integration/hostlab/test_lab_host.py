@@ -44,7 +44,9 @@ def test_a_lab_host_is_a_debian_host_reachable_over_ssh(fresh: hostlab.LabHost) 
         assert json.loads(sh(fresh, f"nvme id-ns -o json {device}"))["eui64"] == disk["eui64"]
     root = sh(fresh, "findmnt -no SOURCE /").strip()
     assert root.startswith("/dev/vda"), root
-    assert "iommu=pt" not in sh(fresh, "cat /proc/cmdline")
+    cmdline = sh(fresh, "cat /proc/cmdline").split()
+    assert "iommu=pt" not in cmdline
+    assert set(hostlab.KERNEL_ARGS.split()) <= set(cmdline), cmdline
 
 
 def test_bad_input_is_refused_and_changes_nothing(fresh: hostlab.LabHost, state_dir: Path) -> None:
