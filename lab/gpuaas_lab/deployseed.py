@@ -19,9 +19,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import jinja2
@@ -33,10 +34,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO_ROOT / "scripts" / "maas" / "cloud-init" / "gpuaas-slice-deploy.yaml.j2"
 # The lab image has no route to a package mirror and carries the slice packages already;
 # it has no GPUs or fabric, so parity reports those without failing the deploy.
-LAB_BOOTSTRAP_VARS: dict[str, Any] = {
-    "slice_host_bootstrap_apt_update_cache": False,
-    "gpuaas_bootstrap_parity_fail_on_failures": False,
-}
+LAB_BOOTSTRAP_VARS: Mapping[str, Any] = MappingProxyType(
+    {
+        "slice_host_bootstrap_apt_update_cache": False,
+        "gpuaas_bootstrap_parity_fail_on_failures": False,
+    }
+)
 
 
 def build_collection(out_dir: Path) -> Path:
@@ -59,7 +62,7 @@ def render_deploy_user_data(
     collection_url: str,
     collection_sha256: str,
     profile: str = "slice-vm",
-    bootstrap_vars: dict[str, Any] | None = None,
+    bootstrap_vars: Mapping[str, Any] | None = None,
 ) -> str:
     """The template exactly as MAAS would be given it, rendered with plain Jinja2."""
     template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(
@@ -69,7 +72,9 @@ def render_deploy_user_data(
         gpuaas_profile=profile,
         gpuaas_collection_url=collection_url,
         gpuaas_collection_sha256=collection_sha256,
-        gpuaas_bootstrap_vars=LAB_BOOTSTRAP_VARS if bootstrap_vars is None else bootstrap_vars,
+        gpuaas_bootstrap_vars=dict(
+            LAB_BOOTSTRAP_VARS if bootstrap_vars is None else bootstrap_vars
+        ),
     )
 
 
