@@ -8,10 +8,10 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-import jinja2
 import pytest
 import yaml
 
+from gpuaas_lab import deployseed
 from tests.integration.bootstrap.conftest import (
     CANNOT_PASS,
     GRUB,
@@ -25,7 +25,6 @@ from tests.integration.bootstrap.conftest import (
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 PLAYBOOK = str(REPO_ROOT / "playbooks" / "bootstrap.yml")
-TEMPLATE = REPO_ROOT / "scripts" / "maas" / "cloud-init" / "gpuaas-slice-deploy.yaml.j2"
 # Tooling this machine already has, so APT proves the step without downloading.
 BAREMETAL_VARS = {
     "gpuaas_hosts": "target",
@@ -106,32 +105,12 @@ def test_hosts_without_exactly_one_profile_are_refused_before_changes(grub, extr
 
 @pytest.fixture(scope="module")
 def collection_tarball(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("collection")
-    subprocess.run(
-        [
-            str(VENV_BIN / "ansible-galaxy"),
-            "collection",
-            "build",
-            "--output-path",
-            str(out),
-            str(REPO_ROOT),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return next(out.glob("gpuaas-fleet-*.tar.gz"))
+    return deployseed.build_collection(tmp_path_factory.mktemp("collection"))
 
 
 def render_user_data(tarball: Path, profile: str, bootstrap_vars: dict) -> dict:
-    template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(
-        TEMPLATE.read_text()
-    )
-    text = template.render(
-        gpuaas_profile=profile,
-        gpuaas_collection_url=str(tarball),
-        gpuaas_collection_sha256=hashlib.sha256(tarball.read_bytes()).hexdigest(),
-        gpuaas_bootstrap_vars=bootstrap_vars,
+    text = deployseed.render_deploy_user_data(
+        str(tarball), hashlib.sha256(tarball.read_bytes()).hexdigest(), profile, bootstrap_vars
     )
     assert text.startswith("#cloud-config\n")
     return yaml.safe_load(text)
