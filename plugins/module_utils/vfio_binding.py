@@ -15,18 +15,23 @@ Given the approved PCI addresses (slot GPUs and fabric VFs), this plans and writ
 - `softdep` lines so vfio-pci loads before nvidia/nouveau/mlx5_core claim the devices;
 - `/etc/modules-load.d/gpuaas-vfio.conf` with the VFIO modules, loaded now when asked.
 
-Only NVIDIA display functions and Mellanox functions can be approved; a typo that names an
-NVMe controller or the management NIC is refused before anything is written. Devices whose
-IOMMU group holds functions that are not approved are reported (VFIO takes whole groups).
-Binding a device live (driver_override, unbind, drivers_probe) is opt-in; otherwise a
-device not yet on vfio-pci makes `reboot_required` true.
+Only NVIDIA display functions and Mellanox functions can be approved as `devices`; a typo
+that names an NVMe controller or the management NIC is refused before anything is written.
+An NVMe controller is bound only when listed on its own in `nvme_controllers` (a slot disk
+passed through as a whole controller). On the live host, a device behind which the host uses
+a block device (the root file system, any mount, swap, md/dm, an open handle) is refused
+whatever its kind, naming the use. Devices whose IOMMU group holds functions that are not
+approved are reported (VFIO takes whole groups). Binding a device live (driver_override,
+unbind, drivers_probe) is opt-in; otherwise a device not yet on vfio-pci makes
+`reboot_required` true. Live, a device whose override is removed is handed back to the
+driver the kernel picks for it (what `driverctl unset-override` does).
 """
 
 from __future__ import absolute_import, annotations, division, print_function
 
 __metaclass__ = type
 
-from ansible_collections.gpuaas.fleet.plugins.module_utils import hostfile, sysfs
+from ansible_collections.gpuaas.fleet.plugins.module_utils import blockdev, hostfile, sysfs
 
 VFIO_DRIVER = "vfio-pci"
 DRIVERCTL_DIR = "/etc/driverctl.d"
@@ -35,7 +40,8 @@ MODULES_LOAD_CONF = "/etc/modules-load.d/gpuaas-vfio.conf"
 DEFAULT_MODULES = ("vfio", "vfio_iommu_type1", "vfio_pci")
 METHODS = ("driverctl", "modprobe_ids")
 # Drivers that would claim approved devices at boot before vfio-pci could.
-SOFTDEP_DRIVERS = {"gpu": ("nvidia", "nouveau"), "fabric": ("mlx5_core",)}
+SOFTDEP_DRIVERS = {"gpu": ("nvidia", "nouveau"), "fabric": ("mlx5_core",), "nvme": ("nvme",)}
+NVME_CLASS = "0x010802"
 HEADER = "# Managed by gpuaas.fleet.vfio_binding from the approved slice topology.\n"
 
 
@@ -43,12 +49,38 @@ class VfioBindingError(ValueError):
     """Bad or unsafe input; nothing was written."""
 
 
-def device_kind(function):
+def device_kind(function, nvme_approved=False):
     if sysfs.is_gpu(function):
         return "gpu"
     if function.vendor_id == sysfs.MELLANOX_VENDOR:
         return "fabric"
+    if nvme_approved and function.pci_class == NVME_CLASS:
+        return "nvme"
     return None
+
+
+def block_devices_behind(host, address):
+    """Kernel names of the block devices (namespaces, disks, partitions) below a PCI function."""
+    marker = f"/{address}/"
+    return [
+        name
+        for name in host.listdir("/sys/class/block")
+        if marker in host.resolve(f"/sys/class/block/{name}") + "/"
+    ]
+
+
+def host_uses(host, address):
+    """What the live host uses behind a PCI function (root file system, mounts, swap, md/dm,
+    open handles), one sentence each; nothing for a recorded tree, which has no users."""
+    if host.root != "/":
+        return []
+    uses = []
+    for name in block_devices_behind(host, address):
+        if blockdev.is_partition(name):
+            continue
+        report = blockdev.inspect_device(f"/dev/{name}", ("/dev",), probe_content=False)
+        uses.extend(f.message for f in report.findings if f.kind == blockdev.USAGE)
+    return uses
 
 
 def _normalize(address):
@@ -60,9 +92,10 @@ def _normalize(address):
     return text
 
 
-def inspect_devices(host, addresses):
-    """Approved devices as dicts; VfioBindingError for unknown or unsuitable ones."""
-    normalized = [_normalize(a) for a in addresses]
+def inspect_devices(host, addresses, nvme_addresses=()):
+    """Approved devices as dicts; VfioBindingError for unknown, unsuitable or used ones."""
+    nvme_approved = {_normalize(a) for a in nvme_addresses}
+    normalized = [_normalize(a) for a in addresses] + sorted(nvme_approved)
     duplicates = sorted({a for a in normalized if normalized.count(a) > 1})
     if duplicates:
         raise VfioBindingError(f"devices listed more than once: {', '.join(duplicates)}")
@@ -70,11 +103,20 @@ def inspect_devices(host, addresses):
     missing = [a for a in normalized if a not in present]
     if missing:
         raise VfioBindingError(f"not present on this host: {', '.join(missing)}")
+    in_use = []
+    for address in normalized:
+        uses = host_uses(host, address)
+        if uses:
+            in_use.append(f"{address}: {'; '.join(uses)}")
+    if in_use:
+        raise VfioBindingError(
+            "the host uses a block device behind these devices; refused: " + " | ".join(in_use)
+        )
     approved = set(normalized)
     devices, refused = [], []
     for address in normalized:
         function = sysfs.read_pci_function(host, address)
-        kind = device_kind(function)
+        kind = device_kind(function, address in nvme_approved)
         if kind is None:
             refused.append(
                 f"{address} ({function.vendor_id}:{function.device_id} class {function.pci_class})"
@@ -97,8 +139,8 @@ def inspect_devices(host, addresses):
         )
     if refused:
         raise VfioBindingError(
-            "only NVIDIA GPUs and Mellanox fabric functions can be bound to vfio-pci; refused: "
-            + ", ".join(refused)
+            "only NVIDIA GPUs, Mellanox fabric functions and NVMe controllers listed in "
+            "nvme_controllers can be bound to vfio-pci; refused: " + ", ".join(refused)
         )
     return devices
 
@@ -160,7 +202,11 @@ def plan(params):
         raise VfioBindingError(f"method must be one of {', '.join(METHODS)}")
     modules = list(params.get("modules") or DEFAULT_MODULES)
     manage = params.get("manage_overrides", True)
-    devices = inspect_devices(host, params.get("devices") or []) if manage else []
+    devices = (
+        inspect_devices(host, params.get("devices") or [], params.get("nvme_controllers") or [])
+        if manage
+        else []
+    )
     files = {}  # host path -> wanted content (None = absent)
     files[MODULES_LOAD_CONF] = render_modules_load(modules)
     existing = driverctl_overrides(host) if manage else {}
@@ -208,9 +254,30 @@ def bind_live(host, address, write=None):
     write(host.path("/sys/bus/pci/drivers_probe"), address)
 
 
+def unbind_live(host, address, write=None):
+    """What `driverctl unset-override` does: clear driver_override, leave vfio-pci, and let
+    the kernel probe the driver it would pick (the one the device had before)."""
+    write = write or _write_attribute
+    base = f"/sys/bus/pci/devices/{address}"
+    write(host.path(f"{base}/driver_override"), "\n")
+    if host.link_name(f"{base}/driver") == VFIO_DRIVER:
+        write(host.path(f"{base}/driver/unbind"), address)
+    write(host.path("/sys/bus/pci/drivers_probe"), address)
+
+
 def _write_attribute(path, value):
     with open(path, "w", encoding="ascii") as handle:
         handle.write(value)
+
+
+def released(planned):
+    """Devices whose vfio-pci override goes away and that are still on vfio-pci."""
+    host = planned["host"]
+    return [
+        a
+        for a in planned["stale_overrides"]
+        if host.link_name(f"/sys/bus/pci/devices/{a}/driver") == VFIO_DRIVER
+    ]
 
 
 def run(params, check_mode, runner):
@@ -230,6 +297,7 @@ def run(params, check_mode, runner):
         "module_errors": {},
         "rebind_required": planned["rebind_required"],
         "bound_now": [],
+        "released_now": [],
         "diff": [
             hostfile.text_diff(c["path"], c["before"], c["after"]) for c in planned["changes"]
         ],
@@ -239,7 +307,7 @@ def run(params, check_mode, runner):
         result["changed"] = bool(
             planned["changes"]
             or (load_now and planned["modules_missing"])
-            or (bind_now and planned["rebind_required"])
+            or (bind_now and (planned["rebind_required"] or released(planned)))
         )
     else:
         for change in planned["changes"]:
@@ -262,8 +330,14 @@ def run(params, check_mode, runner):
             result["rebind_required"] = [
                 a for a in planned["rebind_required"] if a not in result["bound_now"]
             ]
+            for address in released(planned):
+                unbind_live(host, address)
+                result["released_now"].append(address)
         result["changed"] = bool(
-            planned["changes"] or result["modules_loaded"] or result["bound_now"]
+            planned["changes"]
+            or result["modules_loaded"]
+            or result["bound_now"]
+            or result["released_now"]
         )
     result["modules_missing"] = [
         m for m in planned["modules_missing"] if m not in result["modules_loaded"]

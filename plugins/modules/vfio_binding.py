@@ -22,8 +22,12 @@ description:
     writes C(options vfio-pci ids=...) and is refused when an unapproved device shares a
     vendor:device pair. Both add C(softdep) lines so vfio-pci loads before nvidia,
     nouveau or mlx5_core claim the devices.
-  - Only NVIDIA GPUs and Mellanox fabric functions can be approved; unknown addresses or
-    other devices fail the module before anything is written.
+  - Only NVIDIA GPUs and Mellanox fabric functions can be approved in O(devices); unknown
+    addresses or other devices fail the module before anything is written. NVMe controllers
+    passed through whole to a slice VM are listed on their own in O(nvme_controllers).
+  - On the live host, a device behind which the host uses a block device (the root file
+    system, a mount, swap, md/dm, an open handle) is refused whatever its kind, naming the
+    use.
   - Devices not yet bound to vfio-pci make RV(reboot_required) true unless O(bind_now)
     rebinds them through sysfs (quiesce the host GPU services first).
 author:
@@ -31,6 +35,13 @@ author:
 options:
   devices:
     description: Approved PCI addresses (slot GPUs and fabric VFs).
+    type: list
+    elements: str
+    default: []
+  nvme_controllers:
+    description:
+      - Approved NVMe controllers (PCI class 0x010802) passed through whole to slice VMs.
+        Kept apart from O(devices) so a typo there never binds a disk controller.
     type: list
     elements: str
     default: []
@@ -55,7 +66,9 @@ options:
     type: bool
     default: true
   bind_now:
-    description: Rebind approved devices to vfio-pci now through sysfs.
+    description:
+      - Rebind approved devices to vfio-pci now through sysfs, and hand devices whose
+        override is removed back to the driver the kernel picks for them.
     type: bool
     default: false
   root:
@@ -94,7 +107,7 @@ method:
   type: str
 devices:
   description: >-
-    The approved devices as inspected (pci_address, kind gpu or fabric, vendor_id,
+    The approved devices as inspected (pci_address, kind gpu, fabric or nvme, vendor_id,
     device_id, iommu_group, driver, group_peers_not_approved).
   returned: always
   type: list
@@ -133,6 +146,11 @@ bound_now:
   returned: always
   type: list
   elements: str
+released_now:
+  description: Devices whose override was removed, released from vfio-pci by this run.
+  returned: always
+  type: list
+  elements: str
 reboot_required:
   description: Whether a reboot is needed for the binding to take effect.
   returned: always
@@ -148,6 +166,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             devices=dict(type="list", elements="str", default=[]),
+            nvme_controllers=dict(type="list", elements="str", default=[]),
             manage_overrides=dict(type="bool", default=True),
             method=dict(type="str", default="driverctl", choices=list(vfio_binding.METHODS)),
             modules=dict(type="list", elements="str", default=list(vfio_binding.DEFAULT_MODULES)),

@@ -89,7 +89,7 @@ def test_unmanaged_overrides_are_left_alone(tree) -> None:
 @pytest.mark.parametrize(
     ("devices", "message"),
     [
-        ([NVME_CONTROLLER], "only NVIDIA GPUs and Mellanox"),
+        ([NVME_CONTROLLER], "only NVIDIA GPUs, Mellanox"),
         (["0000:ee:00.0"], "not present on this host"),
         (["1b:00.0", "0000:1b:00.0"], "more than once"),
         (["gpu0"], "not a PCI address"),
@@ -132,3 +132,38 @@ def test_live_rebinding_writes_the_sysfs_attributes(tree) -> None:
     assert (root / "sys/bus/pci/devices" / vf / "driver_override").read_text() == "vfio-pci"
     assert (driver_dir / "unbind").read_text() == vf
     assert (root / "sys/bus/pci/drivers_probe").read_text() == vf
+
+
+def test_an_nvme_controller_is_bound_only_when_listed_as_one(tree) -> None:
+    root = tree()
+    with pytest.raises(vb.VfioBindingError, match="NVMe controllers listed in nvme_controllers"):
+        run(root, devices=[NVME_CONTROLLER])
+    result = run(root, nvme_controllers=[NVME_CONTROLLER])
+    assert [(d["pci_address"], d["kind"]) for d in result["devices"]] == [(NVME_CONTROLLER, "nvme")]
+    assert overrides(root) == {f"pci-{NVME_CONTROLLER}": "vfio-pci"}
+    assert "softdep nvme pre: vfio-pci" in (root / "etc/modprobe.d/gpuaas-vfio.conf").read_text()
+    assert result["rebind_required"] == [NVME_CONTROLLER] and result["reboot_required"] is True
+
+
+def test_the_block_devices_behind_a_controller_are_found_through_sysfs(tree) -> None:
+    root = tree()
+    names = vb.block_devices_behind(vb.sysfs.HostRoot(str(root)), NVME_CONTROLLER)
+    assert names and all(n.startswith("nvme") for n in names), names
+    # A recorded tree has no mounts or processes to ask: nothing is reported as used.
+    assert vb.host_uses(vb.sysfs.HostRoot(str(root)), NVME_CONTROLLER) == []
+
+
+def test_removing_an_override_live_hands_the_device_back_to_its_driver(tree) -> None:
+    root = tree()
+    gpu = GPUS[0]
+    run(root, devices=[gpu])
+    driver_dir = (root / "sys/bus/pci/devices" / gpu / "driver").resolve()
+    assert driver_dir.name == "vfio-pci"
+    check = run(root, check_mode=True, devices=[], bind_now=True)
+    assert check["changed"] and check["released_now"] == []
+    result = run(root, devices=[], bind_now=True)
+    assert result["stale_overrides"] == [gpu] and result["released_now"] == [gpu]
+    assert overrides(root) == {}
+    assert (root / "sys/bus/pci/devices" / gpu / "driver_override").read_text() == "\n"
+    assert (driver_dir / "unbind").read_text() == gpu
+    assert (root / "sys/bus/pci/drivers_probe").read_text() == gpu
