@@ -6,7 +6,8 @@ GPUs and the fabric: systemd as PID 1, GRUB booted through OVMF from the host's 
 with an emulated Intel IOMMU (`intel_iommu=on` yields IOMMU groups), emulated NVMe
 controllers with fixed serials and EUI-64s (`nvme id-ns` reports them; Linux ignores the
 namespace IDs of QEMU's controllers, so udev's stable link is
-`/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_<serial>`, not `nvme-eui.*`), 2 GiB of RAM
+`/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_<serial>`, not `nvme-eui.*`) in fixed PCI slots
+(`power_cycle` can reseat them), an OS disk with a by-id name, 2 GiB of RAM
 and a virtio NIC on a bridge of this machine, reachable from the controller by IP.
 cloud-init reads a NoCloud seed on first boot: the lab user (passwordless sudo, the lab's
 SSH key, no password login), the static address, and any extra user-data part (the MAAS
@@ -126,6 +127,11 @@ NAME_PATTERN = re.compile(r"^[a-z][a-z0-9-]{0,9}$")
 LAB_NETWORK = ipaddress.ip_network("10.213.0.0/16")
 BOOT_TIMEOUT = 900.0
 SERIAL_PREFIX = "GPUAASLAB"
+OS_DISK_SERIAL = "gpuaas-lab-os"
+OS_DISK_BY_ID = f"/dev/disk/by-id/virtio-{OS_DISK_SERIAL}"
+# NVMe controllers sit in fixed root-bus slots from here on (QEMU places the other devices
+# from slot 2), so a controller keeps its PCI address unless power_cycle moves it.
+NVME_FIRST_SLOT = 0x10
 
 
 class HostLabError(GpuaasError):
@@ -417,6 +423,8 @@ class LabHost:
             "ansible_ssh_private_key_file": self.ssh_private_key,
             "ansible_become": "true",
             "ansible_python_interpreter": "/usr/bin/python3",
+            # One SSH round trip per task instead of four: tasks on a TCG guest are slow.
+            "ansible_pipelining": "true",
             "ansible_ssh_common_args": (
                 "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
             ),
@@ -439,6 +447,7 @@ class LabHost:
             "ssh_private_key": self.ssh_private_key,
             "inventory_line": self.inventory_line(),
             "nvme": self.nvme,
+            "os_disk": OS_DISK_BY_ID,
             "bridge": self.bridge,
             "pid": self.pid,
             "running": self.running(),
@@ -494,18 +503,25 @@ class LabHost:
                     + console_tail(self),
                     {"console_tail": console_tail(self)},
                 )
-            if _port_open(self.address, 22):
-                proc = subprocess.run(
-                    self.ssh_argv("true", timeout=5), capture_output=True, timeout=30, check=False
-                )
-                if proc.returncode == 0:
-                    return round(time.monotonic() - started, 1)
+            if _port_open(self.address, 22) and self._ssh_answers():
+                return round(time.monotonic() - started, 1)
             time.sleep(2)
         raise HostLabError(
             "lab_host_boot_timeout",
             f"{self.name}: no SSH after {timeout:.0f} s; console:\n" + console_tail(self),
             {"console_tail": console_tail(self)},
         )
+
+    def _ssh_answers(self) -> bool:
+        """`ssh true` succeeds; a guest too busy to answer within the probe's time (sshd
+        still starting under TCG on a loaded machine) is not an error, just not yet."""
+        try:
+            proc = subprocess.run(
+                self.ssh_argv("true", timeout=5), capture_output=True, timeout=30, check=False
+            )
+        except subprocess.TimeoutExpired:
+            return False
+        return proc.returncode == 0
 
     def wait_until_ready(self, timeout: float = BOOT_TIMEOUT) -> float:
         """Seconds until SSH answers and cloud-init has finished (its ssh module restarts
@@ -631,6 +647,11 @@ def _eui64(name: str, index: int) -> int:
     return int.from_bytes(digest[:8], "big") & 0xFFFFFFFFFFFFFF00 | index
 
 
+def _pci_address(slot: int) -> str:
+    """The guest's PCI address of a device in slot ``slot`` of the q35 root bus."""
+    return f"0000:00:{slot:02x}.0"
+
+
 def _mac(name: str) -> str:
     digest = hashlib.sha256(name.encode()).digest()
     return "52:54:00:" + ":".join(f"{b:02x}" for b in digest[:3])
@@ -719,7 +740,8 @@ def _qemu_argv(host: LabHost, accel: str, os_disk: Path, seed: Path, vars_file: 
         "-drive",
         f"file={os_disk},if=none,id=os,format=qcow2",
         "-device",
-        "virtio-blk-pci,drive=os,bootindex=0",
+        # A serial gives the OS disk a /dev/disk/by-id name, as a server's boot disk has.
+        f"virtio-blk-pci,drive=os,bootindex=0,serial={OS_DISK_SERIAL}",
         "-drive",
         f"file={seed},if=none,id=seed,readonly=on,format=raw",
         "-device",
@@ -741,7 +763,7 @@ def _qemu_argv(host: LabHost, accel: str, os_disk: Path, seed: Path, vars_file: 
             "-drive",
             f"file={disk['backing']},if=none,id=nvme{index},format=raw",
             "-device",
-            f"nvme,id=nvmec{index},serial={disk['serial']}",
+            f"nvme,id=nvmec{index},serial={disk['serial']},bus=pcie.0,addr={disk['slot']:#x}",
             "-device",
             f"nvme-ns,drive=nvme{index},bus=nvmec{index},nsid=1,eui64={int(disk['eui64'], 16)}",
         ]
@@ -863,6 +885,8 @@ def _create(
         host.nvme.append(
             {
                 "backing": str(backing),
+                "slot": NVME_FIRST_SLOT + index,
+                "pci_address": _pci_address(NVME_FIRST_SLOT + index),
                 "serial": serial,
                 "eui64": f"{_eui64(host.name, index):016x}",
                 # udev's model_serial link: Linux ignores the namespace IDs of QEMU's NVMe
@@ -882,12 +906,38 @@ def _create(
     _start_qemu(host)
 
 
-def power_cycle(host: LabHost, timeout: float = BOOT_TIMEOUT) -> float:
-    """Stop QEMU and start it again from the same disks (a cold boot): seconds to SSH."""
-    _stop_qemu(host)
+def power_cycle(
+    host: LabHost, timeout: float = BOOT_TIMEOUT, nvme_slots: list[int] | None = None
+) -> float:
+    """Power the host off cleanly and start QEMU again from the same disks (a cold boot):
+    seconds to SSH.
+    ``nvme_slots`` moves the NVMe controllers to other PCI slots first (disk i to
+    ``nvme_slots[i]``, a permutation of the slots they hold), as when drives are reseated:
+    the kernel then enumerates them, and names them, in another order."""
+    if nvme_slots is not None:
+        if sorted(nvme_slots) != sorted(d["slot"] for d in host.nvme):
+            raise HostLabError(
+                "lab_host_bad_nvme_slots",
+                f"{nvme_slots} is not a permutation of {[d['slot'] for d in host.nvme]}",
+            )
+        for disk, slot in zip(host.nvme, nvme_slots, strict=True):
+            disk.update(slot=slot, pci_address=_pci_address(slot))
+        _save(host)
+    _power_off(host)
     started = time.monotonic()
     _start_qemu(host)
     return host.wait_for_ssh(timeout, since=started)
+
+
+def _power_off(host: LabHost, timeout: float = 180) -> None:
+    """A clean shutdown (file systems synced, as a host is before its drives are reseated),
+    then QEMU stopped whatever the guest did."""
+    if host.running():
+        host.ssh("sudo", "-n", "systemctl", "poweroff", timeout=60, check=False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and host.running():
+            time.sleep(1)
+    _stop_qemu(host)
 
 
 def _stop_qemu(host: LabHost, timeout: float = 30) -> None:

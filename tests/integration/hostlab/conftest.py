@@ -7,6 +7,7 @@ whatever happened, with the HTTP server that served the collection to the deploy
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,11 @@ from pathlib import Path
 import pytest
 
 from gpuaas_lab import deployseed, hostlab
-from tests.integration.ansible_helpers import PlaybookRun
+from tests.integration.ansible_helpers import PlaybookRun, run_playbook
+
+# test_storage_and_devices.py uses four controllers of the fresh host: a mirror, a volume
+# group, a share disk and the spare passed to vfio-pci.
+NVME = {"fresh": 4, "deployed": 2}
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +48,7 @@ def lab_hosts(state_dir: Path, collection_server) -> Iterator[dict[str, hostlab.
     try:
         for role, name in names.items():
             hosts[role] = hostlab.up(
-                name, nvme=2, extra_user_data=seeds[role], state_dir=state_dir, wait=False
+                name, nvme=NVME[role], extra_user_data=seeds[role], state_dir=state_dir, wait=False
             )
         for host in hosts.values():
             host.boot_seconds = host.wait_until_ready()
@@ -67,6 +72,20 @@ def deployed(lab_hosts) -> hostlab.LabHost:
 def sh(host: hostlab.LabHost, command: str) -> str:
     """``command`` as root on the host, its standard output."""
     return host.ssh("sudo", "-n", "sh", "-c", command).stdout
+
+
+def run_tasks(
+    host: hostlab.LabHost, tasks: list[dict], workdir: Path, timeout: float = 900
+) -> PlaybookRun:
+    """One play of ``tasks`` against the host over SSH (no fact gathering)."""
+    playbook = workdir / f"tasks-{uuid.uuid4().hex[:8]}.yml"
+    playbook.write_text(
+        json.dumps(
+            [{"name": "Lab host tasks", "hosts": "all", "gather_facts": False, "tasks": tasks}]
+        )
+    )
+    inventory = inventory_of([host], workdir / f"{host.name}.ini")
+    return run_playbook(str(playbook), {}, workdir, inventory=inventory, timeout=timeout)
 
 
 def inventory_of(hosts: list[hostlab.LabHost], path: Path) -> Path:

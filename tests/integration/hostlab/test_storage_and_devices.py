@@ -1,0 +1,323 @@
+"""Disks and devices of a real host over SSH with become, on the ``fresh`` lab host of
+conftest.py (four emulated NVMe controllers, a virtio OS disk): disk_wipe against real NVMe
+controllers, md and LVM and mounts and open handles the host really has, the OS disk;
+storage_transition followed by a cold boot with the controllers reseated in other PCI slots
+(kernel names reshuffled); vfio_binding of a spare NVMe controller across that boot; the
+topology of the live kernel before and after.
+
+Runs after test_lab_host.py (file order within the xdist group): it changes the host's
+kernel arguments and disks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from gpuaas_lab import hostlab
+from gpuaas_lab.hostlab import console_tail
+from tests.integration.ansible_helpers import PlaybookRun
+from tests.integration.hostlab.conftest import run_tasks, sh
+
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("labhost")]
+
+APPROVAL = "INFRA-1842: lab host disks"
+MD_ARRAY = "/dev/md/glmirror"
+VOLUME_GROUP = "gltenant"
+
+
+def wipe(name: str, device: str, **options) -> dict:
+    return {
+        "name": name,
+        "gpuaas.fleet.disk_wipe": {
+            "device": device,
+            "approval": APPROVAL,
+            "sample_count": 8,
+            **options,
+        },
+        "ignore_errors": True,
+    }
+
+
+def kernel(host: hostlab.LabHost, by_id: str) -> str:
+    return sh(host, f"readlink -f {by_id}").strip()
+
+
+def refusal_codes(run: PlaybookRun, task: str, host: str) -> set[str]:
+    result = run.task(task, host)
+    assert result.get("failed") and not result.get("changed"), result
+    return {r["code"] for r in result["refused"]}
+
+
+def proof_of(run: PlaybookRun, task: str, host: str) -> dict:
+    result = run.task(task, host)
+    assert not result.get("failed"), result.get("msg")
+    proof = result["proof"]
+    assert proof["verified"] is True and not proof["signatures_after"], proof
+    assert all(m["written"] and m["gone"] for m in proof["markers"]), proof["markers"]
+    assert all(s["all_zero"] for s in proof["samples"]), proof["samples"]
+    return proof
+
+
+def test_wipe_refuses_what_the_host_uses_and_erases_what_the_tenant_left(
+    fresh: hostlab.LabHost, tmp_path: Path
+) -> None:
+    mirror_a, mirror_b, lvm_disk, share_disk = (d["by_id"] for d in fresh.nvme)
+    # What a host really has on its disks: an active RAID1 mirror over two NVMe disks, an
+    # active LVM logical volume, a mounted partition; each holds a known line of data.
+    sh(
+        fresh,
+        f"yes | mdadm --create {MD_ARRAY} --level=1 --raid-devices=2 --metadata=1.2"
+        f" --assume-clean --run {mirror_a} {mirror_b}"
+        f" && pvcreate -ff -y {lvm_disk} && vgcreate {VOLUME_GROUP} {lvm_disk}"
+        f" && lvcreate -y -L 64M -n data {VOLUME_GROUP}"
+        f" && sgdisk --zap-all --new=1:0:+256M {share_disk} && udevadm settle"
+        f" && mkfs.ext4 -q {share_disk}-part1 && mkdir -p /mnt/glshare"
+        f" && mount {share_disk}-part1 /mnt/glshare"
+        " && echo tenant-data > /mnt/glshare/keep"
+        f" && echo mirror-data | dd of={MD_ARRAY} conv=fsync status=none"
+        f" && echo volume-data | dd of=/dev/{VOLUME_GROUP}/data conv=fsync status=none",
+    )
+    in_use = run_tasks(
+        fresh,
+        [
+            wipe("Wipe an active md member", mirror_a),
+            wipe("Wipe a disk under an active LVM volume", lvm_disk),
+            wipe("Wipe a disk with a mounted partition", share_disk),
+            wipe("Wipe the OS disk", hostlab.OS_DISK_BY_ID),
+        ],
+        tmp_path,
+    )
+    assert "md_member" in refusal_codes(in_use, "Wipe an active md member", fresh.name)
+    assert "dm_holder" in refusal_codes(
+        in_use, "Wipe a disk under an active LVM volume", fresh.name
+    )
+    assert "child_mounted" in refusal_codes(
+        in_use, "Wipe a disk with a mounted partition", fresh.name
+    )
+    assert {"os_disk", "system_mount"} <= refusal_codes(in_use, "Wipe the OS disk", fresh.name)
+    # Refused means untouched: every array, volume, file and the host itself as before.
+    assert sh(fresh, f"head -c 11 {MD_ARRAY}") == "mirror-data"
+    assert sh(fresh, f"head -c 11 /dev/{VOLUME_GROUP}/data") == "volume-data"
+    assert sh(fresh, "cat /mnt/glshare/keep").strip() == "tenant-data"
+    assert "active" in sh(fresh, f"mdadm --detail {MD_ARRAY}")
+    assert sh(fresh, "systemctl is-system-running || true").strip() == "running"
+
+    # The tenant is gone: the mirror stopped, the volume group deactivated, the partition
+    # unmounted; a process still holds the share disk open.
+    sh(
+        fresh,
+        f"mdadm --stop {MD_ARRAY} && vgchange -an {VOLUME_GROUP} && umount /mnt/glshare"
+        f" && systemd-run --unit=glholder sh -c 'exec sleep 900 < {share_disk}'"
+        " && sleep 1",
+    )
+    try:
+        left = run_tasks(
+            fresh,
+            [
+                wipe("Wipe a disk a process holds open", share_disk),
+                wipe("Wipe an inactive md member with the controller's format", mirror_a),
+                wipe("Wipe the other inactive md member", mirror_b, method="blkdiscard"),
+                wipe("Wipe an inactive LVM physical volume", lvm_disk),
+            ],
+            tmp_path,
+        )
+    finally:
+        sh(fresh, "systemctl stop glholder || true")
+    busy = left.task("Wipe a disk a process holds open", fresh.name)
+    assert {r["code"] for r in busy["refused"]} == {"device_busy"}, busy["refused"]
+    assert "sleep" in busy["msg"] + json.dumps(busy["refused"])
+    assert sh(fresh, f"blkid -o value -s TYPE {share_disk}-part1").strip() == "ext4"
+
+    formatted = proof_of(
+        left, "Wipe an inactive md member with the controller's format", fresh.name
+    )
+    assert "linux_raid_member" in {s["type"] for s in formatted["signatures_before"]}
+    # QEMU's controller supports Format NVM (OACS bit 1) with no FNA bits: Identify
+    # Controller chooses a user data erase of this namespace, sent to the controller device.
+    [attempt] = formatted["attempts"]
+    assert (attempt["method"], attempt["ok"], formatted["method"]) == (
+        "nvme_format",
+        True,
+        "nvme_format",
+    ), formatted["attempts"]
+    assert attempt["secure_erase"] == {"ses": 1, "lbaf": 0, "why": "user data erase (FNA=0x0)"}
+    assert re.search(r"nvme format /dev/nvme\d+ --namespace-id=1 --ses=1 ", attempt["command"])
+    assert [c.split()[1] for c in formatted["commands"][:3]] == ["id-ctrl", "id-ns", "format"]
+    discarded = proof_of(left, "Wipe the other inactive md member", fresh.name)
+    assert discarded["method"] == "blkdiscard", discarded["attempts"]
+    volume = proof_of(left, "Wipe an inactive LVM physical volume", fresh.name)
+    assert "LVM2_member" in {s["type"] for s in volume["signatures_before"]}
+    for disk in (mirror_a, mirror_b, lvm_disk):
+        assert sh(fresh, f"wipefs --noheadings {disk}").strip() == ""
+    assert VOLUME_GROUP not in sh(fresh, "vgs --noheadings -o vg_name")
+    assert MD_ARRAY not in sh(fresh, "ls /dev/md 2>/dev/null || true")
+
+
+def nvme_map(run: PlaybookRun, host: str) -> dict[str, dict]:
+    """The live topology's NVMe disks by controller serial."""
+    topology = run.task("Discover the topology", host)["topology"]
+    assert not any(d["os_disk"] for d in topology["nvme_devices"])
+    return {d["serial"]: d for d in topology["nvme_devices"]}
+
+
+def driver_of(host: hostlab.LabHost, address: str) -> str:
+    return sh(host, f"basename $(readlink /sys/bus/pci/devices/{address}/driver) || true").strip()
+
+
+def test_storage_transition_and_vfio_binding_across_a_reboot_with_the_disks_reseated(
+    fresh: hostlab.LabHost, tmp_path: Path
+) -> None:
+    share = fresh.nvme[2]
+    spare = fresh.nvme[1]
+    disk = share["by_id"]
+    root_controller = sh(
+        fresh, f"readlink -f /sys/class/block/$(basename $(readlink -f {hostlab.OS_DISK_BY_ID}))"
+    ).split("/")[-4]
+    # A share disk as GPU hosts have them before slice mode: two partitions mounted at
+    # boot from /etc/fstab, one by file system UUID and one by its by-id partition link.
+    sh(
+        fresh,
+        f"sgdisk --zap-all --new=1:0:+128M --new=2:0:+128M {disk} && udevadm settle"
+        f" && mkfs.ext4 -q {disk}-part1 && mkfs.ext4 -q {disk}-part2"
+        " && mkdir -p /srv/share1 /srv/share2"
+        f' && echo "UUID=$(blkid -o value -s UUID {disk}-part1) /srv/share1 ext4 defaults 0 2"'
+        " >> /etc/fstab"
+        f" && echo '{disk}-part2 /srv/share2 ext4 defaults 0 2' >> /etc/fstab"
+        " && mount /srv/share1 && mount /srv/share2 && echo share > /srv/share1/data",
+    )
+    fstab_before = sh(fresh, "cat /etc/fstab")
+    topology_task = {
+        "name": "Discover the topology",
+        "gpuaas.fleet.slice_topology": {"node": fresh.name},
+    }
+    transition = {
+        "name": "Transition the share disk",
+        "gpuaas.fleet.storage_transition": {
+            "devices": [disk],
+            "approved_devices": [disk],
+            "approval": APPROVAL,
+            "apply": True,
+        },
+    }
+    before = run_tasks(
+        fresh,
+        [
+            topology_task,
+            {
+                "name": "Bind the controller behind the root file system",
+                "gpuaas.fleet.vfio_binding": {"nvme_controllers": [root_controller]},
+                "ignore_errors": True,
+            },
+            {
+                "name": "Stage the IOMMU kernel arguments",
+                "gpuaas.fleet.kernel_cmdline": {"cpu_vendor": "intel"},
+            },
+            {
+                "name": "Bind the spare controller to vfio-pci at boot",
+                "gpuaas.fleet.vfio_binding": {"nvme_controllers": [spare["pci_address"]]},
+            },
+            transition,
+        ],
+        tmp_path,
+    )
+    assert before.rc == 0, before.failures()
+    mapped = nvme_map(before, fresh.name)
+    shared = mapped[share["serial"]]
+    assert shared["has_mounted_children"] and set(shared["mountpoints"]) >= {
+        "/srv/share1",
+        "/srv/share2",
+    }, shared
+    refused = before.task("Bind the controller behind the root file system", fresh.name)
+    assert refused["failed"] and root_controller in refused["msg"], refused
+    assert "system mount" in refused["msg"] and "/" in refused["msg"], refused["msg"]
+    assert sh(fresh, "ls /etc/driverctl.d/ 2>/dev/null || true").split() == [
+        f"pci-{spare['pci_address']}"
+    ]
+    bound = before.task("Bind the spare controller to vfio-pci at boot", fresh.name)
+    assert bound["reboot_required"] and bound["rebind_required"] == [spare["pci_address"]]
+    applied = before.task("Transition the share disk", fresh.name)
+    assert applied["changed"], applied
+    fstab = sh(fresh, "cat /etc/fstab")
+    disabled = [line for line in fstab.splitlines() if "/srv/share" in line]
+    assert len(disabled) == 2 and all(
+        line.startswith("# gpuaas-slice-storage-disabled") for line in disabled
+    )
+    assert [line for line in fstab.splitlines() if "/srv/share" not in line] == [
+        line for line in fstab_before.splitlines() if "/srv/share" not in line
+    ]
+    assert sh(fresh, f"wipefs --noheadings {disk}; lsblk -no NAME {disk} | wc -l").split() == ["1"]
+    assert json.loads(sh(fresh, f"cat {applied['manifest_path']}"))["approval"] == APPROVAL
+    assert sh(fresh, "findmnt -n /srv/share1 /srv/share2 || true").strip() == ""
+
+    # A cold boot with the controllers reseated: every disk but the spare changes PCI slot,
+    # so the kernel enumerates (and names) them in another order.
+    slots = [d["slot"] for d in fresh.nvme]
+    reseated = [slots[2], slots[1], slots[3], slots[0]]
+    old_addresses = {d["serial"]: d["pci_address"] for d in fresh.nvme}
+    hostlab.power_cycle(fresh, nvme_slots=reseated)
+    fresh.wait_until_ready()
+    state = sh(fresh, "systemctl is-system-running --wait || true").strip()
+    assert state == "running", sh(fresh, "systemctl --failed --no-legend") + console_tail(fresh)
+    assert sh(fresh, "findmnt -n /srv/share1 /srv/share2 || true").strip() == ""
+    cmdline = sh(fresh, "cat /proc/cmdline").split()
+    assert "intel_iommu=on" in cmdline and "iommu=pt" in cmdline, cmdline
+    assert driver_of(fresh, spare["pci_address"]) == "vfio-pci"
+    group = sh(
+        fresh, f"basename $(readlink /sys/bus/pci/devices/{spare['pci_address']}/iommu_group)"
+    )
+    assert group.strip().isdigit()
+
+    after = run_tasks(
+        fresh,
+        [
+            topology_task,
+            {**transition, "name": "Transition the share disk again"},
+            {
+                "name": "Report the binding",
+                "gpuaas.fleet.vfio_binding": {"nvme_controllers": [spare["pci_address"]]},
+            },
+        ],
+        tmp_path,
+    )
+    assert after.rc == 0, after.failures()
+    remapped = nvme_map(after, fresh.name)
+    # The spare controller is on vfio-pci: the host no longer sees its disk.
+    assert spare["serial"] not in remapped
+    for serial, disk_before in mapped.items():
+        if serial == spare["serial"]:
+            continue
+        disk_after = remapped[serial]
+        assert disk_after["stable_path"] == disk_before["stable_path"], (disk_before, disk_after)
+        assert disk_after["pci_address"] != old_addresses[serial]
+    moved = {
+        s: (mapped[s]["kernel_name"], remapped[s]["kernel_name"])
+        for s in remapped
+        if mapped[s]["kernel_name"] != remapped[s]["kernel_name"]
+    }
+    assert moved, "the reseated controllers kept their kernel names"
+    assert not remapped[share["serial"]]["partitions"] and not remapped[share["serial"]]["mounted"]
+    assert after.task("Transition the share disk again", fresh.name)["changed"] is False
+    report = after.task("Report the binding", fresh.name)
+    assert report["changed"] is False and report["reboot_required"] is False
+    assert report["devices"][0]["iommu_group"] == int(group)
+
+    # Handing the controller back: the override goes, nvme takes it again, the disk returns.
+    released = run_tasks(
+        fresh,
+        [
+            {
+                "name": "Release the spare controller",
+                "gpuaas.fleet.vfio_binding": {"nvme_controllers": [], "bind_now": True},
+            }
+        ],
+        tmp_path,
+    )
+    assert released.rc == 0, released.failures()
+    result = released.task("Release the spare controller", fresh.name)
+    assert result["released_now"] == [spare["pci_address"]]
+    assert driver_of(fresh, spare["pci_address"]) == "nvme"
+    assert kernel(fresh, spare["by_id"]).startswith("/dev/nvme")
