@@ -36,6 +36,7 @@ import json
 import os
 import shutil
 import stat
+import time
 from dataclasses import asdict, dataclass, field
 
 from ansible_collections.gpuaas.fleet.plugins.module_utils import sysfs
@@ -52,6 +53,8 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils.procfs import (
 DEFAULT_STABLE_DIRS = ("/dev/disk/by-id",)
 SYSTEM_MOUNTPOINTS = ("/", "/boot", "/boot/efi", "/usr", "/var", "/home")
 SYS_BLOCK = "/sys/class/block"
+REREAD_ATTEMPTS = 10
+REREAD_DELAY_SECONDS = 0.5
 SYS_DEV_BLOCK = "/sys/dev/block"
 TOOL_DIRS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
 
@@ -843,6 +846,19 @@ def _inspect_signatures(report: DeviceReport, path: str, device_paths) -> None:
             )
 
 
-def reread_partitions(fd: int) -> None:
-    """BLKRRPART on an fd we hold (O_EXCL holders may re-read; others get EBUSY)."""
-    fcntl.ioctl(fd, BLKRRPART)
+def reread_partitions(fd: int, attempts: int = REREAD_ATTEMPTS) -> None:
+    """BLKRRPART on an fd we hold (O_EXCL holders may re-read; others get EBUSY).
+
+    Closing a partition we just wrote (wipefs) makes udev probe it, which holds it open for
+    a moment and makes the re-read fail with EBUSY: wait for udev's queue, then retry.
+    """
+    for attempt in range(attempts):
+        try:
+            fcntl.ioctl(fd, BLKRRPART)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or attempt == attempts - 1:
+                raise
+        if shutil.which("udevadm"):
+            run_tool(["udevadm", "settle", "--timeout=10"], timeout=30)
+        time.sleep(REREAD_DELAY_SECONDS)

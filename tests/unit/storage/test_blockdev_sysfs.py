@@ -1,11 +1,13 @@
 """blockdev helpers over recorded inputs: stable path rules, mountinfo/swaps parsing, and
-dm/md holder walking over a small sysfs tree (this kernel has neither dm nor md, so the
-holder relation cannot be created for real here)."""
+dm/md holder walking over a small sysfs tree (this controller's kernel has neither dm nor
+md; lab hosts create them for real in tests/integration/hostlab)."""
 
 from __future__ import annotations
 
+import errno
 import os
 
+import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils import blockdev
 from ansible_collections.gpuaas.fleet.plugins.module_utils.blockdev import (
     DM_HOLDER,
@@ -149,3 +151,22 @@ def test_holders_walk_partitions_and_stacks(tmp_path):
 def test_no_holders_means_no_findings(tmp_path):
     sys_block = make_sysfs(tmp_path, {"nvme0n1": {"partitions": ["nvme0n1p1"]}})
     assert holders_of(["nvme0n1", "nvme0n1p1"], sys_block) == []
+
+
+def test_a_partition_reread_waits_out_udev_holding_a_partition(monkeypatch) -> None:
+    """EBUSY while udev probes a partition we just wiped: retried; other errors are not."""
+    calls = []
+
+    def ioctl(fd, request):
+        calls.append(request)
+        if len(calls) < 3:
+            raise OSError(errno.EBUSY, "Device or resource busy")
+
+    monkeypatch.setattr(blockdev.fcntl, "ioctl", ioctl)
+    monkeypatch.setattr(blockdev, "REREAD_DELAY_SECONDS", 0)
+    blockdev.reread_partitions(0)
+    assert calls == [blockdev.BLKRRPART] * 3
+    calls.clear()
+    with pytest.raises(OSError):
+        blockdev.reread_partitions(0, attempts=2)
+    assert len(calls) == 2
