@@ -5,8 +5,9 @@ GPUs and the fabric: systemd as PID 1, GRUB booted through OVMF from the host's 
 (so `/etc/default/grub` and `update-grub` take effect on the next boot), a q35 machine
 with an emulated Intel IOMMU (`intel_iommu=on` yields IOMMU groups), emulated NVMe
 controllers with fixed serials and EUI-64s (`nvme id-ns` reports them; Linux ignores the
-namespace IDs of QEMU's controllers, so udev's stable link is
-`/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_<serial>`, not `nvme-eui.*`) in fixed PCI slots
+namespace IDs of QEMU's controllers, so udev itself only links
+`/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_<serial>`: a lab udev rule in the image adds the
+`nvme-eui.<eui64>` link a real drive has, from Identify Namespace) in fixed PCI slots
 (`power_cycle` can reseat them), an OS disk with a by-id name, 2 GiB of RAM
 and a virtio NIC on a bridge of this machine, reachable from the controller by IP.
 cloud-init reads a NoCloud seed on first boot: the lab user (passwordless sudo, the lab's
@@ -126,6 +127,8 @@ MEMORY_MIB = 2048
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9-]{0,9}$")
 LAB_NETWORK = ipaddress.ip_network("10.213.0.0/16")
 BOOT_TIMEOUT = 900.0
+STALE_IMAGE_SECONDS = 24 * 3600
+SUBNETS_LOCK = Path("/run/lock/gpuaas-lab-subnets.lock")
 SERIAL_PREFIX = "GPUAASLAB"
 OS_DISK_SERIAL = "gpuaas-lab-os"
 OS_DISK_BY_ID = f"/dev/disk/by-id/virtio-{OS_DISK_SERIAL}"
@@ -214,7 +217,10 @@ def ensure_host_image(
     cache_dir: Path | None = None, in_use: frozenset[str] = frozenset()
 ) -> HostImage:
     """The cached host disk image for the current recipe, building it first if needed.
-    Images of older recipes are removed unless ``in_use`` (cache keys hosts boot from)."""
+    Images of other recipes are removed unless ``in_use`` (cache keys hosts of this state
+    directory boot from), open by a process (a host of another state directory or checkout
+    running from it) or used within STALE_IMAGE_SECONDS (another checkout between getting
+    its image and booting from it)."""
     _require_usable()
     cache_dir = cache_dir or default_cache_dir()
     ansible_core = _ansible_core_version()
@@ -223,10 +229,11 @@ def ensure_host_image(
     record = entry / "image.json"
     with locked(cache_dir / "hostimage" / ".lock"):
         if record.exists():
+            record.touch()
             return HostImage(**{**json.loads(record.read_text()), "built_now": False})
         for stale in (cache_dir / "hostimage").iterdir():
-            # Each image is about a gigabyte; an old recipe's serves only existing hosts.
-            if stale.is_dir() and stale.name not in {key, *in_use}:
+            # Each image is about a gigabyte; another recipe's serves only existing hosts.
+            if stale.is_dir() and stale.name not in {key, *in_use} and _unused(stale):
                 shutil.rmtree(stale, ignore_errors=True)
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="build-", dir=cache_dir / "hostimage") as tmp:
@@ -245,6 +252,26 @@ def ensure_host_image(
         )
         record.write_text(json.dumps(asdict(image), indent=2))
         return image
+
+
+def _unused(entry: Path) -> bool:
+    """Neither used within STALE_IMAGE_SECONDS nor open by any process of this machine."""
+    record = entry / "image.json"
+    if record.exists() and time.time() - record.stat().st_mtime < STALE_IMAGE_SECONDS:
+        return False
+    inside = f"{entry.resolve()}/"
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            descriptors = list(fd_dir.iterdir())
+        except OSError:  # the process ended, or is not ours to read
+            continue
+        for descriptor in descriptors:
+            try:
+                if os.readlink(descriptor).startswith(inside):
+                    return False
+            except OSError:  # closed meanwhile (the listing's own descriptor, say)
+                continue
+    return True
 
 
 def _customize_script(root_uuid: str, esp_uuid: str) -> str:
@@ -277,6 +304,27 @@ menuentry 'Debian GNU/Linux (lab first boot)' {{
     linux /boot/$kernel root=UUID={root_uuid} ro {KERNEL_ARGS}
     initrd /boot/initrd.img-${{kernel#vmlinuz-}}
 }}
+EOF
+mkdir -p "$root/usr/local/lib/gpuaas-lab"
+cat > "$root/usr/local/lib/gpuaas-lab/nvme-eui" <<'EOF'
+#!/bin/sh
+# For udev: the namespace's EUI-64 from Identify Namespace (nothing when all zero).
+eui=$(/usr/sbin/nvme id-ns -o json "$1" 2>/dev/null \
+    | /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin).get("eui64", ""))')
+case "$eui" in ""|0000000000000000) exit 0 ;; esac
+echo "GPUAAS_LAB_EUI=$eui"
+EOF
+chmod 0755 "$root/usr/local/lib/gpuaas-lab/nvme-eui"
+cat > "$root/etc/udev/rules.d/61-gpuaas-lab-nvme-eui.rules" <<'EOF'
+ACTION=="remove", GOTO="gpuaas_lab_end"
+SUBSYSTEM!="block", GOTO="gpuaas_lab_end"
+KERNEL=="nvme*n*", ENV{{DEVTYPE}}=="disk", \\
+    IMPORT{{program}}="/usr/local/lib/gpuaas-lab/nvme-eui $devnode"
+KERNEL=="nvme*n*", ENV{{DEVTYPE}}=="partition", IMPORT{{parent}}="GPUAAS_LAB_EUI"
+ENV{{GPUAAS_LAB_EUI}}=="", GOTO="gpuaas_lab_end"
+ENV{{DEVTYPE}}=="disk", SYMLINK+="disk/by-id/nvme-eui.$env{{GPUAAS_LAB_EUI}}"
+ENV{{DEVTYPE}}=="partition", SYMLINK+="disk/by-id/nvme-eui.$env{{GPUAAS_LAB_EUI}}-part%n"
+LABEL="gpuaas_lab_end"
 EOF
 printf '{early}' > "$root/tmp/early.cfg"
 chroot "$root" grub-mkstandalone -O x86_64-efi -o /boot/lab-BOOTX64.EFI \\
@@ -761,7 +809,9 @@ def _qemu_argv(host: LabHost, accel: str, os_disk: Path, seed: Path, vars_file: 
     for index, disk in enumerate(host.nvme):
         argv += [
             "-drive",
-            f"file={disk['backing']},if=none,id=nvme{index},format=raw",
+            # discard=unmap: deallocated blocks read back as zeroes, as on a drive that
+            # reports it (Identify Namespace DLFEAT); QEMU punches holes in the file.
+            f"file={disk['backing']},if=none,id=nvme{index},format=raw,discard=unmap",
             "-device",
             f"nvme,id=nvmec{index},serial={disk['serial']},bus=pcie.0,addr={disk['slot']:#x}",
             "-device",
@@ -816,7 +866,9 @@ def up(
     )
     image = ensure_host_image(cache_dir, in_use)
     key = lab_key(state_dir)
-    with locked(state_dir / ".hosts.lock"):
+    # The subnet is claimed on the machine (its bridge and gateway address added) under a
+    # machine-wide lock: state directories of other checkouts allocate from the same range.
+    with locked(state_dir / ".hosts.lock"), locked(SUBNETS_LOCK):
         existing = _load(state_dir / name)
         if existing is not None:
             state = "running" if existing.running() else "stopped"
@@ -842,6 +894,11 @@ def up(
             image_key=image.cache_key,
         )
         _save(host)
+        try:
+            _add_bridge(host)
+        except BaseException:
+            _teardown(host)
+            raise
     try:
         _create(host, image, nvme, nvme_size_mib, key, extra_user_data)
         if wait:
@@ -889,21 +946,23 @@ def _create(
                 "pci_address": _pci_address(NVME_FIRST_SLOT + index),
                 "serial": serial,
                 "eui64": f"{_eui64(host.name, index):016x}",
-                # udev's model_serial link: Linux ignores the namespace IDs of QEMU's NVMe
-                # controllers (a kernel quirk), so no nvme-eui.* link appears for them.
+                # udev's model_serial link (the image's lab rule adds nvme-eui.<eui64>).
                 "by_id": f"/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_{serial}",
             }
         )
     extra = extra_user_data(host) if callable(extra_user_data) else extra_user_data
     _write_seed(host, key.with_suffix(".pub").read_text().strip(), extra)
     _save(host)
-    _run(["ip", "link", "add", host.bridge, "type", "bridge"])
-    _run(["ip", "addr", "add", f"{host.gateway}/{host.prefixlen}", "dev", host.bridge])
-    _run(["ip", "link", "set", host.bridge, "up"])
     _run(["ip", "tuntap", "add", "dev", host.tap, "mode", "tap"])
     _run(["ip", "link", "set", host.tap, "master", host.bridge])
     _run(["ip", "link", "set", host.tap, "up"])
     _start_qemu(host)
+
+
+def _add_bridge(host: LabHost) -> None:
+    _run(["ip", "link", "add", host.bridge, "type", "bridge"])
+    _run(["ip", "addr", "add", f"{host.gateway}/{host.prefixlen}", "dev", host.bridge])
+    _run(["ip", "link", "set", host.bridge, "up"])
 
 
 def power_cycle(
