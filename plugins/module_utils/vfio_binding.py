@@ -42,6 +42,7 @@ METHODS = ("driverctl", "modprobe_ids")
 # Drivers that would claim approved devices at boot before vfio-pci could.
 SOFTDEP_DRIVERS = {"gpu": ("nvidia", "nouveau"), "fabric": ("mlx5_core",), "nvme": ("nvme",)}
 NVME_CLASS = "0x010802"
+MAX_USES_NAMED = 5
 HEADER = "# Managed by gpuaas.fleet.vfio_binding from the approved slice topology.\n"
 
 
@@ -79,7 +80,11 @@ def host_uses(host, address):
         if blockdev.is_partition(name):
             continue
         report = blockdev.inspect_device(f"/dev/{name}", ("/dev",), probe_content=False)
-        uses.extend(f.message for f in report.findings if f.kind == blockdev.USAGE)
+        for finding in report.findings:
+            if finding.kind == blockdev.USAGE and finding.message not in uses:
+                uses.append(finding.message)
+    if len(uses) > MAX_USES_NAMED:
+        uses[MAX_USES_NAMED:] = [f"and {len(uses) - MAX_USES_NAMED} more uses"]
     return uses
 
 

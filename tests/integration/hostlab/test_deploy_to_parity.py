@@ -193,9 +193,9 @@ def test_deploy_bootstrap_reboot_and_parity_over_ssh(
     by_link = {link: d for d in topology["nvme_devices"] for link in d["by_id"]}
     for disk in deployed.nvme:
         found = by_link[disk["by_id"]]
-        # The controller's own identity (PCI vendor, serial, model, namespace) is preferred.
-        assert found["stable_path"].startswith("/dev/disk/by-id/nvme-"), found
-        assert disk["serial"].encode().hex() in found["stable_path"], found
+        # The namespace's EUI-64 is the preferred identity, as on a real drive.
+        assert found["stable_path"] == f"/dev/disk/by-id/nvme-eui.{disk['eui64']}", found
+        assert found["serial"] == disk["serial"], found
         assert not found["os_disk"] and re.fullmatch(r"nvme\d+n1", found["kernel_name"])
         assert "numa_node" in found
     assert len(by_link) >= len(deployed.nvme)

@@ -42,6 +42,7 @@ def test_a_lab_host_is_a_debian_host_reachable_over_ssh(fresh: hostlab.LabHost) 
         assert Path(disk["by_id"]).name in by_id
         device = sh(fresh, f"readlink -f {disk['by_id']}").strip()
         assert json.loads(sh(fresh, f"nvme id-ns -o json {device}"))["eui64"] == disk["eui64"]
+        assert f"nvme-eui.{disk['eui64']}" in by_id
     root = sh(fresh, "findmnt -no SOURCE /").strip()
     assert root.startswith("/dev/vda"), root
     cmdline = sh(fresh, "cat /proc/cmdline").split()

@@ -3,7 +3,8 @@ conftest.py (four emulated NVMe controllers, a virtio OS disk): disk_wipe agains
 controllers, md and LVM and mounts and open handles the host really has, the OS disk;
 storage_transition followed by a cold boot with the controllers reseated in other PCI slots
 (kernel names reshuffled); vfio_binding of a spare NVMe controller across that boot; the
-topology of the live kernel before and after.
+topology of the live kernel before and after; and the reconcile flow wiping a released
+slot's disk on the host, its proof settled in the store.
 
 Runs after test_lab_host.py (file order within the xdist group): it changes the host's
 kernel arguments and disks.
@@ -13,12 +14,22 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
-from gpuaas_lab import hostlab
+from controlplane.api import ControlPlane
+from controlplane.enums import AllocationState
+from controlplane.scheduler.placement import PlacementRequest
+from controlplane.services.inventory import NodeSpec
+from flows.fleet import approve_slots, discover_topology
+from flows.reconcile import reconcile
+from gpuaas_lab import hostlab, hosttrees
 from gpuaas_lab.hostlab import console_tail
+from gpuaas_lab.slicehost import LAB_SKU, lab_host_spec
 from tests.integration.ansible_helpers import PlaybookRun
 from tests.integration.hostlab.conftest import run_tasks, sh
 
@@ -321,3 +332,108 @@ def test_storage_transition_and_vfio_binding_across_a_reboot_with_the_disks_rese
     assert result["released_now"] == [spare["pci_address"]]
     assert driver_of(fresh, spare["pci_address"]) == "nvme"
     assert kernel(fresh, spare["by_id"]).startswith("/dev/nvme")
+
+
+# A recorded tree on the lab host for discovery: one GPU and one fabric VF (this machine
+# has neither) and one data disk carrying the EUI-64 of the host's real NVMe disk, so the
+# slot's disk is that real disk, wiped over SSH.
+REMOTE_TREE = "/var/lib/gpuaas-lab/topology-tree"
+
+
+def copy_tree(host: hostlab.LabHost, tree: Path) -> None:
+    archive = subprocess.run(
+        ["tar", "-C", str(tree), "-cf", "-", "."], capture_output=True, check=True
+    ).stdout
+    subprocess.run(
+        host.ssh_argv(
+            "sudo",
+            "-n",
+            "sh",
+            "-c",
+            f"rm -rf {REMOTE_TREE} && mkdir -p {REMOTE_TREE} && tar -C {REMOTE_TREE} -xf -",
+        ),
+        input=archive,
+        capture_output=True,
+        check=True,
+        timeout=120,
+    )
+
+
+def test_reconcile_wipes_a_released_slot_disk_of_the_lab_host_and_the_store_keeps_the_proof(
+    fresh: hostlab.LabHost,
+    tmp_path: Path,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    prefect_harness,
+    engine,
+) -> None:
+    disk = fresh.nvme[0]
+    copy_tree(
+        fresh, hosttrees.write_tree(lab_host_spec(fresh.name, disk["eui64"]), tmp_path / "tree")
+    )
+    # Approval needs the slice network a bootstrapped host has (bridge, NAT, forwarding);
+    # already there when test_deploy_to_parity.py bootstrapped this host.
+    baseline = run_tasks(
+        fresh,
+        [
+            {
+                "name": "Bring up the slice network baseline",
+                "ansible.builtin.include_role": {"name": "gpuaas.fleet.slice_network_baseline"},
+            }
+        ],
+        tmp_path,
+    )
+    assert baseline.rc == 0, baseline.failures()
+    monkeypatch.setenv("GPUAAS_DATABASE_URL", database_url)
+    monkeypatch.setenv("GPUAAS_RUNS_DIR", str(tmp_path / "runs"))
+    # The controller's SSH key, as an operator configures Ansible on it (the store keeps
+    # no key paths).
+    monkeypatch.setenv("ANSIBLE_PRIVATE_KEY_FILE", fresh.ssh_private_key)
+    cp = ControlPlane.from_environment()
+    cp.define_sku(LAB_SKU)
+    connection = fresh.host_vars()
+    connection.pop("ansible_ssh_private_key_file")
+    cp.register_node(
+        NodeSpec(
+            fresh.name,
+            "lab",
+            node_family=LAB_SKU.node_family,
+            maas_tags=("gpuaas-profile-slice-vm",),
+            gpu_count=1,
+            slice_subnet="10.100.0.0/24",
+            management_address=connection.pop("ansible_host"),
+            host_vars={**connection, "gpuaas_topology_root": REMOTE_TREE},
+        )
+    )
+    discover_topology(hostnames=[fresh.name])
+    assert approve_slots(fresh.name)["approved"] == [0]
+    [slot] = cp.list_slots(fresh.name)
+    assert slot.nvme_device == f"/dev/disk/by-id/nvme-eui.{disk['eui64']}"
+
+    placed = cp.place(PlacementRequest(LAB_SKU.slug, 1))
+    assert placed.placed, placed
+    allocation = uuid.UUID(str(placed.allocation_id))
+    cp.transition(allocation, AllocationState.PROVISIONING, "test")
+    cp.transition(allocation, AllocationState.ACTIVE, "test")
+    sh(fresh, f"echo tenant-data | dd of={slot.nvme_device} conv=fsync status=none")
+    cp.release(allocation, "test")
+    assert cp.list_slots(fresh.name)[0].status == "cleanup"
+
+    result = reconcile(grace_seconds=0, compare_with_hosts=False)
+
+    [row] = [r for r in result["slots"] if r["node"] == fresh.name]
+    assert row["now"] == "available", row
+    [slot] = cp.list_slots(fresh.name)
+    assert slot.status == "available" and slot.health_state == "healthy", slot
+    with engine.connect() as conn:
+        proofs = conn.execute(
+            text(
+                "SELECT e.passed, e.payload FROM evidence e JOIN nodes n ON n.id = e.node_id"
+                " WHERE e.kind = 'wipe_proof' AND n.hostname = :hostname"
+            ),
+            {"hostname": fresh.name},
+        ).all()
+    [(passed, proof)] = proofs
+    assert passed and proof["verified"] is True and proof["device"] == slot.nvme_device
+    assert proof["method"] == "nvme_format" and proof["approval"].startswith("reconcile")
+    assert sh(fresh, f"head -c 11 {slot.nvme_device} | od -An -c").split() == ["\\0"] * 11
