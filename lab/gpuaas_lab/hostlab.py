@@ -476,6 +476,10 @@ class LabHost:
             "ansible_python_interpreter": "/usr/bin/python3",
             # One SSH round trip per task instead of four: tasks on a TCG guest are slow.
             "ansible_pipelining": "true",
+            # Connection and become-prompt wait: 10 s was too short for sudo on a TCG
+            # guest while the CI's other worker boots slice VMs ("Timeout (12s) waiting
+            # for privilege escalation prompt").
+            "ansible_timeout": "60",
             "ansible_ssh_common_args": (
                 "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
             ),
