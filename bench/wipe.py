@@ -84,7 +84,12 @@ def bench_method(lab: LoopLab, size_gib: int, method: str, samples: int, proofs:
         )
     )
     total = time.monotonic() - started
-    proof = result["proof"] or {}
+    return result_row(method, result, total)
+
+
+def result_row(method: str, result: dict, total: float) -> dict:
+    """One table row from a disk_wipe result: the last attempt's erase and verify times."""
+    proof = result.get("proof") or {}
     attempt = (proof.get("attempts") or [{}])[-1]
     return {
         "method": method,
@@ -92,7 +97,9 @@ def bench_method(lab: LoopLab, size_gib: int, method: str, samples: int, proofs:
         "erase_s": attempt.get("seconds") or 0.0,
         "verify_s": attempt.get("verify_seconds") or 0.0,
         "total_s": total,
-        "note": "" if proof.get("verified") else (attempt.get("error") or result["msg"])[:60],
+        "note": (attempt.get("secure_erase") or {}).get("why", "")
+        if proof.get("verified")
+        else (attempt.get("error") or result.get("msg", ""))[:60],
     }
 
 
@@ -175,18 +182,7 @@ def wipe_on_guest(host: hostlab.LabHost, disk: str, method: str, samples: int, w
         result = document["plays"][0]["tasks"][0]["hosts"][host.name]
     except (ValueError, KeyError, IndexError):
         raise SystemExit(f"disk_wipe over SSH printed no result:\n{proc.stdout[-2000:]}") from None
-    proof = result.get("proof") or {}
-    attempt = (proof.get("attempts") or [{}])[-1]
-    return {
-        "method": method,
-        "verified": bool(proof.get("verified")),
-        "erase_s": attempt.get("seconds") or 0.0,
-        "verify_s": attempt.get("verify_seconds") or 0.0,
-        "total_s": total,
-        "note": (attempt.get("secure_erase") or {}).get("why", "")
-        if proof.get("verified")
-        else (attempt.get("error") or result.get("msg", ""))[:60],
-    }
+    return result_row(method, result, total)
 
 
 def dd_on_guest(host: hostlab.LabHost, disk: str) -> float:
