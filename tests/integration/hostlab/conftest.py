@@ -92,12 +92,3 @@ def inventory_of(hosts: list[hostlab.LabHost], path: Path) -> Path:
     """An INI inventory of the hosts' ready lines, as `gpuaas lab host up` prints them."""
     path.write_text("".join(host.inventory_line() + "\n" for host in hosts))
     return path
-
-
-def changed_tasks(run: PlaybookRun, host: str) -> list[str]:
-    return [
-        task["task"]["name"]
-        for play in run.document["plays"]
-        for task in play["tasks"]
-        if task["hosts"].get(host, {}).get("changed")
-    ]
