@@ -516,6 +516,10 @@ class LabHost:
         return self.pid is not None and _is_our_qemu(self.pid, self.path)
 
     def ssh_argv(self, *command: str, timeout: int = 10) -> list[str]:
+        """Run it with its own standard input (a pipe or DEVNULL), never the caller's: ssh
+        makes its stdin non-blocking and restores it only when it exits normally, so an ssh
+        killed on a timeout left the shared stdin of the test worker non-blocking, and every
+        later ansible-playbook there refused to start ("Non-blocking file handles detected")."""
         return [
             "ssh",
             "-i",
@@ -537,7 +541,12 @@ class LabHost:
 
     def ssh(self, *command: str, timeout: float = 120, check: bool = True):
         proc = subprocess.run(
-            self.ssh_argv(*command), capture_output=True, text=True, timeout=timeout, check=False
+            self.ssh_argv(*command),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
         if check and proc.returncode != 0:
             raise HostLabError(
@@ -572,7 +581,11 @@ class LabHost:
         still starting under TCG on a loaded machine) is not an error, just not yet."""
         try:
             proc = subprocess.run(
-                self.ssh_argv("true", timeout=5), capture_output=True, timeout=30, check=False
+                self.ssh_argv("true", timeout=5),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=30,
+                check=False,
             )
         except subprocess.TimeoutExpired:
             return False

@@ -5,6 +5,7 @@ is in test_deploy_to_parity.py)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -48,6 +49,17 @@ def test_a_lab_host_is_a_debian_host_reachable_over_ssh(fresh: hostlab.LabHost) 
     cmdline = sh(fresh, "cat /proc/cmdline").split()
     assert "iommu=pt" not in cmdline
     assert set(hostlab.KERNEL_ARGS.split()) <= set(cmdline), cmdline
+
+
+def test_an_ssh_killed_on_its_timeout_leaves_the_callers_stdin_blocking(
+    fresh: hostlab.LabHost,
+) -> None:
+    # ssh makes its standard input non-blocking and restores it only on a normal exit; it
+    # once inherited the worker's, and every later ansible-playbook there refused to start.
+    assert os.get_blocking(0)
+    with pytest.raises(subprocess.TimeoutExpired):
+        fresh.ssh("sleep", "60", timeout=5)
+    assert os.get_blocking(0), "a killed ssh left this process's standard input non-blocking"
 
 
 def test_bad_input_is_refused_and_changes_nothing(fresh: hostlab.LabHost, state_dir: Path) -> None:
