@@ -85,7 +85,8 @@ def test_wipe_refuses_what_the_host_uses_and_erases_what_the_tenant_left(
         f" --assume-clean --run {mirror_a} {mirror_b}"
         f" && pvcreate -ff -y {lvm_disk} && vgcreate {VOLUME_GROUP} {lvm_disk}"
         f" && lvcreate -y -L 64M -n data {VOLUME_GROUP}"
-        f" && sgdisk --zap-all --new=1:0:+256M {share_disk} && udevadm settle"
+        f" && sgdisk --zap-all --new=1:0:+256M {share_disk}"
+        f" && udevadm wait --settle --timeout=120 {share_disk}-part1"
         f" && mkfs.ext4 -q {share_disk}-part1 && mkdir -p /mnt/glshare"
         f" && mount {share_disk}-part1 /mnt/glshare"
         " && echo tenant-data > /mnt/glshare/keep"
@@ -192,7 +193,9 @@ def test_storage_transition_and_vfio_binding_across_a_reboot_with_the_disks_rese
     # boot from /etc/fstab, one by file system UUID and one by its by-id partition link.
     sh(
         fresh,
-        f"sgdisk --zap-all --new=1:0:+128M --new=2:0:+128M {disk} && udevadm settle"
+        f"sgdisk --zap-all --new=1:0:+128M --new=2:0:+128M {disk}"
+        # settle alone raced the partitions' uevents under load: wait for the links.
+        f" && udevadm wait --settle --timeout=120 {disk}-part1 {disk}-part2"
         f" && mkfs.ext4 -q {disk}-part1 && mkfs.ext4 -q {disk}-part2"
         " && mkdir -p /srv/share1 /srv/share2"
         f' && echo "UUID=$(blkid -o value -s UUID {disk}-part1) /srv/share1 ext4 defaults 0 2"'
