@@ -1,8 +1,10 @@
 """Two real Debian hosts under QEMU for the whole test session (one per xdist worker that
-needs them; booting one takes one to two minutes under TCG): ``fresh``, booted with only
-the lab's user-data, and ``deployed``, booted with the project's MAAS deploy user-data as
-well, which bootstraps it on first boot. They boot side by side and are removed at the end
-whatever happened, with the HTTP server that served the collection to the deployed one.
+needs them): ``fresh``, booted with only the lab's user-data, and ``deployed``, booted with
+the project's MAAS deploy user-data as well, which bootstraps it on first boot. Both start
+at once; each fixture waits only for its own host, and the tests that need ``deployed`` run
+last, so the tests of the fresh host run while the deployed one is still bootstrapping (its
+first boot is the longest wait of the suite). They are removed at the end whatever
+happened, with the HTTP server that served the collection to the deployed one.
 """
 
 from __future__ import annotations
@@ -13,13 +15,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
+from controlplane.api import ControlPlane
+from controlplane.services.inventory import NodeSpec
 from gpuaas_lab import deployseed, hostlab
 from tests.integration.ansible_helpers import PlaybookRun, run_playbook
 
 # test_storage_and_devices.py uses four controllers of the fresh host: a mirror, a volume
 # group, a share disk and the spare passed to vfio-pci.
 NVME = {"fresh": 4, "deployed": 2}
+SLICE_SUBNET = "10.100.0.0/24"
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +46,7 @@ def collection_server(tmp_path_factory) -> Iterator[tuple[deployseed.CollectionS
 
 @pytest.fixture(scope="session")
 def lab_hosts(state_dir: Path, collection_server) -> Iterator[dict[str, hostlab.LabHost]]:
+    """Both hosts, started and not waited for (see ``ready``)."""
     server, tarball = collection_server
     suffix = uuid.uuid4().hex[:6]
     names = {"fresh": f"f{suffix}", "deployed": f"d{suffix}"}
@@ -50,8 +57,6 @@ def lab_hosts(state_dir: Path, collection_server) -> Iterator[dict[str, hostlab.
             hosts[role] = hostlab.up(
                 name, nvme=NVME[role], extra_user_data=seeds[role], state_dir=state_dir, wait=False
             )
-        for host in hosts.values():
-            host.boot_seconds = host.wait_until_ready()
         yield hosts
     finally:
         for name in names.values():
@@ -59,14 +64,26 @@ def lab_hosts(state_dir: Path, collection_server) -> Iterator[dict[str, hostlab.
                 hostlab.down(name, state_dir=state_dir)
 
 
+def ready(host: hostlab.LabHost) -> hostlab.LabHost:
+    """The host once SSH answers and cloud-init is done (waited for once)."""
+    if host.boot_seconds is None:
+        host.boot_seconds = host.wait_until_ready()
+    return host
+
+
 @pytest.fixture(scope="session")
 def fresh(lab_hosts) -> hostlab.LabHost:
-    return lab_hosts["fresh"]
+    return ready(lab_hosts["fresh"])
 
 
 @pytest.fixture(scope="session")
 def deployed(lab_hosts) -> hostlab.LabHost:
-    return lab_hosts["deployed"]
+    return ready(lab_hosts["deployed"])
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests of the deployed host after all others (a stable sort keeps the rest in order)."""
+    items.sort(key=lambda item: "deployed" in getattr(item, "fixturenames", ()))
 
 
 def sh(host: hostlab.LabHost, command: str) -> str:
@@ -92,3 +109,51 @@ def inventory_of(hosts: list[hostlab.LabHost], path: Path) -> Path:
     """An INI inventory of the hosts' ready lines, as `gpuaas lab host up` prints them."""
     path.write_text("".join(host.inventory_line() + "\n" for host in hosts))
     return path
+
+
+def ssh_key(host: hostlab.LabHost) -> dict[str, str]:
+    """The lab key for the flows' extra variables: the store refuses key paths in host
+    variables, and the runner passes secret-looking variables in a private file."""
+    return {"ansible_ssh_private_key_file": host.ssh_private_key}
+
+
+@pytest.fixture
+def control_plane(lab_hosts, tmp_path, database_url, monkeypatch, prefect_harness):
+    """The store, with both lab hosts registered as slice nodes reached over SSH (their
+    addresses are known before they finish booting)."""
+    monkeypatch.setenv("GPUAAS_DATABASE_URL", database_url)
+    monkeypatch.setenv("GPUAAS_RUNS_DIR", str(tmp_path / "runs"))
+    cp = ControlPlane.from_environment()
+    for host in lab_hosts.values():
+        connection = host.host_vars()
+        connection.pop("ansible_ssh_private_key_file")
+        cp.register_node(
+            NodeSpec(
+                host.name,
+                "region-lab-1",
+                maas_tags=("gpuaas-profile-slice-vm",),
+                gpu_count=0,
+                slice_subnet=SLICE_SUBNET,
+                management_address=connection.pop("ansible_host"),
+                host_vars=connection,
+            )
+        )
+    return cp
+
+
+def node_task_outputs(engine, kind: str, hostname: str) -> list[dict]:
+    with engine.connect() as conn:
+        return [
+            row.output
+            for row in conn.execute(
+                text(
+                    "SELECT t.output FROM node_tasks t JOIN nodes n ON n.id = t.node_id"
+                    " WHERE t.kind = :kind AND n.hostname = :hostname ORDER BY t.created_at"
+                ),
+                {"kind": kind, "hostname": hostname},
+            )
+        ]
+
+
+def parity_results(output: dict) -> dict[str, dict]:
+    return {r["check"]: r for r in (output["result"] or {})["results"]}

@@ -1,6 +1,7 @@
-"""The lab itself: a real Debian host under QEMU reachable over SSH, and the lab's refusals
-of bad input (the fresh host of conftest.py; the deploy, bootstrap, reboot and parity path
-is in test_deploy_to_parity.py)."""
+"""The lab itself: a real Debian host under QEMU reachable over SSH, the lab's refusals of
+bad input, and parity's verdicts on a host never bootstrapped (the fresh host of
+conftest.py, before test_storage_and_devices.py changes it; the deploy, bootstrap, reboot
+and parity path is in test_deploy_to_parity.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.api import ControlPlane
+from flows.fleet import parity_sweep
 from gpuaas_lab import hostlab
 from gpuaas_lab.hostlab import console_tail
-from tests.integration.hostlab.conftest import sh
+from tests.integration.hostlab.conftest import node_task_outputs, parity_results, sh, ssh_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("labhost")]
 
@@ -78,3 +81,19 @@ def test_bad_input_is_refused_and_changes_nothing(fresh: hostlab.LabHost, state_
     assert sorted(p.name for p in state_dir.iterdir()) == entries
     assert lab_links() == before
     assert hostlab.get_host(fresh.name, state_dir).running()
+
+
+def test_parity_fails_a_host_never_bootstrapped_with_a_remediation_for_each_check(
+    fresh: hostlab.LabHost, control_plane: ControlPlane, engine
+) -> None:
+    [row] = parity_sweep(
+        hostnames=[fresh.name],
+        extravars={"slice_parity_fail_on_failures": False, **ssh_key(fresh)},
+    )
+    assert row["node"] == fresh.name
+    checks = parity_results(node_task_outputs(engine, "host.parity", fresh.name)[-1])
+    for check in ("bridge", "dnsmasq", "nat", "ip_forward"):
+        assert checks[check]["status"] == "FAIL", checks[check]
+        assert checks[check]["remediation"], checks[check]
+    [node] = [n for n in control_plane.list_nodes() if n.hostname == fresh.name]
+    assert node.admin_state == "unavailable" and "bridge" in node.admin_state_reason, node

@@ -6,8 +6,8 @@ storage_transition followed by a cold boot with the controllers reseated in othe
 topology of the live kernel before and after; and the reconcile flow wiping a released
 slot's disk on the host, its proof settled in the store.
 
-Runs after test_lab_host.py (file order within the xdist group): it changes the host's
-kernel arguments and disks.
+Runs after test_lab_host.py (file order within the xdist group), which needs the host as it
+booted: this module changes its kernel arguments, disks and network.
 """
 
 from __future__ import annotations
@@ -375,7 +375,7 @@ def test_reconcile_wipes_a_released_slot_disk_of_the_lab_host_and_the_store_keep
         fresh, hosttrees.write_tree(lab_host_spec(fresh.name, disk["eui64"]), tmp_path / "tree")
     )
     # Approval needs the slice network a bootstrapped host has (bridge, NAT, forwarding);
-    # already there when test_deploy_to_parity.py bootstrapped this host.
+    # the fresh host was never bootstrapped.
     baseline = run_tasks(
         fresh,
         [
