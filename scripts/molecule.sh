@@ -20,9 +20,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 command -v molecule >/dev/null || { echo "molecule: not installed; run scripts/setup.sh" >&2; exit 1; }
 
-# Longest first, so two workers finish together.
-all=(lab_host slice_network_baseline slice_vm_provision slice_vm_release slice_host_bootstrap
-     slice_parity slice_disk_wipe slice_storage_transition)
+# Longest first, so two workers finish together (the three that boot a lab host lead).
+all=(lab_host slice_storage_transition slice_disk_wipe slice_network_baseline slice_vm_provision
+     slice_vm_release slice_host_bootstrap slice_parity)
 for dir in molecule/*/molecule.yml; do
   name=$(basename "$(dirname "$dir")")
   [[ " ${all[*]} " == *" $name "* ]] || all+=("$name")
