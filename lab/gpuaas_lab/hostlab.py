@@ -290,7 +290,13 @@ cat > "$root/etc/fstab" <<EOF
 UUID={root_uuid} / ext4 errors=remount-ro 0 1
 UUID={esp_uuid} /boot/efi vfat umask=0077 0 2
 EOF
-mkdir -p "$root/boot/efi" "$root/etc/cloud/cloud.cfg.d"
+mkdir -p "$root/boot/efi" "$root/etc/cloud/cloud.cfg.d" "$root/etc/systemd/system.conf.d"
+# A TCG guest on a loaded machine can take minutes to see its own disks: with the default
+# 90 s, the ESP's device timed out and the host booted to emergency mode, without SSH.
+cat > "$root/etc/systemd/system.conf.d/90-gpuaas-lab.conf" <<EOF
+[Manager]
+DefaultTimeoutStartSec=15min
+EOF
 echo lab-host > "$root/etc/hostname"
 cat > "$root/etc/cloud/cloud.cfg.d/90-gpuaas-lab.cfg" <<EOF
 datasource_list: [NoCloud, None]
