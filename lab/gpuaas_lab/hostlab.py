@@ -291,8 +291,8 @@ UUID={root_uuid} / ext4 errors=remount-ro 0 1
 UUID={esp_uuid} /boot/efi vfat umask=0077 0 2
 EOF
 mkdir -p "$root/boot/efi" "$root/etc/cloud/cloud.cfg.d" "$root/etc/systemd/system.conf.d"
-# A TCG guest on a loaded machine can take minutes to see its own disks: with the default
-# 90 s, the ESP's device timed out and the host booted to emergency mode, without SSH.
+# Units may take minutes to start on a loaded TCG guest (docs/slice-host.md, "Lab hosts
+# under load").
 cat > "$root/etc/systemd/system.conf.d/90-gpuaas-lab.conf" <<EOF
 [Manager]
 DefaultTimeoutStartSec=15min
@@ -482,9 +482,7 @@ class LabHost:
             "ansible_python_interpreter": "/usr/bin/python3",
             # One SSH round trip per task instead of four: tasks on a TCG guest are slow.
             "ansible_pipelining": "true",
-            # Connection and become-prompt wait: 10 s was too short for sudo on a TCG
-            # guest while the CI's other worker boots slice VMs ("Timeout (12s) waiting
-            # for privilege escalation prompt").
+            # Connection and become-prompt wait (docs/slice-host.md, "Lab hosts under load").
             "ansible_timeout": "60",
             "ansible_ssh_common_args": (
                 "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
@@ -522,10 +520,8 @@ class LabHost:
         return self.pid is not None and _is_our_qemu(self.pid, self.path)
 
     def ssh_argv(self, *command: str, timeout: int = 10) -> list[str]:
-        """Run it with its own standard input (a pipe or DEVNULL), never the caller's: ssh
-        makes its stdin non-blocking and restores it only when it exits normally, so an ssh
-        killed on a timeout left the shared stdin of the test worker non-blocking, and every
-        later ansible-playbook there refused to start ("Non-blocking file handles detected")."""
+        """Run it with its own standard input (a pipe or DEVNULL), never the caller's
+        (docs/slice-host.md, "Lab hosts under load")."""
         return [
             "ssh",
             "-i",

@@ -59,8 +59,7 @@ def test_a_lab_host_is_a_debian_host_reachable_over_ssh(fresh: hostlab.LabHost) 
 def test_an_ssh_killed_on_its_timeout_leaves_the_callers_stdin_blocking(
     fresh: hostlab.LabHost,
 ) -> None:
-    # ssh makes its standard input non-blocking and restores it only on a normal exit; it
-    # once inherited the worker's, and every later ansible-playbook there refused to start.
+    # docs/slice-host.md, "Lab hosts under load": a killed ssh must not leave ours non-blocking.
     assert os.get_blocking(0)
     with pytest.raises(subprocess.TimeoutExpired):
         fresh.ssh("sleep", "60", timeout=5)

@@ -194,7 +194,7 @@ def test_storage_transition_and_vfio_binding_across_a_reboot_with_the_disks_rese
     sh(
         fresh,
         f"sgdisk --zap-all --new=1:0:+128M --new=2:0:+128M {disk}"
-        # settle alone raced the partitions' uevents under load: wait for the links.
+        # Wait for the links, not only the queue (docs/slice-host.md, "Lab hosts under load").
         f" && udevadm wait --settle --timeout=120 {disk}-part1 {disk}-part2"
         f" && mkfs.ext4 -q {disk}-part1 && mkfs.ext4 -q {disk}-part2"
         " && mkdir -p /srv/share1 /srv/share2"
