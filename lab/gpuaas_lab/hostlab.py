@@ -796,7 +796,9 @@ def _qemu_argv(host: LabHost, accel: str, os_disk: Path, seed: Path, vars_file: 
         "-machine",
         f"q35,accel={accel},kernel-irqchip=split",
         "-cpu",
-        "host" if accel == "kvm" else "max",
+        # Under TCG, `max` made the guest's Python 2.3x slower than `qemu64`
+        # (docs/slice-host.md, "Lab hosts under load").
+        "host" if accel == "kvm" else "qemu64",
         "-smp",
         "2",
         "-m",
