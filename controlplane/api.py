@@ -13,13 +13,21 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
 from controlplane import db
-from controlplane.enums import AdminState, AllocationState, EvidenceKind, NodeTaskKind
+from controlplane.enums import (
+    AdminState,
+    AllocationState,
+    EvidenceKind,
+    HostKeySource,
+    NodeTaskKind,
+)
+from controlplane.hostkeys import parse_public_keys
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
 from controlplane.scheduler.placement import Placement, PlacementRequest, Scheduler, Unavailable
 from controlplane.services import (
     allocations,
     events,
+    host_keys,
     images,
     inventory,
     occupancy,
@@ -53,6 +61,38 @@ class ControlPlane:
         with db.transaction(self.engine) as session:
             node, created = inventory.register(session, spec)
             return inventory.RegisteredNode(**asdict(inventory.NodeView.of(node)), created=created)
+
+    def pin_host_keys(
+        self,
+        hostname: str,
+        public_keys: list[str],
+        source: HostKeySource,
+        actor: str,
+        reason: str,
+    ) -> host_keys.PinResult:
+        """Pin the node's SSH host keys (``.pub`` lines); replaces the current set."""
+        keys = parse_public_keys(public_keys)
+        with db.transaction(self.engine) as session:
+            return host_keys.pin(session, hostname, keys, source, actor, reason)
+
+    def rekey(self, hostname: str, actor: str, reason: str) -> host_keys.PinResult:
+        """Re-pin after a legitimate re-image: the keys the node's management address
+        presents now (scanned before the transaction), on the operator's word."""
+        with db.transaction(self.engine) as session:
+            node = node_repo.get_by_hostname(session, hostname)
+            address = node.management_address or node.hostname
+            port = int(node.host_vars.get("ansible_port", 22))
+        keys = host_keys.scan(address, port)
+        with db.transaction(self.engine) as session:
+            return host_keys.pin(session, hostname, keys, HostKeySource.SCAN, actor, reason)
+
+    def host_keys(self, hostname: str) -> list[host_keys.HostKeyView]:
+        with db.transaction(self.engine) as session:
+            return host_keys.listing(session, hostname)
+
+    def known_hosts(self, hostnames: list[str]) -> str:
+        with db.transaction(self.engine) as session:
+            return host_keys.known_hosts_for(session, hostnames)
 
     def list_nodes(self, region: str | None = None) -> list[inventory.NodeView]:
         with db.transaction(self.engine) as session:

@@ -120,6 +120,14 @@ class EvidenceKind(StrEnum):
     DRIFT = "drift"
     APPROVAL = "approval"
     OPERATOR_ACTION = "operator_action"
+    HOST_KEYS = "host_keys"
+
+
+class HostKeySource(StrEnum):
+    """Where a pinned SSH host key came from (docs/trust.md)."""
+
+    OPERATOR = "operator"  # given by an operator from a file they checked
+    SCAN = "scan"  # read from the host with ssh-keyscan, on the operator's word
 
 
 class ImageStatus(StrEnum):

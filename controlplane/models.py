@@ -55,6 +55,7 @@ from controlplane.enums import (
     EvidenceKind,
     FabricClaimMode,
     HealthState,
+    HostKeySource,
     ImageCacheStatus,
     ImageStatus,
     NetworkMode,
@@ -179,6 +180,35 @@ class Node(Base):
     )
 
     __table_args__ = (CheckConstraint("gpu_count >= 0", name="gpu_count_nonnegative"),)
+
+
+class NodeHostKey(Base):
+    """An SSH host public key pinned for a node; a rotation retires the keys it replaces
+    (kept, with the evidence row that recorded the change). docs/trust.md."""
+
+    __tablename__ = "node_host_keys"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
+    key_type: Mapped[str] = mapped_column(String(40))
+    public_key: Mapped[str] = mapped_column(Text)
+    fingerprint: Mapped[str] = mapped_column(String(60))
+    source: Mapped[HostKeySource] = mapped_column(checked_enum(HostKeySource, "host_key_source"))
+    pinned_by: Mapped[str] = mapped_column(String(200))
+    pinned_at: Mapped[dt.datetime] = utcnow_column()
+    retired_at: Mapped[dt.datetime | None]
+
+    __table_args__ = (
+        # One current key per type and node: what sshd presents for that type.
+        Index(
+            "uq_node_host_keys_current",
+            "node_id",
+            "key_type",
+            unique=True,
+            postgresql_where=text("retired_at IS NULL"),
+        ),
+        CheckConstraint("fingerprint LIKE 'SHA256:%'", name="fingerprint_format"),
+    )
 
 
 class NodeCapacity(Base):

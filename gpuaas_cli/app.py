@@ -21,7 +21,7 @@ from rich.console import Console
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from controlplane.enums import AdminState
+from controlplane.enums import AdminState, HostKeySource
 from controlplane.errors import GpuaasError, InvalidInput
 from controlplane.scheduler.placement import PlacementRequest, Unavailable
 from controlplane.services.inventory import NodeSpec
@@ -208,16 +208,53 @@ def node_undrain(hostname: Annotated[str, typer.Argument()], as_json: JsonFlag =
     )
 
 
+@node_app.command("keys")
+def node_keys(hostname: Annotated[str, typer.Argument()], as_json: JsonFlag = False) -> None:
+    """The node's pinned SSH host keys (what connections to it are checked against)."""
+    run(as_json, lambda: control_plane().host_keys(hostname), render.render_host_keys)
+
+
+@node_app.command("rekey")
+def node_rekey(
+    hostname: Annotated[str, typer.Argument()],
+    reason: ReasonOpt,
+    key_file: Annotated[
+        str | None,
+        typer.Option(
+            "--key-file",
+            help="The host's public keys (.pub lines; - for stdin) instead of scanning it.",
+        ),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Re-pin the node's SSH host keys after a legitimate re-image: the keys given in a
+    file you checked, or else those its management address presents now. Recorded."""
+
+    def rekey() -> Any:
+        if key_file is None:
+            return control_plane().rekey(hostname, actor(), reason)
+        lines = read_text(key_file).splitlines()
+        return control_plane().pin_host_keys(
+            hostname, lines, HostKeySource.OPERATOR, actor(), reason
+        )
+
+    run(as_json, rekey, render.render_pin)
+
+
 # -- slots ------------------------------------------------------------------------------
 
 
-def read_json(source: str) -> Any:
+def read_text(source: str) -> str:
     try:
-        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+        return sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
     except OSError as exc:
         raise InvalidInput(
             "file_unreadable", f"cannot read {source}: {exc.strerror}", {"file": source}
         ) from exc
+
+
+def read_json(source: str) -> Any:
+    text = read_text(source)
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -42,6 +42,22 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     out.print(grid)
 
 
+def render_host_keys(keys: list[dict[str, Any]]) -> None:
+    columns = ["key_type", "fingerprint", "source", "pinned_by", "pinned_at"]
+    table("pinned SSH host keys", columns, [[k[c] for c in columns] for k in keys])
+
+
+def render_pin(result: dict[str, Any]) -> None:
+    if not result["changed"]:
+        out.print(f"{result['hostname']}: host keys unchanged ({', '.join(result['kept'])})")
+        return
+    for fingerprint in result["retired"]:
+        out.print(f"{result['hostname']}: retired {fingerprint}")
+    for fingerprint in result["added"]:
+        out.print(f"{result['hostname']}: pinned {fingerprint}")
+    out.print(f"recorded as evidence {result['evidence_id']}")
+
+
 def render_nodes(nodes: list[dict[str, Any]]) -> None:
     table(
         "nodes",
