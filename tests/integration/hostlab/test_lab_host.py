@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.api import ControlPlane
+from controlplane.hostkeys import parse_public_keys
 from flows.fleet import parity_sweep
 from gpuaas_lab import hostlab
 from gpuaas_lab.hostlab import console_tail
@@ -98,3 +99,12 @@ def test_parity_fails_a_host_never_bootstrapped_with_a_remediation_for_each_chec
         assert checks[check]["remediation"], checks[check]
     [node] = [n for n in control_plane.list_nodes() if n.hostname == fresh.name]
     assert node.admin_state == "unavailable" and "bridge" in node.admin_state_reason, node
+
+
+def test_rekey_pins_the_keys_the_host_presents_over_the_network(
+    fresh: hostlab.LabHost, control_plane: ControlPlane
+) -> None:
+    on_host = parse_public_keys(sh(fresh, "cat /etc/ssh/ssh_host_*_key.pub").splitlines())
+    pinned = control_plane.rekey(fresh.name, "test", "lab host booted")
+    assert pinned.changed and sorted(pinned.added) == sorted(k.fingerprint for k in on_host)
+    assert not control_plane.rekey(fresh.name, "test", "same host").changed
