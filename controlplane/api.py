@@ -7,6 +7,7 @@ import datetime as dt
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
@@ -20,7 +21,8 @@ from controlplane.enums import (
     HostKeySource,
     NodeTaskKind,
 )
-from controlplane.hostkeys import parse_public_keys
+from controlplane.errors import GpuaasError
+from controlplane.hostkeys import parse_public_keys, write_known_hosts
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
 from controlplane.scheduler.placement import Placement, PlacementRequest, Scheduler, Unavailable
@@ -77,14 +79,24 @@ class ControlPlane:
 
     def rekey(self, hostname: str, actor: str, reason: str) -> host_keys.PinResult:
         """Re-pin after a legitimate re-image: the keys the node's management address
-        presents now (scanned before the transaction), on the operator's word."""
-        with db.transaction(self.engine) as session:
-            node = node_repo.get_by_hostname(session, hostname)
-            address = node.management_address or node.hostname
-            port = int(node.host_vars.get("ansible_port", 22))
-        keys = host_keys.scan(address, port)
+        presents now (scanned between transactions), on the operator's word."""
+        keys = host_keys.scan(*self._ssh_endpoint(hostname))
         with db.transaction(self.engine) as session:
             return host_keys.pin(session, hostname, keys, HostKeySource.SCAN, actor, reason)
+
+    def host_key_refusal(self, hostname: str) -> str | None:
+        """Why a connection to the node is refused by its pinned keys, naming the
+        fingerprints it presents now and those pinned; None when they agree."""
+        try:
+            presented = host_keys.scan(*self._ssh_endpoint(hostname))
+        except GpuaasError:
+            presented = []
+        with db.transaction(self.engine) as session:
+            return host_keys.refusal(session, hostname, presented)
+
+    def _ssh_endpoint(self, hostname: str) -> tuple[str, int]:
+        with db.transaction(self.engine) as session:
+            return host_keys.endpoint(node_repo.get_by_hostname(session, hostname))
 
     def host_keys(self, hostname: str) -> list[host_keys.HostKeyView]:
         with db.transaction(self.engine) as session:
@@ -296,9 +308,16 @@ class ControlPlane:
         hostnames: list[str] | None = None,
         region: str | None = None,
         profile_intent: str | None = None,
+        known_hosts_file: str | None = None,
     ) -> dict[str, Any]:
+        """The nodes as an Ansible inventory. With ``known_hosts_file``, SSH hosts accept
+        only their pinned keys, written to that file (docs/trust.md)."""
         with db.transaction(self.engine) as session:
-            return build_inventory(session, hostnames, region, profile_intent)
+            data = build_inventory(session, hostnames, region, profile_intent, known_hosts_file)
+            pinned = host_keys.known_hosts_of_fleet(session) if known_hosts_file else ""
+        if known_hosts_file:
+            write_known_hosts(Path(known_hosts_file), pinned)
+        return data
 
     def apply_parity(
         self, hostname: str, failed_checks: list[str], actor: str

@@ -8,8 +8,12 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import os
+import shlex
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -102,3 +106,51 @@ def parse_public_keys(lines: Iterable[str]) -> list[HostKey]:
 def known_hosts(entries: Sequence[tuple[str, Sequence[HostKey]]]) -> str:
     """known_hosts text: each node's keys under its name (the ``HostKeyAlias`` used)."""
     return "".join(f"{name} {key.public_line()}\n" for name, keys in entries for key in keys)
+
+
+def ssh_pin_args(name: str, known_hosts_file: str) -> str:
+    """OpenSSH options that accept only the keys pinned for ``name`` in the file (no other
+    known-hosts file, no prompt, no trust on first use). ssh keeps the first value it
+    reads for an option, so these go before any other arguments."""
+    return " ".join(
+        f"-o {option}"
+        for option in (
+            f"HostKeyAlias={shlex.quote(name)}",
+            f"UserKnownHostsFile={shlex.quote(known_hosts_file)}",
+            "GlobalKnownHostsFile=/dev/null",
+            "StrictHostKeyChecking=yes",
+        )
+    )
+
+
+def write_known_hosts(path: Path, text: str) -> None:
+    """Replace the file whole: a concurrent reader sees the old or the new text."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def mismatch(name: str, pinned: Sequence[HostKey], presented: Sequence[HostKey]) -> str | None:
+    """Why the host's keys are refused, naming both sides' fingerprints; None when a key it
+    presents is pinned."""
+    if not pinned:
+        return (
+            f"{name} has no pinned SSH host key, so no connection to it is trusted; check its"
+            f" keys out of band and pin them with `gpuaas node rekey {name} --reason ...`"
+        )
+    if {k.fingerprint for k in pinned} & {k.fingerprint for k in presented}:
+        return None
+    shown = ", ".join(f"{k.key_type} {k.fingerprint}" for k in presented) or "no key"
+    expected = ", ".join(f"{k.key_type} {k.fingerprint}" for k in pinned)
+    return (
+        f"{name} presented {shown}, but the store pins {expected}: refused. If the host was"
+        f" re-imaged legitimately, check its keys out of band and run"
+        f" `gpuaas node rekey {name} --reason ...`"
+    )

@@ -6,6 +6,7 @@ these functions in named tasks.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,9 +76,22 @@ def inventory_source(private_dir: Path, hostnames: list[str]) -> Path:
     source = private_dir / "inventory" / "controlplane.yml"
     source.parent.mkdir(parents=True, exist_ok=True)
     source.write_text(
-        json.dumps({"plugin": "gpuaas.fleet.controlplane", "hostnames": sorted(hostnames)})
+        json.dumps(
+            {
+                "plugin": "gpuaas.fleet.controlplane",
+                "hostnames": sorted(hostnames),
+                # Kept with the run: the pinned keys its connections were checked against.
+                "known_hosts_file": str(private_dir / "known_hosts"),
+            }
+        )
     )
     return source
+
+
+# What ssh says when strict checking refuses the key a host presents (or has none pinned).
+HOST_KEY_REFUSED = re.compile(
+    r"Host key verification failed|REMOTE HOST IDENTIFICATION HAS CHANGED|host key is known"
+)
 
 
 @dataclass
@@ -162,6 +176,8 @@ def run_host_action(
     outcomes: dict[str, HostOutcome] = {}
     for host, task_id in task_ids.items():
         failure = failure_of(result, host)
+        if failure is not None and HOST_KEY_REFUSED.search(failure):
+            failure = cp.host_key_refusal(host) or failure
         passed = failure is None and result.host_passed(host)
         outcome = HostOutcome(
             hostname=host,

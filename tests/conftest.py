@@ -80,9 +80,12 @@ def engine(database_url: str) -> Iterator[Engine]:
 
 
 @pytest.fixture
-def cli_env(database_url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """Environment for running the gpuaas CLI against the test database."""
+def cli_env(database_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    """Environment for running the gpuaas CLI and the inventory plugin against the test
+    database (the plugin writes the pinned host keys into the test's directory)."""
     monkeypatch.setenv("GPUAAS_DATABASE_URL", database_url)
+    known_hosts = str(tmp_path / "known_hosts")
+    monkeypatch.setenv("GPUAAS_KNOWN_HOSTS_FILE", known_hosts)
     return {**os.environ, "GPUAAS_DATABASE_URL": database_url}
 
 

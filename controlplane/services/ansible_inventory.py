@@ -5,7 +5,8 @@ variables the roles need: node id, profile (``gpuaas_profile``, what playbooks/b
 sorts hosts by), slice subnet, bridge and network mode, the approved slots' DHCP
 reservations and VFIO devices, and when topology evidence exists, the time its newest map
 was collected and its blockers (parity's freshness check). Then the node's own non-secret
-``host_vars``; ``ansible_host`` is the management address when known.
+``host_vars``; ``ansible_host`` is the management address when known. Given a known-hosts
+file, SSH hosts accept only their pinned keys (docs/trust.md).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controlplane.enums import EvidenceKind, FabricClaimMode, ProfileIntent, SlotStatus
+from controlplane.hostkeys import ssh_pin_args
 from controlplane.models import Evidence, Node, NodeResourceSlot
 from controlplane.repositories import capacity
 from controlplane.repositories import nodes as node_repo
@@ -94,7 +96,10 @@ def newest_topology_evidence(
 
 
 def host_variables(
-    node: Node, approved: ApprovedSlots, topology: dict[str, Any] | None
+    node: Node,
+    approved: ApprovedSlots,
+    topology: dict[str, Any] | None,
+    known_hosts_file: str | None = None,
 ) -> dict[str, Any]:
     variables: dict[str, Any] = {
         # The node's identity on the node plane (discovery's map node and MAC seed) is its
@@ -120,6 +125,16 @@ def host_variables(
     if node.management_address:
         variables["ansible_host"] = node.management_address
     variables.update(node.host_vars or {})
+    if known_hosts_file and variables.get("ansible_connection", "ssh") == "ssh":
+        variables["ansible_ssh_common_args"] = " ".join(
+            filter(
+                None,
+                [
+                    ssh_pin_args(node.hostname, known_hosts_file),
+                    variables.get("ansible_ssh_common_args"),
+                ],
+            )
+        )
     return variables
 
 
@@ -128,8 +143,10 @@ def build_inventory(
     hostnames: list[str] | None = None,
     region: str | None = None,
     profile_intent: str | None = None,
+    known_hosts_file: str | None = None,
 ) -> dict[str, Any]:
-    """An inventory dict (YAML-inventory shape) for the selected nodes."""
+    """An inventory dict (YAML-inventory shape) for the selected nodes; with
+    ``known_hosts_file``, SSH hosts are checked against their pinned keys in that file."""
     postures = {
         row["hostname"]: derive_posture(row).value for row in capacity.node_occupancy_rows(session)
     }
@@ -146,7 +163,7 @@ def build_inventory(
     groups: dict[str, dict[str, Any]] = {}
     for node in selected:
         hosts[node.hostname] = host_variables(
-            node, slots.get(node.id, ApprovedSlots()), topologies.get(node.id)
+            node, slots.get(node.id, ApprovedSlots()), topologies.get(node.id), known_hosts_file
         )
         for group in (
             group_name("region", node.region_code),

@@ -16,7 +16,8 @@ from sqlalchemy.orm import Session
 
 from controlplane.enums import EvidenceKind, HostKeySource
 from controlplane.errors import GpuaasError, InvalidInput
-from controlplane.hostkeys import HostKey, known_hosts, parse_public_keys
+from controlplane.hostkeys import HostKey, known_hosts, mismatch, parse_public_keys
+from controlplane.models import Node
 from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import host_keys as key_repo
 from controlplane.repositories import nodes as node_repo
@@ -108,6 +109,24 @@ def known_hosts_for(session: Session, hostnames: Sequence[str]) -> str:
     nodes = [node_repo.get_by_hostname(session, name) for name in hostnames]
     keys = key_repo.current(session, [n.id for n in nodes])
     return known_hosts([(n.hostname, keys.get(n.id, [])) for n in nodes])
+
+
+def known_hosts_of_fleet(session: Session) -> str:
+    """Every node's current keys: the file is the same for every run that writes it."""
+    nodes = node_repo.list_nodes(session)
+    keys = key_repo.current(session, [n.id for n in nodes])
+    return known_hosts([(n.hostname, keys.get(n.id, [])) for n in nodes])
+
+
+def endpoint(node: Node) -> tuple[str, int]:
+    """Where the node's SSH server answers: its management address (else its name) and
+    port."""
+    return node.management_address or node.hostname, int(node.host_vars.get("ansible_port", 22))
+
+
+def refusal(session: Session, hostname: str, presented: Sequence[HostKey]) -> str | None:
+    node = node_repo.get_by_hostname(session, hostname)
+    return mismatch(hostname, key_repo.current(session, [node.id]).get(node.id, []), presented)
 
 
 def scan(address: str, port: int = 22) -> list[HostKey]:

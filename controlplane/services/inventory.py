@@ -27,6 +27,11 @@ HOSTNAME = re.compile(
 )
 ANSIBLE_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 INTERFACE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
+# Ansible variables and OpenSSH options that would bypass the pinned host keys.
+HOST_KEY_OVERRIDE = re.compile(
+    r"host_key_checking|StrictHostKeyChecking|KnownHostsFile|HostKeyAlias|KnownHostsCommand",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,13 @@ def validate_spec(spec: NodeSpec) -> str | None:
                 "secret_in_host_vars",
                 f"{key!r} looks like a secret; node records never hold secrets (use a vault "
                 "or the runner's credential store)",
+                {"key": key},
+            )
+        if HOST_KEY_OVERRIDE.search(f"{key}={spec.host_vars[key]}"):
+            raise InvalidInput(
+                "host_key_checking_in_host_vars",
+                f"{key!r} would change how the node's SSH host key is checked; connections"
+                " check the keys the store pins (docs/trust.md, `gpuaas node rekey`)",
                 {"key": key},
             )
     if spec.slice_subnet is None:

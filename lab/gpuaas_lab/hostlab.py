@@ -57,6 +57,7 @@ from email.mime.text import MIMEText
 from pathlib import Path
 
 from controlplane.errors import GpuaasError
+from controlplane.hostkeys import known_hosts, parse_public_key, ssh_pin_args
 from gpuaas_lab.vmguest import default_cache_dir, locked
 
 SUITE = "bookworm"
@@ -123,6 +124,8 @@ ROOT_START_SECTOR = ESP_START_SECTOR + (ESP_SIZE_MIB << 20) // SECTOR
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
 LAB_USER = "lab"
+# The host key the lab generates for each host and seeds, so it is pinned before first boot.
+HOST_KEY = "ssh_host_ed25519_key"
 MEMORY_MIB = 2048
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9-]{0,9}$")
 LAB_NETWORK = ipaddress.ip_network("10.213.0.0/16")
@@ -466,6 +469,7 @@ class LabHost:
     accel: str = ""
     cloud_init_status: str = ""
     image_key: str = ""
+    host_public_key: str = ""
 
     @property
     def path(self) -> Path:
@@ -484,17 +488,24 @@ class LabHost:
             "ansible_pipelining": "true",
             # Connection and become-prompt wait (docs/slice-host.md, "Lab hosts under load").
             "ansible_timeout": "60",
-            "ansible_ssh_common_args": (
-                "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
-            ),
         }
 
+    @property
+    def known_hosts_file(self) -> Path:
+        """The host's own SSH host key, pinned under its name (docs/trust.md)."""
+        return self.path / "known_hosts"
+
+    def ssh_common_args(self) -> str:
+        """Accept only the host key the lab generated for it and seeded."""
+        return ssh_pin_args(self.name, str(self.known_hosts_file)) + " -o LogLevel=ERROR"
+
     def inventory_line(self) -> str:
+        variables = {**self.host_vars(), "ansible_ssh_common_args": self.ssh_common_args()}
         return " ".join(
             [self.name]
             + [
                 f"{key}='{value}'" if " " in value else f"{key}={value}"
-                for key, value in self.host_vars().items()
+                for key, value in variables.items()
             ]
         )
 
@@ -504,6 +515,8 @@ class LabHost:
             "address": self.address,
             "ssh_user": self.ssh_user,
             "ssh_private_key": self.ssh_private_key,
+            "ssh_host_key": self.host_public_key,
+            "ssh_common_args": self.ssh_common_args(),
             "inventory_line": self.inventory_line(),
             "nvme": self.nvme,
             "os_disk": OS_DISK_BY_ID,
@@ -526,12 +539,7 @@ class LabHost:
             "ssh",
             "-i",
             self.ssh_private_key,
-            "-o",
-            "StrictHostKeyChecking=no",
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "LogLevel=ERROR",
+            *shlex.split(self.ssh_common_args()),
             "-o",
             "BatchMode=yes",
             "-o",
@@ -727,11 +735,24 @@ def _mac(name: str) -> str:
     return "52:54:00:" + ":".join(f"{b:02x}" for b in digest[:3])
 
 
-def seed_user_data(public_key: str, extra_user_data: str | None) -> str:
-    """The lab's cloud-config (user, key, no passwords), plus an extra part when given:
-    multipart, so cloud-init merges both as MAAS's own parts would be."""
+def seed_user_data(
+    public_key: str, extra_user_data: str | None, host_key: tuple[str, str] | None = None
+) -> str:
+    """The lab's cloud-config (user, key, no passwords; the SSH host key the lab pinned,
+    private and public, as the only host key), plus an extra part when given: multipart,
+    so cloud-init merges both as MAAS's own parts would be."""
+    host_keys = (
+        {
+            "ssh_keys": {"ed25519_private": host_key[0], "ed25519_public": host_key[1]},
+            "ssh_deletekeys": True,
+            "ssh_genkeytypes": [],
+        }
+        if host_key
+        else {}
+    )
     lab = "#cloud-config\n" + json.dumps(
         {
+            **host_keys,
             "users": [
                 {
                     "name": LAB_USER,
@@ -772,8 +793,9 @@ def _write_seed(host: LabHost, public_key: str, extra_user_data: str | None) -> 
             }
         },
     }
+    host_key = ((host.path / HOST_KEY).read_text(), host.host_public_key)
     files = {
-        "user-data": seed_user_data(public_key, extra_user_data),
+        "user-data": seed_user_data(public_key, extra_user_data, host_key),
         "meta-data": f"instance-id: {host.name}-{uuid.uuid4()}\nlocal-hostname: {host.name}\n",
         "network-config": json.dumps(network, indent=1) + "\n",
     }
@@ -974,6 +996,11 @@ def _create(
                 "by_id": f"/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_{serial}",
             }
         )
+    host_key = directory / HOST_KEY
+    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host.name, "-f", str(host_key)])
+    pinned = parse_public_key(host_key.with_suffix(".pub").read_text())
+    host.host_public_key = pinned.public_line()
+    host.known_hosts_file.write_text(known_hosts([(host.name, [pinned])]))
     extra = extra_user_data(host) if callable(extra_user_data) else extra_user_data
     _write_seed(host, key.with_suffix(".pub").read_text().strip(), extra)
     _save(host)

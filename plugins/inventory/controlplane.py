@@ -24,6 +24,8 @@ description:
   - C(gpuaas_slot_reservations) lists the approved slots' DHCP reservations (C(mac), C(ip),
     C(name)) and C(gpuaas_vfio_devices) their GPU and fabric VF PCI addresses, the inputs of
     the network baseline and host bootstrap roles.
+  - SSH host key checking is always on for SSH hosts, against the keys the store pins
+    (see O(known_hosts_file)).
   - C(gpuaas_topology_collected_at) (ISO 8601) and C(gpuaas_topology_blockers) come from the
     node's newest stored topology evidence, for parity's freshness check; absent before the
     first discovery.
@@ -55,6 +57,17 @@ options:
     description: Only nodes with this profile intent.
     type: str
     choices: [slice_vm, baremetal, unknown]
+  known_hosts_file:
+    description:
+      - Where the SSH host keys the store pins for the fleet are written (the whole file is
+        replaced on each parse). Hosts reached over SSH accept only their pinned keys
+        (C(HostKeyAlias) of the node's name, strict checking, no other known-hosts file);
+        a node without pinned keys is not reachable until an operator pins them
+        (C(gpuaas node rekey)).
+      - Defaults to C(gpuaas/known_hosts) under C($XDG_CACHE_HOME) (or C(~/.cache)).
+    type: path
+    env:
+      - name: GPUAAS_KNOWN_HOSTS_FILE
 """
 
 EXAMPLES = r"""
@@ -64,8 +77,15 @@ region: region-maas-1
 profile_intent: slice_vm
 """
 
+import os
+
 from ansible.errors import AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin
+
+
+def default_known_hosts():
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(cache, "gpuaas", "known_hosts")
 
 
 class InventoryModule(BaseInventoryPlugin):
@@ -96,6 +116,7 @@ class InventoryModule(BaseInventoryPlugin):
                 hostnames=self.get_option("hostnames"),
                 region=self.get_option("region"),
                 profile_intent=self.get_option("profile_intent"),
+                known_hosts_file=self.get_option("known_hosts_file") or default_known_hosts(),
             )
         except Exception as exc:
             raise AnsibleParserError("cannot read nodes from the control plane: %s" % exc) from exc

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from controlplane.api import ControlPlane
-from controlplane.enums import AdminState
+from controlplane.enums import AdminState, HostKeySource
+from controlplane.errors import InvalidInput
 from controlplane.services.inventory import NodeSpec
 from gpuaas_lab.demo import recorded_map
+from tests.unit.test_hostkeys import keygen
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -129,3 +134,53 @@ def test_inventory_gives_bootstrap_and_parity_what_they_need(engine, cli_env):
     )
     reservations = plain(json.loads(again.stdout))["gpuaas_slot_reservations"]
     assert [r["name"] for r in reservations] == ["j22u15-slot0", "j22u15-slot2"]
+
+
+def test_ssh_hosts_accept_only_their_pinned_keys(engine, cli_env, tmp_path):
+    cp = ControlPlane(engine)
+    cp.register_node(
+        NodeSpec(
+            "j22u15",
+            "r1",
+            management_address="10.177.36.197",
+            host_vars={"ansible_ssh_common_args": "-o ConnectTimeout=5"},
+        )
+    )
+    cp.register_node(NodeSpec("j22u16", "r1", host_vars={"ansible_connection": "local"}))
+    key = keygen(tmp_path, "ed25519")
+    cp.pin_host_keys("j22u15", [key], HostKeySource.OPERATOR, "test", "commissioned")
+    proc = ansible("ansible-inventory", "-i", "inventories/controlplane.yml", "--list", env=cli_env)
+    assert proc.returncode == 0, proc.stderr
+    hostvars = plain(json.loads(proc.stdout))["_meta"]["hostvars"]
+    assert "ansible_ssh_common_args" not in hostvars["j22u16"]
+    # What OpenSSH makes of the arguments Ansible passes (first value of an option wins).
+    effective = subprocess.run(
+        ["ssh", "-G", *shlex.split(hostvars["j22u15"]["ansible_ssh_common_args"]), "10.1.2.3"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    settings = dict(line.split(" ", 1) for line in effective.splitlines())
+    known_hosts = os.environ["GPUAAS_KNOWN_HOSTS_FILE"]
+    assert settings["stricthostkeychecking"] == "true"
+    assert settings["hostkeyalias"] == "j22u15"
+    assert settings["userknownhostsfile"] == known_hosts
+    assert settings["globalknownhostsfile"] == "/dev/null"
+    assert settings["connecttimeout"] == "5"
+    found = subprocess.run(
+        ["ssh-keygen", "-F", "j22u15", "-f", known_hosts], capture_output=True, text=True
+    )
+    assert found.returncode == 0 and key.split()[1] in found.stdout
+
+
+def test_host_vars_that_would_bypass_the_pinned_keys_are_refused(engine):
+    cp = ControlPlane(engine)
+    for host_vars in (
+        {"ansible_ssh_common_args": "-o StrictHostKeyChecking=no"},
+        {"ansible_ssh_extra_args": "-o UserKnownHostsFile=/dev/null"},
+        {"ansible_host_key_checking": False},
+    ):
+        with pytest.raises(InvalidInput) as error:
+            cp.register_node(NodeSpec("j22u15", "r1", host_vars=host_vars))
+        assert error.value.code == "host_key_checking_in_host_vars"
+    assert cp.list_nodes() == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import uuid
 from pathlib import Path
@@ -9,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from controlplane.errors import InvalidInput
-from controlplane.hostkeys import known_hosts, parse_public_key, parse_public_keys
+from controlplane.hostkeys import (
+    known_hosts,
+    mismatch,
+    parse_public_key,
+    parse_public_keys,
+    ssh_pin_args,
+)
 
 
 def keygen(tmp_path: Path, key_type: str, bits: int | None = None) -> str:
@@ -99,3 +106,29 @@ def test_a_type_field_that_disagrees_with_the_key_is_refused(tmp_path):
     with pytest.raises(InvalidInput) as error:
         parse_public_key(f"ecdsa-sha2-nistp256 {blob}")
     assert error.value.code == "host_key_invalid"
+
+
+def test_a_refusal_names_what_the_host_presented_and_what_is_pinned(tmp_path):
+    pinned = parse_public_key(keygen(tmp_path, "ed25519"))
+    presented = parse_public_key(keygen(tmp_path, "ed25519"))
+    assert mismatch("gpu-a1", [pinned], [pinned, presented]) is None
+    refusal = mismatch("gpu-a1", [pinned], [presented])
+    assert f"presented ssh-ed25519 {presented.fingerprint}" in refusal
+    assert f"the store pins ssh-ed25519 {pinned.fingerprint}" in refusal
+    assert "gpuaas node rekey gpu-a1" in refusal
+    assert "presented no key" in mismatch("gpu-a1", [pinned], [])
+    assert "has no pinned SSH host key" in mismatch("gpu-a1", [], [presented])
+
+
+def test_pin_arguments_are_what_openssh_applies_before_any_later_option(tmp_path):
+    args = ssh_pin_args("gpu-a1", str(tmp_path / "known hosts"))
+    effective = subprocess.run(
+        ["ssh", "-G", *shlex.split(args), "-o", "StrictHostKeyChecking=no", "10.0.0.5"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    settings = dict(line.split(" ", 1) for line in effective.splitlines())
+    assert settings["stricthostkeychecking"] == "true"
+    assert settings["hostkeyalias"] == "gpu-a1"
+    assert settings["userknownhostsfile"] == str(tmp_path / "known hosts")

@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy import text
 
 from controlplane.api import ControlPlane
+from controlplane.enums import HostKeySource
 from controlplane.services.inventory import NodeSpec
 from gpuaas_lab import deployseed, hostlab
 from tests.integration.ansible_helpers import PlaybookRun, run_playbook
@@ -117,10 +118,17 @@ def ssh_key(host: hostlab.LabHost) -> dict[str, str]:
     return {"ansible_ssh_private_key_file": host.ssh_private_key}
 
 
+def pin_lab_key(cp: ControlPlane, host: hostlab.LabHost) -> None:
+    """The host key the lab generated and seeded, pinned as an operator pins a checked key."""
+    cp.pin_host_keys(
+        host.name, [host.host_public_key], HostKeySource.OPERATOR, "lab", "seeded by the lab"
+    )
+
+
 @pytest.fixture
 def control_plane(lab_hosts, tmp_path, database_url, monkeypatch, prefect_harness):
-    """The store, with both lab hosts registered as slice nodes reached over SSH (their
-    addresses are known before they finish booting)."""
+    """The store, with both lab hosts registered as slice nodes reached over SSH and their
+    host keys pinned (their addresses and keys are known before they finish booting)."""
     monkeypatch.setenv("GPUAAS_DATABASE_URL", database_url)
     monkeypatch.setenv("GPUAAS_RUNS_DIR", str(tmp_path / "runs"))
     cp = ControlPlane.from_environment()
@@ -138,6 +146,7 @@ def control_plane(lab_hosts, tmp_path, database_url, monkeypatch, prefect_harnes
                 host_vars=connection,
             )
         )
+        pin_lab_key(cp, host)
     return cp
 
 

@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 
 from controlplane.api import ControlPlane
-from controlplane.hostkeys import parse_public_keys
+from controlplane.enums import HostKeySource
+from controlplane.hostkeys import parse_public_key
 from flows.fleet import parity_sweep
 from gpuaas_lab import hostlab
 from gpuaas_lab.hostlab import console_tail
 from tests.integration.hostlab.conftest import node_task_outputs, parity_results, sh, ssh_key
+from tests.unit.test_hostkeys import keygen
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("labhost")]
 
@@ -85,6 +87,27 @@ def test_bad_input_is_refused_and_changes_nothing(fresh: hostlab.LabHost, state_
     assert hostlab.get_host(fresh.name, state_dir).running()
 
 
+def test_a_host_presenting_another_key_is_refused_until_an_operator_rekeys_it(
+    fresh: hostlab.LabHost, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """As after a re-image, or another machine answering at the address: the store pins a
+    key the host does not present, so the run is refused, naming both fingerprints."""
+    stale = parse_public_key(keygen(tmp_path, "ed25519"))
+    control_plane.pin_host_keys(
+        fresh.name, [stale.public_line()], HostKeySource.OPERATOR, "test", "stale pin"
+    )
+    [row] = parity_sweep(
+        hostnames=[fresh.name],
+        extravars={"slice_parity_fail_on_failures": False, **ssh_key(fresh)},
+    )
+    presented = parse_public_key(fresh.host_public_key).fingerprint
+    assert f"but the store pins ssh-ed25519 {stale.fingerprint}" in row["failed checks"], row
+    assert f"presented ssh-ed25519 {presented}" in row["failed checks"], row
+    rekeyed = control_plane.rekey(fresh.name, "test", "checked on the console")
+    assert (rekeyed.added, rekeyed.retired) == ([presented], [stale.fingerprint])
+    assert not control_plane.rekey(fresh.name, "test", "same host").changed
+
+
 def test_parity_fails_a_host_never_bootstrapped_with_a_remediation_for_each_check(
     fresh: hostlab.LabHost, control_plane: ControlPlane, engine
 ) -> None:
@@ -99,12 +122,3 @@ def test_parity_fails_a_host_never_bootstrapped_with_a_remediation_for_each_chec
         assert checks[check]["remediation"], checks[check]
     [node] = [n for n in control_plane.list_nodes() if n.hostname == fresh.name]
     assert node.admin_state == "unavailable" and "bridge" in node.admin_state_reason, node
-
-
-def test_rekey_pins_the_keys_the_host_presents_over_the_network(
-    fresh: hostlab.LabHost, control_plane: ControlPlane
-) -> None:
-    on_host = parse_public_keys(sh(fresh, "cat /etc/ssh/ssh_host_*_key.pub").splitlines())
-    pinned = control_plane.rekey(fresh.name, "test", "lab host booted")
-    assert pinned.changed and sorted(pinned.added) == sorted(k.fingerprint for k in on_host)
-    assert not control_plane.rekey(fresh.name, "test", "same host").changed

@@ -31,7 +31,7 @@ from gpuaas_lab import hostlab, hosttrees
 from gpuaas_lab.hostlab import console_tail
 from gpuaas_lab.slicehost import LAB_SKU, lab_host_spec
 from tests.integration.ansible_helpers import PlaybookRun
-from tests.integration.hostlab.conftest import run_tasks, sh
+from tests.integration.hostlab.conftest import pin_lab_key, run_tasks, sh
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("labhost")]
 
@@ -408,6 +408,7 @@ def test_reconcile_wipes_a_released_slot_disk_of_the_lab_host_and_the_store_keep
             host_vars={**connection, "gpuaas_topology_root": REMOTE_TREE},
         )
     )
+    pin_lab_key(cp, fresh)
     discover_topology(hostnames=[fresh.name])
     assert approve_slots(fresh.name)["approved"] == [0]
     [slot] = cp.list_slots(fresh.name)
