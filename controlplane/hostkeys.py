@@ -123,6 +123,17 @@ def ssh_pin_args(name: str, known_hosts_file: str) -> str:
     )
 
 
+def control_path(name: str, pinned: Sequence[HostKey]) -> str:
+    """Ansible's ``control_path`` for a host under these pins. An SSH master connection
+    (ControlPersist) is reused without checking the host key again, so a master opened
+    under other pins (before a rekey, say) must not serve this connection: the path
+    carries a digest of the node and its pinned fingerprints, then ssh's own ``%C``."""
+    digest = hashlib.sha256(
+        "\n".join([name, *sorted(k.fingerprint for k in pinned)]).encode()
+    ).hexdigest()[:10]
+    return f"%(directory)s/{digest}-%%C"
+
+
 def write_known_hosts(path: Path, text: str) -> None:
     """Replace the file whole: a concurrent reader sees the old or the new text."""
     path.parent.mkdir(parents=True, exist_ok=True)

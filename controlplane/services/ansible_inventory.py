@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,9 +22,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controlplane.enums import EvidenceKind, FabricClaimMode, ProfileIntent, SlotStatus
-from controlplane.hostkeys import ssh_pin_args
+from controlplane.hostkeys import HostKey, control_path, ssh_pin_args
 from controlplane.models import Evidence, Node, NodeResourceSlot
 from controlplane.repositories import capacity
+from controlplane.repositories import host_keys as host_key_repo
 from controlplane.repositories import nodes as node_repo
 from controlplane.services.occupancy import derive_posture
 
@@ -100,6 +102,7 @@ def host_variables(
     approved: ApprovedSlots,
     topology: dict[str, Any] | None,
     known_hosts_file: str | None = None,
+    pinned: Sequence[HostKey] = (),
 ) -> dict[str, Any]:
     variables: dict[str, Any] = {
         # The node's identity on the node plane (discovery's map node and MAC seed) is its
@@ -126,6 +129,7 @@ def host_variables(
         variables["ansible_host"] = node.management_address
     variables.update(node.host_vars or {})
     if known_hosts_file and variables.get("ansible_connection", "ssh") == "ssh":
+        variables["ansible_control_path"] = control_path(node.hostname, pinned)
         variables["ansible_ssh_common_args"] = " ".join(
             filter(
                 None,
@@ -159,11 +163,16 @@ def build_inventory(
     node_ids = [node.id for node in selected]
     slots = approved_slots(session, node_ids)
     topologies = newest_topology_evidence(session, node_ids)
+    pinned = host_key_repo.current(session, node_ids) if known_hosts_file else {}
     hosts: dict[str, Any] = {}
     groups: dict[str, dict[str, Any]] = {}
     for node in selected:
         hosts[node.hostname] = host_variables(
-            node, slots.get(node.id, ApprovedSlots()), topologies.get(node.id), known_hosts_file
+            node,
+            slots.get(node.id, ApprovedSlots()),
+            topologies.get(node.id),
+            known_hosts_file,
+            pinned.get(node.id, []),
         )
         for group in (
             group_name("region", node.region_code),

@@ -29,7 +29,8 @@ ANSIBLE_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 INTERFACE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
 # Ansible variables and OpenSSH options that would bypass the pinned host keys.
 HOST_KEY_OVERRIDE = re.compile(
-    r"host_key_checking|StrictHostKeyChecking|KnownHostsFile|HostKeyAlias|KnownHostsCommand",
+    r"host_key_checking|StrictHostKeyChecking|KnownHostsFile|HostKeyAlias|KnownHostsCommand"
+    r"|control_path|ControlPath",
     re.IGNORECASE,
 )
 

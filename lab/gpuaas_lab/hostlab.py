@@ -57,7 +57,7 @@ from email.mime.text import MIMEText
 from pathlib import Path
 
 from controlplane.errors import GpuaasError
-from controlplane.hostkeys import known_hosts, parse_public_key, ssh_pin_args
+from controlplane.hostkeys import control_path, known_hosts, parse_public_key, ssh_pin_args
 from gpuaas_lab.vmguest import default_cache_dir, locked
 
 SUITE = "bookworm"
@@ -499,8 +499,16 @@ class LabHost:
         """Accept only the host key the lab generated for it and seeded."""
         return ssh_pin_args(self.name, str(self.known_hosts_file)) + " -o LogLevel=ERROR"
 
+    def control_path(self) -> str:
+        """Ansible's SSH master socket for this host and its key (docs/trust.md)."""
+        return control_path(self.name, [parse_public_key(self.host_public_key)])
+
     def inventory_line(self) -> str:
-        variables = {**self.host_vars(), "ansible_ssh_common_args": self.ssh_common_args()}
+        variables = {
+            **self.host_vars(),
+            "ansible_ssh_common_args": self.ssh_common_args(),
+            "ansible_control_path": self.control_path(),
+        }
         return " ".join(
             [self.name]
             + [
@@ -517,6 +525,7 @@ class LabHost:
             "ssh_private_key": self.ssh_private_key,
             "ssh_host_key": self.host_public_key,
             "ssh_common_args": self.ssh_common_args(),
+            "control_path": self.control_path(),
             "inventory_line": self.inventory_line(),
             "nvme": self.nvme,
             "os_disk": OS_DISK_BY_ID,

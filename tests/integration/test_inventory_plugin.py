@@ -14,6 +14,7 @@ import pytest
 from controlplane.api import ControlPlane
 from controlplane.enums import AdminState, HostKeySource
 from controlplane.errors import InvalidInput
+from controlplane.hostkeys import control_path, parse_public_key
 from controlplane.services.inventory import NodeSpec
 from gpuaas_lab.demo import recorded_map
 from tests.unit.test_hostkeys import keygen
@@ -167,6 +168,10 @@ def test_ssh_hosts_accept_only_their_pinned_keys(engine, cli_env, tmp_path):
     assert settings["userknownhostsfile"] == known_hosts
     assert settings["globalknownhostsfile"] == "/dev/null"
     assert settings["connecttimeout"] == "5"
+    # A master connection opened under other pins is never reused for this host.
+    assert hostvars["j22u15"]["ansible_control_path"] == control_path(
+        "j22u15", [parse_public_key(key)]
+    )
     found = subprocess.run(
         ["ssh-keygen", "-F", "j22u15", "-f", known_hosts], capture_output=True, text=True
     )
@@ -179,6 +184,7 @@ def test_host_vars_that_would_bypass_the_pinned_keys_are_refused(engine):
         {"ansible_ssh_common_args": "-o StrictHostKeyChecking=no"},
         {"ansible_ssh_extra_args": "-o UserKnownHostsFile=/dev/null"},
         {"ansible_host_key_checking": False},
+        {"ansible_control_path": "/tmp/shared-master"},
     ):
         with pytest.raises(InvalidInput) as error:
             cp.register_node(NodeSpec("j22u15", "r1", host_vars=host_vars))

@@ -11,6 +11,7 @@ import pytest
 
 from controlplane.errors import InvalidInput
 from controlplane.hostkeys import (
+    control_path,
     known_hosts,
     mismatch,
     parse_public_key,
@@ -132,3 +133,12 @@ def test_pin_arguments_are_what_openssh_applies_before_any_later_option(tmp_path
     assert settings["stricthostkeychecking"] == "true"
     assert settings["hostkeyalias"] == "gpu-a1"
     assert settings["userknownhostsfile"] == str(tmp_path / "known hosts")
+
+
+def test_the_ssh_master_socket_changes_with_the_pins(tmp_path):
+    first, second = (parse_public_key(keygen(tmp_path, "ed25519")) for _ in range(2))
+    path = control_path("gpu-a1", [first])
+    assert path.startswith("%(directory)s/") and path.endswith("-%%C")
+    assert path == control_path("gpu-a1", [first])
+    assert path != control_path("gpu-a1", [second])
+    assert path != control_path("gpu-a2", [first])
