@@ -279,7 +279,8 @@ class TaskProgress:
 
 
 def runner_environment() -> dict[str, str]:
-    """ansible-runner needs the venv's bin on PATH and the collection path and config."""
+    """ansible-runner needs the venv's bin on PATH, the collection path and config, and
+    host key checking left on."""
     venv_bin = str(Path(sys.executable).parent)
     return {
         "PATH": f"{venv_bin}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}",
@@ -287,6 +288,8 @@ def runner_environment() -> dict[str, str]:
         "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS),
         "ANSIBLE_FORCE_COLOR": "0",
         "ANSIBLE_NOCOLOR": "1",
+        # ansible-runner would otherwise set it to False (docs/trust.md).
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
     }
 
 

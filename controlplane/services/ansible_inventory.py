@@ -129,6 +129,9 @@ def host_variables(
         variables["ansible_host"] = node.management_address
     variables.update(node.host_vars or {})
     if known_hosts_file and variables.get("ansible_connection", "ssh") == "ssh":
+        # A host variable outranks ANSIBLE_HOST_KEY_CHECKING, which ansible-runner sets to
+        # False; ssh would then be given StrictHostKeyChecking=no ahead of the pins below.
+        variables["ansible_host_key_checking"] = True
         variables["ansible_control_path"] = control_path(node.hostname, pinned)
         variables["ansible_ssh_common_args"] = " ".join(
             filter(

@@ -168,6 +168,8 @@ def test_ssh_hosts_accept_only_their_pinned_keys(engine, cli_env, tmp_path):
     assert settings["userknownhostsfile"] == known_hosts
     assert settings["globalknownhostsfile"] == "/dev/null"
     assert settings["connecttimeout"] == "5"
+    # Outranks the ANSIBLE_HOST_KEY_CHECKING=False that ansible-runner sets.
+    assert hostvars["j22u15"]["ansible_host_key_checking"] is True
     # A master connection opened under other pins is never reused for this host.
     assert hostvars["j22u15"]["ansible_control_path"] == control_path(
         "j22u15", [parse_public_key(key)]
