@@ -29,6 +29,7 @@ import jinja2
 
 from gpuaas_lab import hostlab
 from gpuaas_lab.hostlab import HostLabError, LabHost
+from gpuaas_lab.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO_ROOT / "scripts" / "maas" / "cloud-init" / "gpuaas-slice-deploy.yaml.j2"
@@ -91,16 +92,10 @@ class CollectionServer:
         return f"http://{host.gateway}:{self.port}/{file.relative_to(self.directory)}"
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("0.0.0.0", 0))
-        return probe.getsockname()[1]
-
-
 @contextlib.contextmanager
 def serve_directory(directory: Path) -> Iterator[CollectionServer]:
     """Serve ``directory`` read-only over HTTP until the block ends (stopped by its pid)."""
-    port = _free_port()
+    port = free_port("0.0.0.0")
     argv = [sys.executable, "-m", "http.server", "--bind", "0.0.0.0"]
     proc = subprocess.Popen(
         [*argv, "--directory", str(directory), str(port)],

@@ -22,16 +22,10 @@ from pathlib import Path
 from types import TracebackType
 
 from controlplane.hostkeys import parse_public_key
+from gpuaas_lab.ports import free_port
 
 DROPBEAR = "/usr/sbin/dropbear"
 START_TIMEOUT_SECONDS = 10.0
-
-
-def free_port(address: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on now (the kernel's choice)."""
-    with socket.socket() as probe:
-        probe.bind((address, 0))
-        return probe.getsockname()[1]
 
 
 def ssh_host_unavailable_reason() -> str | None:

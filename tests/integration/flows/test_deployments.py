@@ -3,7 +3,6 @@ process worker that runs a deployment to completion."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 
@@ -11,14 +10,9 @@ import pytest
 import yaml
 
 from flows.serve import REPO_ROOT, prefect_bin, prefect_database_url, prefect_stack
+from gpuaas_lab.ports import free_port
 
 pytestmark = [pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_prefect_yaml_declares_every_flow_on_one_process_pool():

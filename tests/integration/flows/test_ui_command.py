@@ -24,7 +24,7 @@ from controlplane.api import ControlPlane
 from controlplane.services.inventory import NodeSpec
 from flows.serve import prefect_bin
 from gpuaas_lab.demo import DEMO_DATABASE
-from tests.integration.flows.test_deployments import free_port
+from gpuaas_lab.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("prefect")]
 

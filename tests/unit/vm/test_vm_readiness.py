@@ -14,6 +14,8 @@ import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_readiness
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import VmError
 
+from gpuaas_lab.ports import free_port
+
 MAC = "52:54:00:3f:a2:10"
 
 
@@ -32,12 +34,6 @@ def params(tmp_path: Path, **overrides) -> dict:
     }
     values.update(overrides)
     return values
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def lease(tmp_path: Path, ip: str) -> None:
