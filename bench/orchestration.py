@@ -152,7 +152,7 @@ def real_vm_cycles(cp: ControlPlane, engine: Engine, root: Path, cycles: int) ->
     cp.define_sku(LAB_SKU)
     with LabSliceHost(root) as host:
         assert host.image is not None and host.lab is not None
-        cp.register_node(host.node_spec())
+        host.enroll(cp)
         discover_topology(hostnames=[host.hostname])
         approve_slots(host.hostname)
         add_catalog_image(
@@ -204,6 +204,7 @@ def burst(cp: ControlPlane, engine: Engine, root: Path, args: argparse.Namespace
                     host_vars=fleet.host_vars[plan.hostname],
                 )
             )
+        fleet.pin_signing_keys(cp)
         start = time.perf_counter()
         discover_topology(hostnames=[p.hostname for p in plans])
         for plan in plans:

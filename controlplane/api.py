@@ -19,6 +19,7 @@ from controlplane.enums import (
     AllocationState,
     EvidenceKind,
     HostKeySource,
+    KeyPurpose,
     NodeTaskKind,
 )
 from controlplane.errors import GpuaasError
@@ -83,6 +84,32 @@ class ControlPlane:
         keys = host_keys.scan(*self._ssh_endpoint(hostname))
         with db.transaction(self.engine) as session:
             return host_keys.pin(session, hostname, keys, HostKeySource.SCAN, actor, reason)
+
+    def pin_reported_signing_key(
+        self, hostname: str, public_key: str, actor: str
+    ) -> host_keys.PinResult:
+        with db.transaction(self.engine) as session:
+            return host_keys.pin_reported_signing_key(session, hostname, public_key, actor)
+
+    def pin_signing_key(
+        self, hostname: str, public_key: str, actor: str, reason: str
+    ) -> host_keys.PinResult:
+        """Pin an evidence signing key an operator checked (replaces the current one)."""
+        keys = parse_public_keys([public_key])
+        with db.transaction(self.engine) as session:
+            return host_keys.pin(
+                session,
+                hostname,
+                keys,
+                HostKeySource.OPERATOR,
+                actor,
+                reason,
+                KeyPurpose.EVIDENCE_SIGNING,
+            )
+
+    def forget_signing_key(self, hostname: str, actor: str, reason: str) -> host_keys.PinResult:
+        with db.transaction(self.engine) as session:
+            return host_keys.forget_signing_key(session, hostname, actor, reason)
 
     def host_key_refusal(self, hostname: str) -> str | None:
         """Why a connection to the node is refused by its pinned keys, naming the
@@ -198,18 +225,35 @@ class ControlPlane:
             return allocations.release(session, allocation_id, actor)
 
     def record_wipe_proof(
-        self, hostname: str, slot_index: int, proof: Any, actor: str
+        self,
+        hostname: str,
+        slot_index: int,
+        proof: Any,
+        actor: str,
+        nonce: uuid.UUID | None = None,
     ) -> wipes.ProofResult:
         with db.transaction(self.engine) as session:
-            return wipes.record_wipe_proof(session, hostname, slot_index, proof, actor)
+            return wipes.record_wipe_proof(session, hostname, slot_index, proof, actor, nonce)
+
+    def issue_wipe_nonce(self, hostname: str, actor: str) -> uuid.UUID:
+        """A nonce for a wipe run by hand: a node task the proofs are signed for."""
+        return self.begin_task(hostname, NodeTaskKind.DISK_WIPE, {"manual_wipe": True}, actor)
 
     def settle_wipe(
-        self, hostname: str, slot_indexes: list[int], proofs: list[Any], failure: str, actor: str
+        self,
+        hostname: str,
+        slot_indexes: list[int],
+        proofs: list[Any],
+        failure: str,
+        actor: str,
+        nonce: uuid.UUID | None = None,
     ) -> wipes.WipeSettlement:
         """Match the proofs a host sent to the slots' disks, record each, and block every
-        slot left without a usable proof (``failure`` says why), in one transaction."""
+        slot left without a usable proof (``failure`` says why), in one transaction.
+        ``nonce`` is the node task id of the run that wiped: proofs signed for another run
+        are not believed."""
         with db.transaction(self.engine) as session:
-            return wipes.settle(session, hostname, slot_indexes, proofs, failure, actor)
+            return wipes.settle(session, hostname, slot_indexes, proofs, failure, actor, nonce)
 
     def record_storage_approval(
         self, hostname: str, devices: list[str], reference: str, actor: str

@@ -128,6 +128,14 @@ class HostKeySource(StrEnum):
 
     OPERATOR = "operator"  # given by an operator from a file they checked
     SCAN = "scan"  # read from the host with ssh-keyscan, on the operator's word
+    BOOTSTRAP = "bootstrap"  # reported by the node's bootstrap run over its pinned SSH
+
+
+class KeyPurpose(StrEnum):
+    """What a node's pinned public key vouches for (docs/trust.md)."""
+
+    SSH_HOST = "ssh_host"  # the SSH server's host key: who answers at the node's address
+    EVIDENCE_SIGNING = "evidence_signing"  # signs the results the node reports
 
 
 class ImageStatus(StrEnum):

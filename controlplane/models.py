@@ -58,6 +58,7 @@ from controlplane.enums import (
     HostKeySource,
     ImageCacheStatus,
     ImageStatus,
+    KeyPurpose,
     NetworkMode,
     NodeTaskKind,
     NodeTaskState,
@@ -190,6 +191,9 @@ class NodeHostKey(Base):
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
+    purpose: Mapped[KeyPurpose] = mapped_column(
+        checked_enum(KeyPurpose, "key_purpose"), server_default=KeyPurpose.SSH_HOST.value
+    )
     key_type: Mapped[str] = mapped_column(String(40))
     public_key: Mapped[str] = mapped_column(Text)
     fingerprint: Mapped[str] = mapped_column(String(60))
@@ -199,10 +203,12 @@ class NodeHostKey(Base):
     retired_at: Mapped[dt.datetime | None]
 
     __table_args__ = (
-        # One current key per type and node: what sshd presents for that type.
+        # One current key per purpose, type and node: what sshd presents for that type, and
+        # the one key the node signs evidence with.
         Index(
             "uq_node_host_keys_current",
             "node_id",
+            "purpose",
             "key_type",
             unique=True,
             postgresql_where=text("retired_at IS NULL"),

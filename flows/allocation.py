@@ -315,8 +315,11 @@ def release_claims(allocation_id: str) -> ReleaseResult:
 
 
 @task(name="settle wipe proofs")
-def settle_proofs(spec: RuntimeSpec, proofs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A verified proof per slot disk returns the slot; anything else blocks it."""
+def settle_proofs(
+    spec: RuntimeSpec, proofs: list[dict[str, Any]], nonce: str
+) -> list[dict[str, Any]]:
+    """A verified proof per slot disk, signed by the node for this release's node task
+    (``nonce``), returns the slot; anything else blocks it."""
     logger = get_run_logger()
     settled = control_plane().settle_wipe(
         spec.node,
@@ -324,6 +327,7 @@ def settle_proofs(spec: RuntimeSpec, proofs: list[dict[str, Any]]) -> list[dict[
         proofs,
         "release produced no wipe proof",
         ACTOR,
+        uuid.UUID(nonce),
     )
     for slot in settled.slots:
         logger.log(
@@ -332,6 +336,7 @@ def settle_proofs(spec: RuntimeSpec, proofs: list[dict[str, Any]]) -> list[dict[
             slot.slot_index,
             slot.device,
             f"wiped by {slot.method}, verified {slot.verified}"
+            + (f", not trusted: {slot.distrust}" if slot.distrust else "")
             if slot.proof != "none"
             else "has no wipe proof",
             slot.status,
@@ -362,7 +367,11 @@ def release_allocation(allocation_id: str) -> dict[str, Any]:
             evidence.get("undefine_attempts"),
         )
     release_claims(allocation_id)
-    rows = settle_proofs(spec, evidence.get("wipe_proofs") or [] if outcome.passed else [])
+    rows = settle_proofs(
+        spec,
+        evidence.get("wipe_proofs") or [] if outcome.passed else [],
+        outcome.node_task_id,
+    )
     artifacts.table(
         f"release-{allocation_id}", f"Release evidence for allocation {allocation_id}", rows
     )

@@ -20,7 +20,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from controlplane.api import ControlPlane
 from controlplane.enums import EvidenceKind
-from controlplane.errors import GpuaasError
+from controlplane.errors import Conflict, GpuaasError
 from flows import artifacts
 from flows.hostwork import (
     BOOTSTRAP,
@@ -445,6 +445,32 @@ def bootstrap_host(
     )
     rows = apply_verdicts({hostname: outcome})
     artifacts.table(f"bootstrap-{hostname}", f"Bootstrap of {hostname}", rows)
+    refusal = pin_signing_key(hostname, outcome)
     if not outcome.passed:
         return Failed(message=outcome.failure or f"bootstrap of {hostname} failed")
+    if refusal:
+        return Failed(message=refusal)
     return rows[0]
+
+
+@task(name="pin the evidence signing key")
+def pin_signing_key(hostname: str, outcome: HostOutcome) -> str | None:
+    """The signing key the bootstrap created or found, pinned for the node (docs/trust.md);
+    returns why it was refused (another key is pinned), None otherwise."""
+    logger = get_run_logger()
+    reported = outcome.reported.get("node_signing_key") or {}
+    if not reported.get("public_key"):
+        logger.warning("%s reported no evidence signing key; its proofs stay unverified", hostname)
+        return None
+    try:
+        pinned = control_plane().pin_reported_signing_key(hostname, reported["public_key"], ACTOR)
+    except Conflict as refused:
+        logger.error("%s", refused.message)
+        return refused.message
+    logger.info(
+        "%s: evidence signing key %s %s",
+        hostname,
+        reported.get("fingerprint"),
+        "pinned" if pinned.changed else "already pinned",
+    )
+    return None

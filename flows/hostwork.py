@@ -9,7 +9,7 @@ import json
 import re
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,8 @@ class HostAction:
     """``listed_tasks``: how many tasks ``ansible-playbook --list-tasks`` shows for the
     playbook, which sizes its progress bar; only set where every task is imported
     statically, so that the listing is the whole main path. ``looped_task``: the listed
-    task that loops over the action's items (disks), so progress can move per item."""
+    task that loops over the action's items (disks), so progress can move per item.
+    ``reported``: further modules whose last result each host's outcome carries."""
 
     kind: NodeTaskKind
     playbook: str
@@ -33,6 +34,7 @@ class HostAction:
     timeout: int = 1800
     listed_tasks: int | None = None
     looped_task: str | None = None
+    reported: tuple[str, ...] = ()
 
 
 DISCOVER = HostAction(
@@ -67,7 +69,11 @@ STORAGE_TRANSITION = HostAction(
     listed_tasks=4,
 )
 BOOTSTRAP = HostAction(
-    NodeTaskKind.HOST_BOOTSTRAP, "bootstrap.yml", "slice_parity", EvidenceKind.HOST_RESULT
+    NodeTaskKind.HOST_BOOTSTRAP,
+    "bootstrap.yml",
+    "slice_parity",
+    EvidenceKind.HOST_RESULT,
+    reported=("node_signing_key",),
 )
 
 
@@ -103,6 +109,7 @@ class HostOutcome:
     failure: str | None
     artifact_dir: str
     evidence_id: int | None = None
+    reported: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def failure_of(result: RunResult, host: str) -> str | None:
@@ -165,7 +172,12 @@ def run_host_action(
         PlaybookRun(
             playbook=action.playbook,
             inventory=str(inventory_source(private_dir, hostnames)),
-            extravars={**extravars, "gpuaas_hosts": ",".join(hostnames)},
+            # Each host's node task id is its nonce for signed evidence (docs/trust.md).
+            extravars={
+                **extravars,
+                "gpuaas_hosts": ",".join(hostnames),
+                "gpuaas_node_tasks": {host: str(task_id) for host, task_id in task_ids.items()},
+            },
             database_url=cp.engine.url.render_as_string(hide_password=False),
             timeout=action.timeout,
             forks=max(1, min(len(hostnames), 16)),
@@ -186,6 +198,11 @@ def run_host_action(
             module_result=result.module_result(host, action.module),
             failure=failure,
             artifact_dir=result.artifact_dir,
+            reported={
+                module: found
+                for module in action.reported
+                if (found := result.module_result(host, module)) is not None
+            },
         )
         if passed and record is not None:
             outcome.evidence_id = record(host, task_id, result)

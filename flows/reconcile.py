@@ -162,6 +162,7 @@ def wipe_cleanup_slots(
             proofs,
             f"reconcile wipe failed: {outcome.failure}",
             ACTOR,
+            uuid.UUID(outcome.node_task_id),
         )
         rows.extend(
             {"node": hostname, "slot": s.slot_index, "now": s.status, "proof": s.proof}
@@ -236,6 +237,7 @@ def release_leftovers(orphans: list[dict[str, Any]]) -> list[dict[str, Any]]:
             f"reconcile: release of leftover domain {orphan['domain']} gave no proof: "
             f"{outcome.failure}",
             ACTOR,
+            uuid.UUID(outcome.node_task_id),
         )
         rows.extend(
             {

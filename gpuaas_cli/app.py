@@ -241,6 +241,19 @@ def node_rekey(
     run(as_json, rekey, render.render_pin)
 
 
+@node_app.command("forget-signing-key")
+def node_forget_signing_key(
+    hostname: Annotated[str, typer.Argument()], reason: ReasonOpt, as_json: JsonFlag = False
+) -> None:
+    """Retire the node's evidence signing key after a legitimate re-image, so its next
+    bootstrap pins the new one; until then its wipe proofs are not believed. Recorded."""
+    run(
+        as_json,
+        lambda: control_plane().forget_signing_key(hostname, actor(), reason),
+        render.render_pin,
+    )
+
+
 # -- slots ------------------------------------------------------------------------------
 
 
@@ -342,6 +355,20 @@ def slots_repair(
     )
 
 
+@slots_app.command("wipe-nonce")
+def slots_wipe_nonce(node: NodeOpt, as_json: JsonFlag = False) -> None:
+    """Issue the nonce a hand-run wipe signs its proofs for (docs/trust.md)."""
+    run(
+        as_json,
+        lambda: {"node": node, "nonce": str(control_plane().issue_wipe_nonce(node, actor()))},
+        lambda r: out.print(
+            f"nonce {r['nonce']} for {node}: run the wipe with"
+            f" -e slice_disk_wipe_evidence_nonce={r['nonce']}, then record its result with"
+            f" `gpuaas slots wipe-proof`"
+        ),
+    )
+
+
 @slots_app.command("wipe-proof")
 def slots_wipe_proof(
     node: NodeOpt,
@@ -349,7 +376,8 @@ def slots_wipe_proof(
     source: Annotated[str, typer.Option("--from", help="Proof JSON (disk_wipe result), or -.")],
     as_json: JsonFlag = False,
 ) -> None:
-    """Record a disk wipe proof; a verified one returns a cleanup slot to available."""
+    """Record a disk wipe proof; a verified one the node signed for a nonce issued after the
+    slot's release (`gpuaas slots wipe-nonce`) returns a cleanup slot to available."""
 
     def record() -> dict[str, Any]:
         document = read_json(source)
@@ -363,6 +391,7 @@ def slots_wipe_proof(
         lambda r: out.print(
             f"slot {slot} of {node}: wipe {'verified' if r['verified'] else 'NOT verified'}, "
             f"now {r['status']} (evidence {r['evidence_id']})"
+            + (f"; not trusted: {r['distrust']}" if r.get("distrust") else "")
         ),
     )
 

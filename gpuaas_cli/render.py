@@ -43,13 +43,13 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
 
 
 def render_host_keys(keys: list[dict[str, Any]]) -> None:
-    columns = ["key_type", "fingerprint", "source", "pinned_by", "pinned_at"]
-    table("pinned SSH host keys", columns, [[k[c] for c in columns] for k in keys])
+    columns = ["purpose", "key_type", "fingerprint", "source", "pinned_by", "pinned_at"]
+    table("pinned keys", columns, [[k[c] for c in columns] for k in keys])
 
 
 def render_pin(result: dict[str, Any]) -> None:
     if not result["changed"]:
-        out.print(f"{result['hostname']}: host keys unchanged ({', '.join(result['kept'])})")
+        out.print(f"{result['hostname']}: keys unchanged ({', '.join(result['kept'])})")
         return
     for fingerprint in result["retired"]:
         out.print(f"{result['hostname']}: retired {fingerprint}")

@@ -1,4 +1,4 @@
-"""Pinned SSH host keys (docs/trust.md)."""
+"""Pinned node keys: SSH host keys and evidence signing keys (docs/trust.md)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,25 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controlplane.enums import HostKeySource
+from controlplane.enums import HostKeySource, KeyPurpose
 from controlplane.hostkeys import KEY_TYPES, HostKey
 from controlplane.models import NodeHostKey
 
 
-def current(session: Session, node_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[HostKey]]:
-    """Each node's current keys, in ``KEY_TYPES`` order."""
+def current(
+    session: Session,
+    node_ids: Sequence[uuid.UUID],
+    purpose: KeyPurpose = KeyPurpose.SSH_HOST,
+) -> dict[uuid.UUID, list[HostKey]]:
+    """Each node's current keys for the purpose, in ``KEY_TYPES`` order."""
     found: dict[uuid.UUID, list[HostKey]] = defaultdict(list)
     if not node_ids:
         return found
     rows = session.scalars(
         select(NodeHostKey).where(
-            NodeHostKey.node_id.in_(node_ids), NodeHostKey.retired_at.is_(None)
+            NodeHostKey.node_id.in_(node_ids),
+            NodeHostKey.purpose == purpose,
+            NodeHostKey.retired_at.is_(None),
         )
     ).all()
     for row in sorted(rows, key=lambda r: KEY_TYPES.index(r.key_type)):
@@ -30,9 +36,15 @@ def current(session: Session, node_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, 
     return found
 
 
-def current_rows(session: Session, node_id: uuid.UUID) -> list[NodeHostKey]:
+def current_rows(
+    session: Session, node_id: uuid.UUID, purpose: KeyPurpose = KeyPurpose.SSH_HOST
+) -> list[NodeHostKey]:
     rows = session.scalars(
-        select(NodeHostKey).where(NodeHostKey.node_id == node_id, NodeHostKey.retired_at.is_(None))
+        select(NodeHostKey).where(
+            NodeHostKey.node_id == node_id,
+            NodeHostKey.purpose == purpose,
+            NodeHostKey.retired_at.is_(None),
+        )
     ).all()
     return sorted(rows, key=lambda r: KEY_TYPES.index(r.key_type))
 
@@ -49,10 +61,12 @@ def add(
     keys: Sequence[HostKey],
     source: HostKeySource,
     pinned_by: str,
+    purpose: KeyPurpose = KeyPurpose.SSH_HOST,
 ) -> list[NodeHostKey]:
     rows = [
         NodeHostKey(
             node_id=node_id,
+            purpose=purpose,
             key_type=key.key_type,
             public_key=key.blob,
             fingerprint=key.fingerprint,

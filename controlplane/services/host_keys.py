@@ -14,9 +14,15 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from controlplane.enums import EvidenceKind, HostKeySource
-from controlplane.errors import GpuaasError, InvalidInput
-from controlplane.hostkeys import HostKey, known_hosts, mismatch, parse_public_keys
+from controlplane.enums import EvidenceKind, HostKeySource, KeyPurpose
+from controlplane.errors import Conflict, GpuaasError, InvalidInput
+from controlplane.hostkeys import (
+    HostKey,
+    known_hosts,
+    mismatch,
+    parse_public_key,
+    parse_public_keys,
+)
 from controlplane.models import Node
 from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import host_keys as key_repo
@@ -33,6 +39,7 @@ class HostKeyView:
     source: str
     pinned_by: str
     pinned_at: dt.datetime
+    purpose: str
 
 
 @dataclass(frozen=True)
@@ -52,13 +59,20 @@ def pin(
     source: HostKeySource,
     actor: str,
     reason: str,
+    purpose: KeyPurpose = KeyPurpose.SSH_HOST,
 ) -> PinResult:
     if not keys:
-        raise InvalidInput("host_keys_missing", "no SSH host public key given", {})
+        raise InvalidInput("host_keys_missing", f"no {purpose.value} public key given", {})
     if not reason.strip():
-        raise InvalidInput("reason_required", "say why the host keys are (re)pinned", {})
+        raise InvalidInput("reason_required", "say why the keys are (re)pinned", {})
+    if purpose is KeyPurpose.EVIDENCE_SIGNING and [k.key_type for k in keys] != ["ssh-ed25519"]:
+        raise InvalidInput(
+            "signing_key_type",
+            "a node signs evidence with exactly one Ed25519 key",
+            {"given": [k.key_type for k in keys]},
+        )
     node = node_repo.get_by_hostname(session, hostname, for_update=True)
-    before = key_repo.current_rows(session, node.id)
+    before = key_repo.current_rows(session, node.id, purpose)
     wanted = {key.fingerprint: key for key in keys}
     kept = [row.fingerprint for row in before if row.fingerprint in wanted]
     retired = [row for row in before if row.fingerprint not in wanted]
@@ -66,18 +80,19 @@ def pin(
     if not retired and not added:
         return PinResult(hostname, False, [], [], kept, None)
     key_repo.retire(session, retired, dt.datetime.now(dt.UTC))
-    key_repo.add(session, node.id, added, source, actor)
+    key_repo.add(session, node.id, added, source, actor, purpose)
     row = evidence_repo.add(
         session,
         kind=EvidenceKind.HOST_KEYS,
         passed=True,
         summary=(
-            f"{hostname}: host keys pinned from {source.value}"
+            f"{hostname}: {purpose.value} keys pinned from {source.value}"
             f" ({len(added)} added, {len(retired)} retired): {reason}"
         ),
         recorded_by=actor,
         node_id=node.id,
         payload={
+            "purpose": purpose.value,
             "source": source.value,
             "reason": reason,
             "before": [r.fingerprint for r in before],
@@ -96,11 +111,69 @@ def pin(
     )
 
 
+def pin_reported_signing_key(
+    session: Session, hostname: str, public_line: str, actor: str
+) -> PinResult:
+    """The evidence signing key a bootstrap run reports over the node's pinned SSH: pinned
+    when the node has none, unchanged when it is the same; another key is refused (after a
+    legitimate re-image an operator forgets the old one first, ``gpuaas node
+    forget-signing-key``)."""
+    key = parse_public_key(public_line)
+    node = node_repo.get_by_hostname(session, hostname, for_update=True)
+    [*current] = key_repo.current_rows(session, node.id, KeyPurpose.EVIDENCE_SIGNING)
+    if current and current[0].fingerprint != key.fingerprint:
+        raise Conflict(
+            "signing_key_changed",
+            f"{hostname} reported evidence signing key {key.fingerprint}, but the store pins"
+            f" {current[0].fingerprint}; if the node was re-imaged legitimately, run `gpuaas"
+            f" node forget-signing-key {hostname} --reason ...` and bootstrap it again",
+            {"reported": key.fingerprint, "pinned": current[0].fingerprint},
+        )
+    return pin(
+        session,
+        hostname,
+        [key],
+        HostKeySource.BOOTSTRAP,
+        actor,
+        "created by the node's bootstrap",
+        KeyPurpose.EVIDENCE_SIGNING,
+    )
+
+
+def forget_signing_key(session: Session, hostname: str, actor: str, reason: str) -> PinResult:
+    """Retire the node's evidence signing key (recorded), so its next bootstrap pins the
+    new one; until then its results are not believed."""
+    if not reason.strip():
+        raise InvalidInput("reason_required", "say why the signing key is forgotten", {})
+    node = node_repo.get_by_hostname(session, hostname, for_update=True)
+    current = key_repo.current_rows(session, node.id, KeyPurpose.EVIDENCE_SIGNING)
+    if not current:
+        return PinResult(hostname, False, [], [], [], None)
+    key_repo.retire(session, current, dt.datetime.now(dt.UTC))
+    row = evidence_repo.add(
+        session,
+        kind=EvidenceKind.HOST_KEYS,
+        passed=True,
+        summary=f"{hostname}: evidence signing key forgotten: {reason}",
+        recorded_by=actor,
+        node_id=node.id,
+        payload={
+            "purpose": KeyPurpose.EVIDENCE_SIGNING.value,
+            "reason": reason,
+            "retired": [r.fingerprint for r in current],
+        },
+    )
+    return PinResult(hostname, True, [], [r.fingerprint for r in current], [], row.id)
+
+
 def listing(session: Session, hostname: str) -> list[HostKeyView]:
     node = node_repo.get_by_hostname(session, hostname)
     return [
-        HostKeyView(r.key_type, r.fingerprint, r.source.value, r.pinned_by, r.pinned_at)
-        for r in key_repo.current_rows(session, node.id)
+        HostKeyView(
+            r.key_type, r.fingerprint, r.source.value, r.pinned_by, r.pinned_at, r.purpose.value
+        )
+        for purpose in KeyPurpose
+        for r in key_repo.current_rows(session, node.id, purpose)
     ]
 
 

@@ -2,25 +2,31 @@
 
 A proof is recorded for the slot's own disk, finished after the slot's release; a
 verified one returns the slot, anything else blocks it (docs/store-invariants.md,
-"Wipe proofs"). ``settle`` is what a release or a cleanup run does with the proofs a host
-sent: match them to the slots' disks, record each, and block every slot left without a
-usable proof, all in the caller's transaction.
+"Wipe proofs"). A proof is only believed when the node signed it over this very proof
+for a nonce the control plane issued for the release (its node task id), not used
+before (docs/trust.md, "Signed evidence"); anything else is recorded as unverified.
+``settle`` is what a release or a cleanup run does with the proofs a host sent: match
+them to the slots' disks, record each, and block every slot left without a usable
+proof, all in the caller's transaction.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from controlplane.enums import EvidenceKind, HealthState, SlotStatus
+from controlplane import attestation
+from controlplane.enums import EvidenceKind, HealthState, KeyPurpose, SlotStatus
 from controlplane.errors import Conflict, GpuaasError, InvalidInput
-from controlplane.models import AllocationResourceClaim
+from controlplane.models import AllocationResourceClaim, Evidence, Node, NodeResourceSlot, NodeTask
 from controlplane.repositories import evidence as evidence_repo
+from controlplane.repositories import host_keys as key_repo
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
 from controlplane.secrets import scrub
@@ -58,12 +64,59 @@ class ProofResult:
     status: str
     evidence_id: int
     verified: bool
+    distrust: str | None = None
+
+
+def distrust(
+    session: Session,
+    node: Node,
+    slot: NodeResourceSlot,
+    proof: dict[str, Any],
+    nonce: uuid.UUID | None,
+    released_at: dt.datetime | None,
+) -> str | None:
+    """Why the proof is not to be believed, or None: it must be signed by the node's pinned
+    key over this proof, for a nonce issued to this node after the slot's release (``nonce``
+    itself when the caller issued one), not used by an earlier proof of this slot."""
+    pinned = key_repo.current(session, [node.id], KeyPurpose.EVIDENCE_SIGNING).get(node.id, [])
+    try:
+        attested = attestation.verify(proof, "wipe_proof", node.hostname, pinned)
+    except attestation.Untrusted as untrusted:
+        return str(untrusted)
+    try:
+        signed_nonce = uuid.UUID(attested.nonce)
+    except ValueError:
+        return f"nonce {attested.nonce!r} is not one the control plane issues"
+    if nonce is not None and signed_nonce != nonce:
+        return f"signed for run {signed_nonce}, not this run ({nonce}): a proof from another run"
+    task = session.get(NodeTask, signed_nonce)
+    if task is None or task.node_id != node.id:
+        return f"nonce {signed_nonce} was not issued to {node.hostname}"
+    if released_at is not None and task.created_at <= released_at:
+        return f"nonce {signed_nonce} was issued before the slot's release: a replayed proof"
+    used = session.scalar(
+        select(Evidence.id).where(
+            Evidence.kind == EvidenceKind.WIPE_PROOF,
+            Evidence.slot_id == slot.id,
+            Evidence.payload["attestation"]["statement"]["nonce"].astext == attested.nonce,
+        )
+    )
+    if used is not None:
+        return f"nonce {signed_nonce} was already used by evidence {used}: a replayed proof"
+    return None
 
 
 def record_wipe_proof(
-    session: Session, hostname: str, slot_index: int, proof: Any, actor: str
+    session: Session,
+    hostname: str,
+    slot_index: int,
+    proof: Any,
+    actor: str,
+    nonce: uuid.UUID | None = None,
 ) -> ProofResult:
-    """Record a disk wipe proof for a slot; a verified one returns it to ``available``."""
+    """Record a disk wipe proof for a slot; a verified one the node signed for this release
+    (``nonce``: the run's node task id, when the caller issued one) returns it to
+    ``available``; any other is recorded unverified and blocks the slot."""
     if not isinstance(proof, dict) or proof.get("schema") != WIPE_PROOF_SCHEMA:
         raise InvalidInput(
             "proof_schema",
@@ -120,7 +173,8 @@ def record_wipe_proof(
             f"{last_release.isoformat()}",
             {},
         )
-    verified = proof.get("verified") is True
+    distrusted = distrust(session, node, slot, proof, nonce, last_release)
+    verified = proof.get("verified") is True and distrusted is None
     row = evidence_repo.add(
         session,
         kind=EvidenceKind.WIPE_PROOF,
@@ -128,9 +182,10 @@ def record_wipe_proof(
         summary=(
             f"{'verified' if verified else 'FAILED'} wipe of {slot.nvme_device} "
             f"({proof.get('method', 'unknown method')}) for slot {slot_index} of {hostname}"
+            + (f"; not trusted: {distrusted}" if distrusted else "")
         ),
         recorded_by=actor,
-        payload=scrub(proof),
+        payload={**scrub(proof), "trust": distrusted or "signed by the node for this release"},
         node_id=node.id,
         slot_id=slot.id,
     )
@@ -145,11 +200,15 @@ def record_wipe_proof(
     else:
         slot.status = SlotStatus.CLEANUP_BLOCKED
         slot.health_state = HealthState.FAILED
-        slot.health_detail = f"wipe not verified: evidence {row.id}"
+        slot.health_detail = (
+            f"wipe proof not trusted ({distrusted}): evidence {row.id}"
+            if distrusted
+            else f"wipe not verified: evidence {row.id}"
+        )[:2000]
     slot.generation += 1
     slot.updated_at = now
     session.flush()
-    return ProofResult(hostname, slot_index, slot.status.value, row.id, verified)
+    return ProofResult(hostname, slot_index, slot.status.value, row.id, verified, distrusted)
 
 
 def block_slots(
@@ -204,6 +263,7 @@ class SlotSettlement:
     method: str | None
     verified: bool
     evidence_id: int | None = None
+    distrust: str | None = None
 
 
 @dataclass(frozen=True)
@@ -223,11 +283,13 @@ def settle(
     proofs: list[Any],
     failure: str,
     actor: str,
+    nonce: uuid.UUID | None = None,
 ) -> WipeSettlement:
     """Settle the wipe of ``slot_indexes`` with the ``proofs`` a host sent.
 
     Each slot that owes a wipe takes the proof for its own disk: a verified proof returns
-    it, an unverified one blocks it. A slot without a proof, or whose proof the store
+    it, an unverified or untrusted one (see ``record_wipe_proof``; ``nonce`` is the node
+    task id of the run that wiped) blocks it. A slot without a proof, or whose proof the store
     refuses (malformed, from before the release), is ``cleanup_blocked`` with ``failure``
     (or the refusal) as the reason. A slot that owes no wipe (already blocked, available)
     keeps its status and is reported as it is.
@@ -255,7 +317,7 @@ def settle(
             unproven.setdefault(failure, []).append(index)
             continue
         try:
-            recorded = record_wipe_proof(session, hostname, index, proof, actor)
+            recorded = record_wipe_proof(session, hostname, index, proof, actor, nonce)
         except GpuaasError as refused:
             reason = f"wipe proof refused: {refused.code}: {refused.message}"
             unproven.setdefault(reason, []).append(index)
@@ -268,6 +330,7 @@ def settle(
             method,
             recorded.verified,
             recorded.evidence_id,
+            recorded.distrust,
         )
     for reason, indexes in unproven.items():
         for index in block_slots(session, hostname, indexes, reason, actor):

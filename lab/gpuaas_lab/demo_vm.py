@@ -23,7 +23,7 @@ def run_vm_demo(cp: ControlPlane, console: Console, root: Path) -> None:
     cp.define_sku(LAB_SKU)
     console.print("building (or reusing) the tiny UEFI guest image and a lab slice host ...")
     with LabSliceHost(root) as host:
-        cp.register_node(host.node_spec())
+        host.enroll(cp)
         discover_topology(hostnames=[host.hostname])
         approve_slots(host.hostname)
         image = cp.register_image(host.catalog_image())

@@ -108,6 +108,7 @@ SLICE_PACKAGES = (
     "ovmf",
     "rdma-core",
     "driverctl",
+    "python3-cryptography",
 )
 PACKAGES = BASE_PACKAGES + SLICE_PACKAGES
 BOOTSTRAP_VENV = "/opt/gpuaas/bootstrap/venv"

@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from controlplane.api import ControlPlane
 from gpuaas_lab import hosttrees
 from gpuaas_lab.netns import NetNamespace
 
@@ -51,6 +55,45 @@ def host_state_vars(directory: Path) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class SigningKey:
+    """A lab host's evidence signing key: what the host bootstrap's node_signing_key
+    module creates on a real host (docs/trust.md, "Signed evidence"), and the role
+    variables that point the wipe at it."""
+
+    path: Path
+    public_line: str
+
+    @classmethod
+    def create(cls, directory: Path) -> SigningKey:
+        directory.mkdir(parents=True, exist_ok=True)
+        key = Ed25519PrivateKey.generate()
+        path = directory / "evidence-signing.key"
+        path.touch(mode=0o600)
+        path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        public = key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
+        return cls(path, public.decode())
+
+    def role_vars(self) -> dict[str, str]:
+        return {f"{role}_signing_key": str(self.path) for role in SIGNING_ROLES}
+
+    def pin(self, cp: ControlPlane, hostname: str) -> None:
+        """Pinned as the node's bootstrap run reports it."""
+        cp.pin_reported_signing_key(hostname, self.public_line, "lab")
+
+
+# The roles that sign the results they report.
+SIGNING_ROLES = ("slice_vm_release", "slice_disk_wipe")
+
+
 def build_host_network(ns: NetNamespace, nat: bool) -> None:
     """The converged slice network of a slice host; without NAT when ``nat`` is false."""
     ns.add_bridge(BRIDGE, GATEWAY)
@@ -78,6 +121,7 @@ class SimulatedFleet:
     plans: list[HostPlan]
     namespaces: dict[str, NetNamespace] = field(default_factory=dict)
     host_vars: dict[str, dict[str, Any]] = field(default_factory=dict)
+    signing_keys: dict[str, SigningKey] = field(default_factory=dict)
 
     def __enter__(self) -> SimulatedFleet:
         try:
@@ -98,14 +142,21 @@ class SimulatedFleet:
         ns = NetNamespace(prefix=f"gs{plan.hostname[-3:]}").create()
         self.namespaces[plan.hostname] = ns
         build_host_network(ns, plan.nat)
+        self.signing_keys[plan.hostname] = SigningKey.create(host_dir / "state")
         self.host_vars[plan.hostname] = {
             "ansible_connection": "local",
             "ansible_python_interpreter": str(interpreter_in(ns, host_dir)),
             "gpuaas_topology_root": str(tree),
             "gpuaas_node_id": plan.hostname,
             **host_state_vars(host_dir),
+            **self.signing_keys[plan.hostname].role_vars(),
         }
         return self.host_vars[plan.hostname]
+
+    def pin_signing_keys(self, cp: ControlPlane) -> None:
+        """Pin each registered host's signing key, as its bootstrap would."""
+        for hostname, key in self.signing_keys.items():
+            key.pin(cp, hostname)
 
     def close(self) -> list[str]:
         errors = []

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controlplane.api import ControlPlane
 from controlplane.services.images import ImageSpec
 from controlplane.services.inventory import NodeSpec, SkuSpec
 from gpuaas_lab import hosttrees
-from gpuaas_lab.hosts import interpreter_in
+from gpuaas_lab.hosts import SigningKey, interpreter_in
 from gpuaas_lab.vmguest import GuestImage, ensure_guest_image
 from gpuaas_lab.vmguest import unavailable_reason as guest_unavailable_reason
 from gpuaas_lab.vmlab import VmLab, vm_lab_unavailable_reason
@@ -77,6 +78,7 @@ class LabSliceHost:
     lab: VmLab | None = None
     image: GuestImage | None = None
     host_vars: dict[str, Any] = field(default_factory=dict)
+    signing_key: SigningKey | None = None
 
     def __enter__(self) -> LabSliceHost:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -92,6 +94,7 @@ class LabSliceHost:
             self.lab.loops.disk(self.disk_mib, name=f"nvme-eui.{eui}")
             tree = hosttrees.write_tree(lab_host_spec(self.hostname, eui), self.root / "tree")
             state = self.root / "state"
+            self.signing_key = SigningKey.create(state)
             self.host_vars = {
                 "ansible_connection": "local",
                 "ansible_python_interpreter": str(interpreter_in(self.lab.ns, self.root)),
@@ -107,6 +110,7 @@ class LabSliceHost:
                 "slice_vm_release_wipe_proof_dir": str(state / "wipe-proofs"),
                 "slice_vm_release_shutdown_timeout": 60,
                 "slice_disk_wipe_proof_dir": str(state / "wipe-proofs"),
+                **self.signing_key.role_vars(),
                 **{
                     f"slice_vm_{role}_dnsmasq_{name}": str(path)
                     for role in ("provision", "release")
@@ -125,6 +129,12 @@ class LabSliceHost:
     def __exit__(self, *exc_info) -> None:
         if self.lab is not None:
             self.lab.close()
+
+    def enroll(self, cp: ControlPlane) -> None:
+        """Register the node and pin its signing key, as commissioning and bootstrap do."""
+        assert self.signing_key is not None
+        cp.register_node(self.node_spec())
+        self.signing_key.pin(cp, self.hostname)
 
     def node_spec(self) -> NodeSpec:
         assert self.lab is not None

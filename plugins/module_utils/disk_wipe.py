@@ -30,7 +30,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ansible_collections.gpuaas.fleet.plugins.module_utils import blockdev, hostfile
+from ansible_collections.gpuaas.fleet.plugins.module_utils import (
+    blockdev,
+    evidence_signing,
+    hostfile,
+)
 from ansible_collections.gpuaas.fleet.plugins.module_utils.storage_transition import (
     APPROVAL_REQUIRED,
     iso,
@@ -107,6 +111,10 @@ class WipeRequest:
     proof_dir: str = "/var/lib/gpuaas/wipe-proofs"
     allow_fallback: bool = True
     check_mode: bool = False
+    # With a nonce, the proof returned is signed for the control plane (evidence_signing).
+    node: str | None = None
+    nonce: str | None = None
+    signing_key: str = evidence_signing.DEFAULT_KEY_PATH
     # The NVMe boundary: which block devices are NVMe namespaces, and where their
     # controller is. Not a module option; a machine without NVMe hardware (the test lab)
     # passes a locator that declares one of its loop devices a namespace, so the live
@@ -556,7 +564,7 @@ def run_wipe(request: WipeRequest) -> dict:
     if stored:
         return {
             **result,
-            "proof": stored,
+            "proof": attested(request, report, stored),
             "reused_proof": True,
             "msg": "already wiped under this approval and untouched since; proof reused",
         }
@@ -579,15 +587,31 @@ def run_wipe(request: WipeRequest) -> dict:
     proof["finished_at"] = iso(utc_now())
     proof["duration_s"] = round(time.monotonic() - clock, 3)
     proof["write_state"] = write_state(report.kernel_name)
-    result.update(changed=bool(proof["markers"]), proof=proof)
+    if proof["verified"]:
+        store_proof(proof_path(request.proof_dir, request.device), proof)
+    result.update(changed=bool(proof["markers"]), proof=attested(request, report, proof))
     result["diff"] = {"before": before, "after": observed_layout(report)}
     failed = [f"{a['method']}: {a['error']}" for a in proof["attempts"] if not a["ok"]]
     if proof["verified"]:
-        store_proof(proof_path(request.proof_dir, request.device), proof)
         fell_back = f"; fell back from {'; '.join(failed)}" if failed else ""
         return {**result, "msg": f"erased with {proof['method']} and verified{fell_back}"}
     why = proof.get("error") or "; ".join(failed)
     return {**result, "failed": True, "msg": f"wipe not verified: {why}"}
+
+
+def attested(request: WipeRequest, report: blockdev.DeviceReport, proof: dict) -> dict:
+    """The proof as returned: signed by the node for the control plane's nonce, naming the
+    disk's identity, when a nonce was given (docs/trust.md, "Signed evidence")."""
+    if not request.nonce:
+        return proof
+    return evidence_signing.sign_result(
+        request.signing_key,
+        "wipe_proof",
+        request.node,
+        request.nonce,
+        proof,
+        evidence_signing.disk_identity(report.kernel_name),
+    )
 
 
 def observed_layout(report: blockdev.DeviceReport) -> dict:

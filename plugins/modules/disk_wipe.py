@@ -72,6 +72,22 @@ options:
     description: Where the last verified proof per disk is kept on the host.
     type: path
     default: /var/lib/gpuaas/wipe-proofs
+  nonce:
+    description:
+      - The control plane's nonce for this run (its node task id). When given, the proof
+        returned carries an C(attestation) signed with O(signing_key) over the node, the
+        nonce, the disk's identity, the time and the proof's digest; without the key it
+        carries C(attestation_error) instead, and the control plane treats it as
+        unverified.
+    type: str
+  node:
+    description: The node's name in the control plane, bound into the attestation.
+      Required with O(nonce).
+    type: str
+  signing_key:
+    description: The node's evidence signing key (see M(gpuaas.fleet.node_signing_key)).
+    type: path
+    default: /etc/gpuaas/evidence-signing.key
 attributes:
   check_mode:
     description: Inspects, refuses or reports the methods it would try; writes nothing.
@@ -269,6 +285,31 @@ proof:
       description: The O(approval) reference.
       type: str
       returned: always
+    attestation:
+      description: The node's signature over this proof for the control plane's nonce.
+      type: dict
+      returned: when O(nonce) was given and the signing key could be used
+      contains:
+        statement:
+          description: What was signed (its canonical JSON form) - C(schema)
+            (C(gpuaas.attestation/v1)), C(subject) (C(wipe_proof)), C(node), C(nonce),
+            C(disk) (C(serial), C(model), C(wwid), C(eui), C(nguid) as the kernel reports
+            them), C(signed_at) and C(payload_sha256), the digest of the proof's canonical
+            form without its attestation.
+          type: dict
+          returned: always
+        signature:
+          description: Ed25519 signature of the statement, base64.
+          type: str
+          returned: always
+        key_fingerprint:
+          description: C(SHA256:) fingerprint of the signing key's public half.
+          type: str
+          returned: always
+    attestation_error:
+      description: Why the proof could not be signed (no key, no cryptography library).
+      type: str
+      returned: when O(nonce) was given and signing failed
     write_state:
       description: Where the disk's write history stood after verification.
       type: dict
@@ -443,7 +484,7 @@ msg:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuaas.fleet.plugins.module_utils import common_args
+from ansible_collections.gpuaas.fleet.plugins.module_utils import common_args, evidence_signing
 from ansible_collections.gpuaas.fleet.plugins.module_utils.disk_wipe import (
     WipeRequest,
     run_wipe,
@@ -465,7 +506,11 @@ def main():
             sample_count=dict(type="int", default=16),
             sample_size=dict(type="int", default=1048576),
             proof_dir=dict(type="path", default="/var/lib/gpuaas/wipe-proofs"),
+            node=dict(type="str"),
+            nonce=dict(type="str"),
+            signing_key=dict(type="path", default=evidence_signing.DEFAULT_KEY_PATH),
         ),
+        required_by=dict(nonce="node"),
         supports_check_mode=True,
     )
     if module.params["sample_count"] < 1 or module.params["sample_size"] < 4096:

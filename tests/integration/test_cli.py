@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import subprocess
 import sys
@@ -11,7 +10,9 @@ from importlib import resources
 import pytest
 from sqlalchemy import text
 
+from controlplane.api import ControlPlane
 from gpuaas_lab.slicehost import unavailable_reason
+from tests.integration.wipe_proofs import pin_node_key, sign, wipe_proof
 
 DEMO_DATA = resources.files("gpuaas_lab.demo_data")
 
@@ -245,24 +246,22 @@ def test_alloc_create_show_list_release_and_wipe_proof(registered, engine, tmp_p
         if s["slot_index"] == slot
     )
     proof = tmp_path / "proof.json"
+    unsigned = wipe_proof(device)
+    proof.write_text(json.dumps({"changed": True, "proof": unsigned}))
+    record = ["slots", "wipe-proof", "--node", "j22u15", "--slot", str(slot), "--from", str(proof)]
+    # The node has no signing key pinned and the proof is unsigned: not believed.
+    refused = ok_json(env, *record)
+    assert refused["status"] == "cleanup_blocked" and refused["verified"] is False
+    assert refused["distrust"].startswith("unsigned"), refused
+    ok_json(env, "slots", "repair", "--node", "j22u15", "--slot", str(slot), "--reason", "retry")
+    cp = ControlPlane(engine)
+    pin_node_key(cp, "j22u15")
+    nonce = ok_json(env, "slots", "wipe-nonce", "--node", "j22u15")["nonce"]
     proof.write_text(
-        json.dumps(
-            {
-                "changed": True,
-                "proof": {
-                    "schema": "gpuaas.wipe_proof/v1",
-                    "device": device,
-                    "method": "blkdiscard",
-                    "verified": True,
-                    "finished_at": (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)).isoformat(),
-                },
-            }
-        )
+        json.dumps({"changed": True, "proof": sign(wipe_proof(device), "j22u15", nonce)})
     )
-    recorded = ok_json(
-        env, "slots", "wipe-proof", "--node", "j22u15", "--slot", str(slot), "--from", str(proof)
-    )
-    assert recorded["status"] == "available" and recorded["verified"] is True
+    recorded = ok_json(env, *record)
+    assert recorded["status"] == "available" and recorded["verified"] is True, recorded
 
 
 def test_storage_approval_is_recorded_once_per_reference(registered, engine):

@@ -155,3 +155,5 @@ def test_cli_rekey_from_a_key_file_and_list(cp, cli_env, tmp_path):
     error = error_json(cli_env, "node", "rekey", NODE, "--key-file", str(bad), "--reason", "r")
     assert error["code"] == "host_key_invalid", json.dumps(error)
     assert ok_json(cli_env, "node", "keys", NODE) == listed
+    forgotten = ok_json(cli_env, "node", "forget-signing-key", NODE, "--reason", "none pinned")
+    assert not forgotten["changed"]

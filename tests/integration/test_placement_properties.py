@@ -22,7 +22,7 @@ from controlplane.errors import GpuaasError
 from controlplane.repositories.capacity import ELIGIBLE_SLOTS_SQL
 from controlplane.scheduler.placement import Placement, PlacementRequest
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
-from tests.integration.wipe_proofs import wipe_proof
+from tests.integration.wipe_proofs import proof_for
 
 SLICE = "h200-sxm-slice"
 BAREMETAL = "h200-sxm-baremetal"
@@ -119,7 +119,10 @@ def test_random_sequences_keep_every_invariant(pg_cluster, template_database):
             if cleanup:
                 slot = cleanup[pick % len(cleanup)]
                 self.cp.record_wipe_proof(
-                    slot.node, slot.slot_index, wipe_proof(slot.nvme_device), "property"
+                    slot.node,
+                    slot.slot_index,
+                    proof_for(self.cp, slot.node, slot.slot_index),
+                    "property",
                 )
 
         @rule(host=st.sampled_from(["h00002", "h00003", "h00004"]), drain=st.booleans())
@@ -170,7 +173,7 @@ def test_sixteen_clients_placing_and_releasing_at_once(engine):
                     if cleanup:
                         s = rng.choice(cleanup)
                         with contextlib.suppress(GpuaasError):  # another client won
-                            proof = wipe_proof(s.nvme_device)
+                            proof = proof_for(cp, s.node, s.slot_index)
                             cp.record_wipe_proof(s.node, s.slot_index, proof, "c")
                     continue
                 if roll < 0.55:

@@ -83,8 +83,8 @@ def test_a_slot_that_owes_no_wipe_keeps_its_status_and_a_second_settlement_chang
 
 def test_a_bad_slot_index_rolls_the_whole_settlement_back(released, engine):
     cp, node, indexes = released
-    before, recorded = slot_rows(cp, node), evidence_count(engine)
     proofs = [proof_for(cp, node, i) for i in indexes]
+    before, recorded = slot_rows(cp, node), evidence_count(engine)
 
     with pytest.raises(NotFound):
         cp.settle_wipe(node, [*indexes, 99], proofs, "x", "t")

@@ -53,6 +53,7 @@ def simulated_fleet(tmp_path, database_url, monkeypatch, prefect_harness):
                     host_vars=fleet.host_vars[plan.hostname],
                 )
             )
+        fleet.pin_signing_keys(cp)
         yield cp
 
 
@@ -62,5 +63,5 @@ def lab_node(tmp_path, database_url, monkeypatch, prefect_harness):
     cp = flow_control_plane(unavailable_reason(), tmp_path, database_url, monkeypatch)
     cp.define_sku(LAB_SKU)
     with LabSliceHost(tmp_path / "host") as host:
-        cp.register_node(host.node_spec())
+        host.enroll(cp)
         yield cp, host

@@ -148,3 +148,16 @@ def test_bootstrap_takes_profile_network_and_approved_slots_from_the_store(
     assert set(verdict["failed checks"].split(", ")) == CANNOT_PASS
     node = {n.hostname: n for n in control_plane.list_nodes()}["j22u15"]
     assert node.admin_state_reason == "parity: " + ", ".join(sorted(CANNOT_PASS))
+
+    # The bootstrap created the node's evidence signing key, root only, and the flow pinned
+    # its public half (docs/trust.md, "Signed evidence").
+    mode = target.run("stat", "-c", "%a %U", "/etc/gpuaas/evidence-signing.key").stdout.split()
+    assert mode == ["600", "root"]
+    [signing] = [k for k in control_plane.host_keys("j22u15") if k.purpose == "evidence_signing"]
+    assert (signing.key_type, signing.source) == ("ssh-ed25519", "bootstrap")
+    reported = target.python(
+        "from ansible_collections.gpuaas.fleet.plugins.module_utils import evidence_signing\n"
+        "print(evidence_signing.ensure_key('/etc/gpuaas/evidence-signing.key', True)"
+        "['fingerprint'])"
+    ).stdout.strip()
+    assert signing.fingerprint == reported

@@ -120,6 +120,11 @@ def test_deploy_bootstrap_reboot_and_parity_over_ssh(
     # No fabric on a lab host: said, with the reason, not hidden.
     assert checks["fabric_address"]["status"] == "FAIL" and checks["fabric_address"]["detail"]
     assert "fabric_address" in verdict["failed checks"]
+    # The deploy's first boot created the evidence signing key; the flow pinned it.
+    key_file = "/etc/gpuaas/evidence-signing.key"
+    assert sh(deployed, f"stat -c '%a %U' {key_file}").split() == ["600", "root"]
+    [signing] = [k for k in control_plane.host_keys(deployed.name) if k.purpose != "ssh_host"]
+    assert (signing.key_type, signing.source) == ("ssh-ed25519", "bootstrap"), signing
 
     # 4. Topology discovery on the live kernel (no recorded tree): the NVMe disks by stable
     #    identity with NUMA, the OS disk never among them, IOMMU groups now present.

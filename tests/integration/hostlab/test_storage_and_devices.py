@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from ansible_collections.gpuaas.fleet.plugins.module_utils.evidence_signing import public_line
 from sqlalchemy import text
 
 from controlplane.api import ControlPlane
@@ -32,6 +33,7 @@ from gpuaas_lab.hostlab import console_tail
 from gpuaas_lab.slicehost import LAB_SKU, lab_host_spec
 from tests.integration.ansible_helpers import PlaybookRun
 from tests.integration.hostlab.conftest import pin_lab_key, run_tasks, sh
+from tests.integration.wipe_proofs import node_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("labhost")]
 
@@ -376,17 +378,20 @@ def test_reconcile_wipes_a_released_slot_disk_of_the_lab_host_and_the_store_keep
     )
     # Approval needs the slice network a bootstrapped host has (bridge, NAT, forwarding);
     # the fresh host was never bootstrapped.
+    # The evidence signing key the host bootstrap creates (docs/trust.md).
     baseline = run_tasks(
         fresh,
         [
             {
                 "name": "Bring up the slice network baseline",
                 "ansible.builtin.include_role": {"name": "gpuaas.fleet.slice_network_baseline"},
-            }
+            },
+            {"name": "Ensure the evidence signing key", "gpuaas.fleet.node_signing_key": {}},
         ],
         tmp_path,
     )
     assert baseline.rc == 0, baseline.failures()
+    signing_key = baseline.task("Ensure the evidence signing key", fresh.name)["public_key"]
     monkeypatch.setenv("GPUAAS_DATABASE_URL", database_url)
     monkeypatch.setenv("GPUAAS_RUNS_DIR", str(tmp_path / "runs"))
     # The controller's SSH key, as an operator configures Ansible on it (the store keeps
@@ -409,6 +414,8 @@ def test_reconcile_wipes_a_released_slot_disk_of_the_lab_host_and_the_store_keep
         )
     )
     pin_lab_key(cp, fresh)
+    # Another node's signing key pinned: what the host signs is not believed.
+    cp.pin_signing_key(fresh.name, public_line(node_key("intruder")), "test", "wrong key")
     discover_topology(hostnames=[fresh.name])
     assert approve_slots(fresh.name)["approved"] == [0]
     [slot] = cp.list_slots(fresh.name)
@@ -423,6 +430,17 @@ def test_reconcile_wipes_a_released_slot_disk_of_the_lab_host_and_the_store_keep
     cp.release(allocation, "test")
     assert cp.list_slots(fresh.name)[0].status == "cleanup"
 
+    untrusted = reconcile(grace_seconds=0, compare_with_hosts=False)
+    [row] = [r for r in untrusted["slots"] if r["node"] == fresh.name]
+    assert row["now"] == "cleanup_blocked", row
+    [slot] = cp.list_slots(fresh.name)
+    assert "does not verify with" in slot.health_detail, slot.health_detail
+
+    # The key the host really holds, pinned as its bootstrap reports it (after the operator
+    # forgets the wrong one); the slot goes back to cleanup and the next wipe is believed.
+    cp.forget_signing_key(fresh.name, "test", "pinned the wrong key")
+    cp.pin_reported_signing_key(fresh.name, signing_key, "test")
+    cp.repair_slot(fresh.name, slot.slot_index, "wipe again under the right key", "test")
     result = reconcile(grace_seconds=0, compare_with_hosts=False)
 
     [row] = [r for r in result["slots"] if r["node"] == fresh.name]
@@ -433,11 +451,14 @@ def test_reconcile_wipes_a_released_slot_disk_of_the_lab_host_and_the_store_keep
         proofs = conn.execute(
             text(
                 "SELECT e.passed, e.payload FROM evidence e JOIN nodes n ON n.id = e.node_id"
-                " WHERE e.kind = 'wipe_proof' AND n.hostname = :hostname"
+                " WHERE e.kind = 'wipe_proof' AND n.hostname = :hostname ORDER BY e.id"
             ),
             {"hostname": fresh.name},
         ).all()
-    [(passed, proof)] = proofs
+    [(refused, _), (passed, proof)] = proofs
+    assert not refused
     assert passed and proof["verified"] is True and proof["device"] == slot.nvme_device
+    statement = proof["attestation"]["statement"]
+    assert statement["node"] == fresh.name and statement["disk"].get("serial"), statement
     assert proof["method"] == "nvme_format" and proof["approval"].startswith("reconcile")
     assert sh(fresh, f"head -c 11 {slot.nvme_device} | od -An -c").split() == ["\\0"] * 11

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible_collections.gpuaas.fleet.plugins.module_utils import evidence_signing
 from ansible_collections.gpuaas.fleet.plugins.module_utils.disk_wipe import (
     PROOF_SCHEMA,
     NvmeNamespace,
@@ -22,6 +23,8 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils.disk_wipe import (
     write_markers,
 )
 
+from controlplane import attestation
+from controlplane.hostkeys import parse_public_key
 from gpuaas_lab.loopdev import MIB, read_direct, signatures, write_direct
 from tests.integration.ansible_helpers import run_module, run_playbook
 from tests.integration.storage.storage_helpers import raw_state
@@ -400,3 +403,31 @@ def test_module_diff_shows_signatures_and_partitions_gone(lab, tmp_path):
     assert result["diff"]["after"] == {"signatures": [], "partitions": []}
     assert checked["diff"] == result["diff"]
     assert rerun["changed"] is False and "diff" not in rerun
+
+
+# ---------------------------------------------------------------- signed proofs
+
+
+def test_a_wipe_given_a_nonce_returns_a_proof_signed_for_it(lab, tmp_path):
+    """docs/trust.md, "Signed evidence": the module signs the proof it returns; a rerun
+    for another nonce (the stored proof reused) is signed for that nonce."""
+    key = tmp_path / "evidence-signing.key"
+    pinned = [parse_public_key(evidence_signing.ensure_key(str(key), False)["public_key"])]
+    disk = used_disk(lab)
+    signing = {"node": "gpu-a1", "signing_key": str(key)}
+    first = wipe(lab, tmp_path, disk, nonce="task-1", **signing)
+    proof = first["proof"]
+    assert_verified_proof(proof, disk, "blkdiscard")
+    attested = attestation.verify(proof, "wipe_proof", "gpu-a1", pinned)
+    assert attested.nonce == "task-1"
+    stored = json.loads((tmp_path / "proofs" / f"{Path(disk.stable_path).name}.json").read_text())
+    assert "attestation" not in stored
+
+    again = wipe(lab, tmp_path, disk, nonce="task-2", **signing)
+    assert again["reused_proof"] is True
+    assert attestation.verify(again["proof"], "wipe_proof", "gpu-a1", pinned).nonce == "task-2"
+
+    unsigned = wipe(lab, tmp_path, disk, nonce="task-3", node="gpu-a1", signing_key="/nonexistent")
+    assert "no evidence signing key at /nonexistent" in unsigned["proof"]["attestation_error"]
+    with pytest.raises(attestation.Untrusted, match=r"^unsigned"):
+        attestation.verify(unsigned["proof"], "wipe_proof", "gpu-a1", pinned)
