@@ -23,7 +23,7 @@ from controlplane.enums import (
     NodeTaskKind,
 )
 from controlplane.errors import GpuaasError
-from controlplane.hostkeys import parse_public_keys, write_known_hosts
+from controlplane.hostkeys import HostKey, parse_public_keys, write_known_hosts
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
 from controlplane.scheduler.placement import Placement, PlacementRequest, Scheduler, Unavailable
@@ -285,6 +285,11 @@ class ControlPlane:
     def list_allocations(self, state: str | None = None) -> list[allocations.AllocationSummary]:
         with db.transaction(self.engine) as session:
             return allocations.list_allocations(session, state)
+
+    def issue_guest_host_key(self, allocation_id: uuid.UUID) -> tuple[str, HostKey]:
+        """(private OpenSSH key for the seed, public key kept on the allocation)."""
+        with db.transaction(self.engine) as session:
+            return allocations.issue_guest_host_key(session, allocation_id)
 
     def runtime_spec(self, allocation_id: uuid.UUID) -> allocations.RuntimeSpec:
         with db.transaction(self.engine) as session:

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 
 from controlplane.errors import InvalidInput
@@ -45,6 +47,21 @@ class HostKey:
 
     def public_line(self) -> str:
         return f"{self.key_type} {self.blob}"
+
+
+def generate_host_key() -> tuple[str, HostKey]:
+    """A new ed25519 host key: the private half in OpenSSH's format (what cloud-init's
+    ``ssh_keys`` and dropbearconvert read) and the public half."""
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    ).decode("ascii")
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    return private, parse_public_key(public.decode("ascii"))
 
 
 def parse_public_key(text: str) -> HostKey:

@@ -42,7 +42,9 @@ URL_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)([^\s@/]+)(
 
 def is_secret_key(key: str) -> bool:
     lowered = key.lower()
-    return lowered in SECRET_KEYS or lowered.endswith(("_password", "_token", "_secret"))
+    return lowered in SECRET_KEYS or lowered.endswith(
+        ("_password", "_token", "_secret", "_private_key")
+    )
 
 
 def is_secret_env(name: str) -> bool:

@@ -122,6 +122,11 @@ def provision_vm(
         "slice_vm_provision_users": users,
     }
     allocation_id, node = spec.allocation_id, spec.node
+    # The guest's host key: its private half goes only to the seed (a secret the runner
+    # keeps out of its recorded parameters); readiness pins the public half.
+    private_key, public_key = control_plane().issue_guest_host_key(uuid.UUID(allocation_id))
+    variables["slice_vm_provision_guest_host_private_key"] = private_key
+    variables["slice_vm_provision_guest_host_public_key"] = public_key.public_line()
     progress = artifacts.host_action_progress(
         f"provision-progress-{allocation_id}",
         f"VM provision of allocation {allocation_id} on {node}",

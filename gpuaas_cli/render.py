@@ -144,6 +144,9 @@ def render_allocation(a: dict[str, Any]) -> None:
     for claim in a.get("claims", []):
         target = f"slot {claim['slot_index']}" if claim["slot_index"] is not None else "whole node"
         out.print(f"  claim {claim['kind']} on {target}: {claim['state']}")
+    host_key = (a.get("runtime_metadata") or {}).get("guest_host_key")
+    if host_key:
+        out.print(f"  guest SSH host key (pinned by the readiness gate): {host_key}")
 
 
 def render_occupancy(result: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ from controlplane.enums import (
     SlotStatus,
 )
 from controlplane.errors import Conflict, InvalidInput, NotFound
+from controlplane.hostkeys import HostKey, generate_host_key
 from controlplane.models import (
     Allocation,
     AllocationResourceClaim,
@@ -396,6 +397,22 @@ def runtime_spec(session: Session, allocation_id: uuid.UUID) -> RuntimeSpec:
             for s in slots
         ],
     )
+
+
+def issue_guest_host_key(session: Session, allocation_id: uuid.UUID) -> tuple[str, HostKey]:
+    """A host key for the allocation's slice VM (docs/trust.md): its public half is kept in
+    the allocation's runtime metadata, where the readiness gate and the tenant read it; the
+    private half is returned for the seed only, never stored. Each provision run issues a
+    new one."""
+    allocation = _lock_allocation(session, allocation_id)
+    private, public = generate_host_key()
+    allocation.runtime_metadata = {
+        **allocation.runtime_metadata,
+        "guest_host_key": public.public_line(),
+        "guest_host_key_fingerprint": public.fingerprint,
+    }
+    session.flush()
+    return private, public
 
 
 def set_flow_run(session: Session, allocation_id: uuid.UUID, flow_run_id: str) -> None:

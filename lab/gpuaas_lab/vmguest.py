@@ -45,6 +45,8 @@ STUB_PACKAGE = "systemd-boot-efi"
 STUB_PATH_IN_PACKAGE = "usr/lib/systemd/boot/efi/linuxx64.efi.stub"
 BUSYBOX = Path("/bin/busybox")
 DROPBEAR = Path("/usr/sbin/dropbear")
+# Turns the OpenSSH host key the seed carries into dropbear's format.
+DROPBEARCONVERT = Path("/usr/bin/dropbearconvert")
 # Loaded in this order after their dependencies: disks, the seed CD-ROM on SATA, the NIC,
 # the entropy device and the ACPI power button (so libvirt's graceful shutdown works).
 GUEST_MODULES = (
@@ -121,7 +123,7 @@ def unavailable_reason() -> str | None:
     for tool in ("mkfs.vfat", "mcopy", "mmd", "modinfo"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed (scripts/system-packages.txt)"
-    for path in (BUSYBOX, DROPBEAR):
+    for path in (BUSYBOX, DROPBEAR, DROPBEARCONVERT):
         if not path.exists():
             return f"{path} is missing (busybox-static, dropbear-bin)"
     return None
@@ -360,7 +362,8 @@ def _populate_initramfs(root: Path, modules: list[Path]) -> None:
             (root / "bin" / applet).symlink_to("busybox")
     (root / "init").symlink_to("bin/busybox")
     shutil.copy2(DROPBEAR, root / "sbin" / "dropbear")
-    for lib in _shared_libraries(DROPBEAR):
+    shutil.copy2(DROPBEARCONVERT, root / "bin" / "dropbearconvert")
+    for lib in {*_shared_libraries(DROPBEAR), *_shared_libraries(DROPBEARCONVERT)}:
         target = root / str(lib).lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(lib.resolve(), target)
@@ -463,7 +466,8 @@ INITTAB = """\
 """
 
 # Parses the user-data the slice_vm_seed module writes (a block-style #cloud-config whose
-# scalars are JSON strings): prints HOSTNAME <name>, USER <name>, KEY <user> <key>.
+# scalars are JSON strings): prints HOSTNAME <name>, USER <name>, KEY <user> <key> and
+# HOSTKEY - <the seeded OpenSSH host private key, its newlines still written \n>.
 USERDATA_AWK = r"""
 function unquote(value) {
     sub(/^[ ]+/, "", value); sub(/[ ]+$/, "", value)
@@ -475,7 +479,11 @@ function unquote(value) {
 }
 /^hostname:/ { value = $0; sub(/^hostname:/, "", value); print "HOSTNAME " unquote(value); next }
 /^users:/ { in_users = 1; next }
-/^[^ #]/ { in_users = 0; in_keys = 0 }
+/^ssh_keys:/ { in_users = 0; in_host_keys = 1; next }
+/^[^ #]/ { in_users = 0; in_keys = 0; in_host_keys = 0 }
+in_host_keys && /^  ed25519_private:/ {
+    value = $0; sub(/^  ed25519_private:/, "", value); print "HOSTKEY - " unquote(value); next
+}
 in_users && /^  - name:/ {
     value = $0; sub(/^  - name:/, "", value); user = unquote(value); in_keys = 0
     print "USER " user; next
@@ -545,14 +553,28 @@ else
         KEY)
             echo "$rest" >> "/home/$name/.ssh/authorized_keys"
             ;;
+        HOSTKEY)
+            # The host key the control plane generated for this guest and pins.
+            (umask 077 && printf '%b' "$rest" > /run/seeded_host_key)
+            dropbearconvert openssh dropbear /run/seeded_host_key \
+                /etc/dropbear/dropbear_ed25519_host_key >/dev/null 2>&1 \
+                || say "warning=seeded_host_key_unusable"
+            rm -f /run/seeded_host_key
+            ;;
         esac
     done < /run/userdata.parsed
     users=$(grep -c ^USER /run/userdata.parsed)
-    say "phase=seed instance_id=$instance_id hostname=$(hostname) users=$users"
+    host_key=generated
+    [ -s /etc/dropbear/dropbear_ed25519_host_key ] && host_key=seeded
+    say "phase=seed instance_id=$instance_id hostname=$(hostname) users=$users host_key=$host_key"
 fi
 
 say "phase=ssh"
-dropbear -R -s -p 22 -P /run/dropbear.pid
+if [ -s /etc/dropbear/dropbear_ed25519_host_key ]; then
+    dropbear -r /etc/dropbear/dropbear_ed25519_host_key -s -p 22 -P /run/dropbear.pid
+else
+    dropbear -R -s -p 22 -P /run/dropbear.pid
+fi
 say "phase=dhcp"
 for path in /sys/class/net/*; do
     iface=${path##*/}

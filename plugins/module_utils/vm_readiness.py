@@ -11,7 +11,10 @@ matches the reservation and SSH answers):
 2. `ssh`: the expected IP answers on the SSH port with an `SSH-` banner.
 3. `ssh_auth` (when a probe key is given, normally the node terminal relay key that the
    seed injected): `ssh -i KEY user@ip COMMAND` succeeds, proving the guest applied the
-   seed's users and keys.
+   seed's users and keys. With the guest's host public key (the one the seed installed),
+   the login accepts only that key (strict checking against a known-hosts file of that
+   key alone); a guest presenting another key fails at once (`host_key_mismatch`, naming
+   both fingerprints): another machine, or a guest that ignored its seed (docs/trust.md).
 
 The report is `{mac, expected_ip, actual_ip, lease_state, ssh_ready, ...}` with per-phase
 timings. A VM that is created but not reachable is a failed provision: the report then
@@ -20,9 +23,14 @@ carries the phase that timed out and the tail of the serial console log.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
+import re
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 
 from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common, vm_dhcp
@@ -31,6 +39,13 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import (
     VmError,
 )
 
+# The name the guest's pinned key is filed under (ssh's HostKeyAlias): the key, not the
+# address, is what is checked.
+GUEST_ALIAS = "gpuaas-slice-guest"
+HOST_KEY_REFUSED = re.compile(
+    r"Host key verification failed|REMOTE HOST IDENTIFICATION HAS CHANGED|"
+    r"No (ED25519|ECDSA|RSA) host key is known"
+)
 LEASE_MISSING = "missing"
 LEASE_MATCHED = "matched"
 LEASE_MISMATCH = "mismatch"
@@ -48,7 +63,52 @@ def ssh_banner(ip: str, port: int, timeout: float) -> str:
     return line if line.startswith("SSH-") else ""
 
 
-def ssh_command_argv(ip: str, port: int, user: str, key: str, command: str, timeout: int):
+def fingerprint(public_key: str) -> str:
+    """OpenSSH's SHA256 fingerprint of a public key line."""
+    digest = hashlib.sha256(base64.b64decode(public_key.split()[1])).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def presented_keys(ip: str, port: int, timeout: int) -> list:
+    """``type fingerprint`` of each host key the server at ip:port presents now."""
+    try:
+        proc = subprocess.run(
+            ["ssh-keyscan", "-T", str(timeout), "-p", str(port), ip],
+            capture_output=True,
+            text=True,
+            timeout=timeout * 3,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return []
+    keys = []
+    for line in proc.stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and not line.startswith("#"):
+            keys.append(f"{fields[1]} {fingerprint(' '.join(fields[1:3]))}")
+    return keys
+
+
+def host_key_options(known_hosts: str) -> list:
+    """Accept only the keys in ``known_hosts`` (filed under GUEST_ALIAS), or, without one,
+    whatever the guest presents."""
+    if not known_hosts:
+        return ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+    return [
+        "-o",
+        f"HostKeyAlias={GUEST_ALIAS}",
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "StrictHostKeyChecking=yes",
+    ]
+
+
+def ssh_command_argv(
+    ip: str, port: int, user: str, key: str, command: str, timeout: int, known_hosts: str = ""
+):
     return [
         "ssh",
         "-i",
@@ -57,10 +117,7 @@ def ssh_command_argv(ip: str, port: int, user: str, key: str, command: str, time
         str(port),
         "-o",
         "BatchMode=yes",
-        "-o",
-        "StrictHostKeyChecking=no",
-        "-o",
-        "UserKnownHostsFile=/dev/null",
+        *host_key_options(known_hosts),
         "-o",
         "LogLevel=ERROR",
         "-o",
@@ -70,8 +127,10 @@ def ssh_command_argv(ip: str, port: int, user: str, key: str, command: str, time
     ]
 
 
-def ssh_probe(ip: str, port: int, user: str, key: str, command: str, timeout: int) -> dict:
-    argv = ssh_command_argv(ip, port, user, key, command, timeout)
+def ssh_probe(
+    ip: str, port: int, user: str, key: str, command: str, timeout: int, known_hosts: str = ""
+) -> dict:
+    argv = ssh_command_argv(ip, port, user, key, command, timeout, known_hosts)
     try:
         proc = subprocess.run(
             argv, capture_output=True, text=True, timeout=timeout + 5, check=False
@@ -93,6 +152,24 @@ def find_lease(leasefile: str, mac: str):
 
 def wait_ready(params: dict) -> dict:
     """Run the gate; returns the report, raises VmError (with the report) on failure."""
+    host_key = (params.get("host_public_key") or "").strip()
+    if not host_key:
+        return gate(params, "")
+    if len(host_key.split()) < 2:
+        raise VmError(
+            "host_key_invalid", "host_public_key is not an OpenSSH public key", PHASE_READINESS
+        )
+    directory = tempfile.mkdtemp(prefix="gpuaas-readiness-")
+    try:
+        known_hosts = os.path.join(directory, "known_hosts")
+        with open(known_hosts, "w", encoding="utf-8") as handle:
+            handle.write(f"{GUEST_ALIAS} {' '.join(host_key.split()[:2])}\n")
+        return gate(params, known_hosts)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def gate(params: dict, known_hosts: str) -> dict:
     mac = vm_common.normalize_mac(params["mac_address"])
     expected_ip = params["expected_ip"]
     timeout = float(params["timeout"])
@@ -114,6 +191,8 @@ def wait_ready(params: dict) -> dict:
         "ssh_banner": "",
         "ssh_auth": "skipped" if not probe_key else "pending",
         "ssh_probe_output": "",
+        "host_key": "pinned" if known_hosts else "not pinned",
+        "host_key_fingerprint": fingerprint(params["host_public_key"]) if known_hosts else None,
         "timings": {},
     }
 
@@ -171,7 +250,19 @@ def wait_ready(params: dict) -> dict:
                 probe_key,
                 params["ssh_probe_command"],
                 min(10, remaining),
+                known_hosts,
             )
+            if known_hosts and HOST_KEY_REFUSED.search(probe["stderr"]):
+                report["ssh_auth"] = "host_key_refused"
+                shown = presented_keys(expected_ip, port, 10)
+                report["host_key_presented"] = shown
+                fail(
+                    "host_key_mismatch",
+                    f"the guest at {expected_ip} presented "
+                    f"{', '.join(shown) or 'no key'}, not the host key seeded for it "
+                    f"({report['host_key_fingerprint']}): refused",
+                    "ssh_auth",
+                )
             if probe["ok"]:
                 report["ssh_auth"] = "ok"
                 report["ssh_probe_output"] = probe["stdout"]

@@ -6,8 +6,12 @@
 The seed carries `user-data` (a `#cloud-config` with the hostname and the users with their
 `ssh_authorized_keys`, always including the node's terminal relay key), `meta-data`
 (`instance-id` = allocation id, `local-hostname`) and `network-config` (version 2, DHCP on
-the NIC with the reserved MAC). Scalars are written as JSON strings, which YAML reads as
-plain strings, so no key comment or user name can change the document's structure.
+the NIC with the reserved MAC). Given the guest's host key (generated for this allocation
+by the control plane, which keeps its public half), user-data makes it the guest's only
+SSH host key, so the readiness gate can pin it (docs/trust.md); the private half is
+withheld from everything the module reports. Scalars are written as JSON strings, which
+YAML reads as plain strings, so no key comment or user name can change the document's
+structure.
 
 The ISO is written with pycdlib (ISO9660 + Joliet + Rock Ridge, so the file names keep
 their dashes). Idempotence compares the files inside an existing ISO with the desired
@@ -52,6 +56,12 @@ SSH_KEY_RE = re.compile(
 )
 USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 HOSTNAME_RE = re.compile(r"^(?=.{1,63}$)[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+PRIVATE_KEY_RE = re.compile(
+    r"\A-----BEGIN OPENSSH PRIVATE KEY-----\n"
+    r"[A-Za-z0-9+/=\n]+"
+    r"-----END OPENSSH PRIVATE KEY-----\n?\Z"
+)
+WITHHELD = "<private host key withheld>"
 
 
 def _q(value) -> str:
@@ -99,15 +109,39 @@ def normalize_users(users, relay_key: str = "") -> list[dict]:
     return normalized
 
 
-def render_user_data(hostname: str, users: list[dict]) -> str:
+def validate_host_key(private_key: str, public_key: str) -> tuple[str, str]:
+    """The guest's ed25519 host key pair as cloud-init's ``ssh_keys`` takes it."""
+    public = validate_key(public_key, "guest host key")
+    if not public.startswith("ssh-ed25519 "):
+        raise VmError("host_key_invalid", "the guest host key must be ssh-ed25519", PHASE_SEED)
+    private = private_key.strip() + "\n"
+    if not PRIVATE_KEY_RE.match(private):
+        raise VmError(
+            "host_key_invalid",
+            "the guest's private host key must be an unencrypted OpenSSH private key",
+            PHASE_SEED,
+        )
+    return private, public
+
+
+def render_user_data(hostname: str, users: list[dict], host_key=None) -> str:
+    """``host_key``: (private, public) of the guest's only SSH host key, or None."""
     lines = [
         "#cloud-config",
         f"hostname: {_q(hostname)}",
         "preserve_hostname: false",
         "ssh_pwauth: false",
         "disable_root: true",
-        "users:",
     ]
+    if host_key:
+        lines += [
+            "ssh_deletekeys: true",
+            "ssh_genkeytypes: []",
+            "ssh_keys:",
+            f"  ed25519_private: {_q(host_key[0])}",
+            f"  ed25519_public: {_q(host_key[1])}",
+        ]
+    lines.append("users:")
     for user in users:
         lines.append(f"  - name: {_q(user['name'])}")
         lines.append("    lock_passwd: true")
@@ -135,13 +169,15 @@ def render_network_config(mac_address: str) -> str:
     )
 
 
-def seed_files(instance_id: str, hostname: str, users, mac_address: str, relay_key: str = ""):
+def seed_files(
+    instance_id: str, hostname: str, users, mac_address: str, relay_key: str = "", host_key=None
+):
     """The desired seed contents: {file name: bytes}."""
     if not HOSTNAME_RE.match(str(hostname)):
         raise VmError("invalid_hostname", f"{hostname!r} is not a valid host name", PHASE_SEED)
     normalized = normalize_users(users, relay_key)
     return {
-        "user-data": render_user_data(hostname, normalized).encode(),
+        "user-data": render_user_data(hostname, normalized, host_key).encode(),
         "meta-data": render_meta_data(instance_id, hostname).encode(),
         "network-config": render_network_config(mac_address).encode(),
     }
@@ -199,19 +235,28 @@ def volume_label(path: str) -> str:
         return ""
 
 
-def ensure_seed(path: str, files: dict, check_mode: bool) -> dict:
-    """Write the ISO at `path` unless it already holds exactly `files`."""
+def withheld(files, secret: str):
+    """``files`` as reported: the secret (as the seed writes it) replaced."""
+    if not files or not secret:
+        return files
+    written = _q(secret).encode()
+    return {name: data.replace(written, _q(WITHHELD).encode()) for name, data in files.items()}
+
+
+def ensure_seed(path: str, files: dict, check_mode: bool, secret: str = "") -> dict:
+    """Write the ISO at `path` unless it already holds exactly `files`; ``secret`` (the
+    guest's private host key) never appears in the result or the diff."""
     current = read_iso(path)
     changed = current != files
     result = {
         "changed": changed,
         "path": path,
-        "files": {name: data.decode() for name, data in files.items()},
+        "files": {name: data.decode() for name, data in withheld(files, secret).items()},
         "diff": {
             "before_header": path,
             "after_header": path,
-            "before": _diff_text(current),
-            "after": _diff_text(files),
+            "before": _diff_text(withheld(current, secret)),
+            "after": _diff_text(withheld(files, secret)),
         },
     }
     if changed and not check_mode:
@@ -276,14 +321,21 @@ def run(params: dict, check_mode: bool) -> dict:
     relay = {"path": "", "created": False, "public_key": ""}
     if params.get("terminal_key_path"):
         relay = ensure_relay_key(params["terminal_key_path"], check_mode)
+    host_key = None
+    if params.get("host_private_key") or params.get("host_public_key"):
+        host_key = validate_host_key(
+            params.get("host_private_key") or "", params.get("host_public_key") or ""
+        )
     files = seed_files(
         params["allocation_id"],
         params["hostname"],
         params["users"],
         params["mac_address"],
         relay["public_key"],
+        host_key,
     )
-    result = ensure_seed(params["path"], files, check_mode)
+    result = ensure_seed(params["path"], files, check_mode, host_key[0] if host_key else "")
+    result["host_key"] = host_key[1] if host_key else None
     result["terminal_key"] = relay
     result["changed"] = result["changed"] or relay["created"]
     return result

@@ -58,6 +58,13 @@ options:
     description: Command the login probe runs; its output is returned.
     type: str
     default: hostname
+  host_public_key:
+    description:
+      - The guest's SSH host public key (the one M(gpuaas.fleet.slice_vm_seed) installed).
+        The login probe then accepts only that key; a guest presenting another fails at
+        once with C(host_key_mismatch), naming both fingerprints. Without it any key is
+        accepted.
+    type: str
   console_log:
     description: Serial console log whose tail is returned when the gate fails.
     type: path
@@ -127,9 +134,23 @@ readiness:
       type: bool
       returned: always
     ssh_auth:
-      description: C(ok), C(failed), C(pending) or C(skipped) (no probe key).
+      description: C(ok), C(failed), C(host_key_refused), C(pending) or C(skipped) (no
+        probe key).
       type: str
       returned: always
+    host_key:
+      description: C(pinned) when O(host_public_key) was given, else C(not pinned).
+      type: str
+      returned: always
+    host_key_fingerprint:
+      description: The pinned key's C(SHA256:) fingerprint, or null.
+      type: str
+      returned: always
+    host_key_presented:
+      description: C(type fingerprint) of each key the guest presented instead.
+      type: list
+      elements: str
+      returned: on host_key_mismatch
     ssh_probe_output:
       description: Output of the probe command.
       type: str
@@ -170,6 +191,7 @@ def main():
             ssh_probe_user=dict(type="str", default="gpuuser"),
             ssh_probe_key=dict(type="path", no_log=False),
             ssh_probe_command=dict(type="str", default="hostname"),
+            host_public_key=dict(type="str", no_log=False),
             console_log=dict(type="path"),
         ),
         supports_check_mode=True,

@@ -21,6 +21,10 @@ description:
     writes them as an ISO9660 image labelled C(cidata).
   - Compares the files inside an existing ISO with the desired ones; writes only when they
     differ (atomically).
+  - With O(host_private_key) and O(host_public_key), user-data makes that ed25519 key the
+    guest's only SSH host key (cloud-init C(ssh_keys), C(ssh_deletekeys), no generated
+    keys), so the readiness gate can pin it. The private key is withheld from the result
+    and the diff.
   - Rejects malformed user names, host names and public keys before writing anything.
 author:
   - gpuaas fleet engineering (@gpuaas)
@@ -69,6 +73,14 @@ options:
         C(/var/lib/gpuaas/terminal/id_ed25519)), created with its C(.pub) when missing;
         the public key is added to every user's keys.
     type: path
+  host_private_key:
+    description:
+      - The guest's SSH host private key (unencrypted OpenSSH format, ed25519), generated for
+        this allocation by the control plane. Requires O(host_public_key).
+    type: str
+  host_public_key:
+    description: Its public half (C(ssh-ed25519 ...)), which the readiness gate pins.
+    type: str
 attributes:
   check_mode:
     description: Reports whether the seed would change; writes nothing.
@@ -115,9 +127,14 @@ path:
   returned: always
   type: str
 files:
-  description: The seed files as written (user-data, meta-data, network-config).
+  description: The seed files as written (user-data, meta-data, network-config), the
+    guest's private host key replaced by C(<private host key withheld>).
   returned: always
   type: dict
+host_key:
+  description: The guest host public key the seed installs, or null.
+  returned: always
+  type: str
 terminal_key:
   description: The relay key (path, created, public_key).
   returned: always
@@ -151,7 +168,10 @@ def main():
                 ),
             ),
             terminal_key_path=dict(type="path", no_log=False),
+            host_private_key=dict(type="str", no_log=True),
+            host_public_key=dict(type="str", no_log=False),
         ),
+        required_together=[("host_private_key", "host_public_key")],
         supports_check_mode=True,
     )
     vm_common.fail_missing_libraries(

@@ -5,8 +5,11 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
+import yaml
+from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_seed
 from sqlalchemy import text
 
 from controlplane.audit import audit
@@ -29,7 +32,22 @@ pytestmark = [
 ]
 
 
-def test_provision_then_release_a_real_slice_vm_through_the_flows(lab_node, engine):
+def leaked(engine, runs: Path, secret: str) -> list[str]:
+    """Where ``secret`` appears in the store or in the files the runs kept."""
+    found = []
+    with engine.connect() as conn:
+        for table in ("node_tasks", "evidence", "allocations", "outbox"):
+            rows = conn.execute(
+                text(f"SELECT count(*) FROM {table} t WHERE t::text LIKE :secret"),
+                {"secret": f"%{secret}%"},
+            ).scalar_one()
+            if rows:
+                found.append(table)
+    found += [str(p) for p in runs.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    return found
+
+
+def test_provision_then_release_a_real_slice_vm_through_the_flows(lab_node, engine, tmp_path):
     cp, host = lab_node
     discovered = discover_topology(hostnames=[host.hostname])
     assert discovered[host.hostname]["import"]["approvable"] == [0], discovered
@@ -86,10 +104,20 @@ def test_provision_then_release_a_real_slice_vm_through_the_flows(lab_node, engi
     assert login.returncode == 0, login.stderr
 
     allocation = result["allocation_id"]
+    # The guest answered with the host key generated for it, which the gate pinned; its
+    # private half is in the seed and nowhere the control plane or the runs keep.
+    domain = "gpuaas-slice-" + uuid.UUID(allocation).hex
+    metadata = cp.show_allocation(uuid.UUID(allocation)).runtime_metadata
+    pinned = metadata["guest_host_key_fingerprint"]
+    assert (readiness["host_key"], readiness["host_key_fingerprint"]) == ("pinned", pinned)
+    seed = vm_seed.read_iso(f"{host.host_vars['slice_vm_provision_state_root']}/{domain}/seed.iso")
+    seeded = yaml.safe_load(seed["user-data"])["ssh_keys"]
+    assert seeded["ed25519_public"] == metadata["guest_host_key"]
+    secret = seeded["ed25519_private"].splitlines()[1]
+    assert not leaked(engine, tmp_path / "runs", secret)
     # The host matches the store: reconcile finds no drift.
     assert reconcile(grace_seconds=3600)["drift"] == []
     # The VM dies behind the control plane's back: reconcile sees it and degrades the slot.
-    domain = "gpuaas-slice-" + uuid.UUID(allocation).hex
     host.lab.virsh("destroy", domain)
     drift = reconcile(grace_seconds=3600)["drift"]
     assert [(d["code"], d["allocation_id"]) for d in drift] == [("domain_not_running", allocation)]

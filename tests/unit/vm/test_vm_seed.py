@@ -194,3 +194,73 @@ def test_a_relay_key_without_its_public_half_is_refused(tmp_path: Path):
     with pytest.raises(VmError) as caught:
         vm_seed.ensure_relay_key(str(key), check_mode=False)
     assert caught.value.code == "terminal_key_missing"
+
+
+@pytest.fixture
+def guest_key(tmp_path: Path) -> tuple[str, str]:
+    """An ed25519 host key as the control plane issues one (OpenSSH private format)."""
+    path = tmp_path / "guest_host_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return path.read_text(), path.with_suffix(".pub").read_text().strip()
+
+
+def test_the_guest_host_key_is_seeded_as_its_only_key_and_withheld_from_the_result(
+    tmp_path: Path, guest_key
+):
+    private, public = guest_key
+    params = {
+        "path": str(tmp_path / "seed.iso"),
+        "allocation_id": ALLOCATION,
+        "hostname": "slice-1",
+        "mac_address": "52:54:00:3f:a2:10",
+        "users": [{"name": "gpuuser", "ssh_authorized_keys": [TENANT_KEY]}],
+        "host_private_key": private,
+        "host_public_key": public,
+    }
+    result = vm_seed.run(params, check_mode=False)
+    written = yaml.safe_load(vm_seed.read_iso(params["path"])["user-data"])
+    assert written["ssh_keys"] == {"ed25519_private": private, "ed25519_public": public}
+    assert written["ssh_deletekeys"] is True and written["ssh_genkeytypes"] == []
+    secret_line = private.splitlines()[1]
+    assert secret_line not in repr(result), "the private host key leaked into the result"
+    reported = yaml.safe_load(result["files"]["user-data"])
+    assert reported["ssh_keys"]["ed25519_private"] == vm_seed.WITHHELD
+    assert result["host_key"] == public
+    again = vm_seed.run(params, check_mode=False)
+    assert not again["changed"] and secret_line not in repr(again)
+
+
+@pytest.mark.skipif(shutil.which("busybox") is None, reason="busybox missing")
+def test_the_tiny_guest_parser_finds_the_seeded_host_key(tmp_path: Path, guest_key):
+    private, public = guest_key
+    host_key = vm_seed.validate_host_key(private, public)
+    users = [{"name": "gpuuser", "shell": "/bin/sh", "sudo": "", "ssh_authorized_keys": [public]}]
+    (tmp_path / "user-data").write_text(vm_seed.render_user_data("g", users, host_key))
+    (tmp_path / "parser.awk").write_text(USERDATA_AWK)
+    out = subprocess.run(
+        ["busybox", "awk", "-f", str(tmp_path / "parser.awk"), str(tmp_path / "user-data")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    [line] = [line for line in out if line.startswith("HOSTKEY - ")]
+    assert line.removeprefix("HOSTKEY - ").replace("\\n", "\n") == private
+    assert [line for line in out if line.startswith("USER ")] == ["USER gpuuser"]
+
+
+@pytest.mark.parametrize(
+    ("private", "public"),
+    [
+        ("not a key", None),
+        ("-----BEGIN RSA PRIVATE KEY-----\nAAAA\n-----END RSA PRIVATE KEY-----\n", None),
+        (None, TRICKY_KEY),
+        (None, "ssh-ed25519 AAAA\nrm -rf /"),
+    ],
+)
+def test_a_bad_guest_host_key_is_refused_before_anything_is_written(
+    tmp_path: Path, guest_key, private, public
+):
+    with pytest.raises(VmError) as refused:
+        vm_seed.validate_host_key(private or guest_key[0], public or guest_key[1])
+    assert refused.value.code in ("host_key_invalid", "invalid_ssh_key")
+    assert not (tmp_path / "seed.iso").exists()
