@@ -30,6 +30,7 @@ from controlplane.scheduler.placement import Placement, PlacementRequest, Schedu
 from controlplane.services import (
     allocations,
     events,
+    evidence_trust,
     host_keys,
     images,
     inventory,
@@ -234,6 +235,14 @@ class ControlPlane:
     ) -> wipes.ProofResult:
         with db.transaction(self.engine) as session:
             return wipes.record_wipe_proof(session, hostname, slot_index, proof, actor, nonce)
+
+    def result_distrust(
+        self, hostname: str, subject: str, result: dict[str, Any], nonce: uuid.UUID
+    ) -> str | None:
+        """Why a module result (``subject`` parity or storage_manifest) is not believed;
+        None when the node signed it for the run ``nonce``."""
+        with db.transaction(self.engine) as session:
+            return evidence_trust.result_distrust(session, hostname, subject, result, nonce)
 
     def issue_wipe_nonce(self, hostname: str, actor: str) -> uuid.UUID:
         """A nonce for a wipe run by hand: a node task the proofs are signed for."""

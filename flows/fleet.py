@@ -202,6 +202,17 @@ def apply_verdicts(outcomes: dict[str, HostOutcome]) -> list[dict[str, Any]]:
         failed = [r["check"] for r in results if r.get("status") == "FAIL"]
         if not outcome.passed and not failed:
             failed = [f"run_failed ({outcome.failure})"]
+        distrust = (
+            cp.result_distrust(
+                host, "parity", outcome.module_result or {}, uuid.UUID(outcome.node_task_id)
+            )
+            if results
+            else None
+        )
+        if distrust:
+            # Checks a node did not sign for this run are not believed (docs/trust.md).
+            failed.append("attestation")
+            logger.warning("%s: parity result not trusted: %s", host, distrust)
         verdict = cp.apply_parity(host, failed, ACTOR)
         logger.log(
             logging.WARNING if failed else logging.INFO,
@@ -388,20 +399,26 @@ def refuse_storage(hostname: str, devices: list[str], reason: str) -> Any:
 def record_raw_disks(
     hostname: str, result: dict[str, Any], approval: dict[str, Any], node_task_id: str
 ) -> list[int]:
-    """One storage_manifest evidence row per raw disk: slot approval reads these."""
+    """One storage_manifest evidence row per raw disk: slot approval reads the passing
+    ones, and a manifest the node did not sign for this run does not pass."""
     cp = control_plane()
+    distrust = cp.result_distrust(hostname, "storage_manifest", result, uuid.UUID(node_task_id))
+    if distrust:
+        get_run_logger().warning("%s: storage manifest not trusted: %s", hostname, distrust)
     return [
         cp.record_evidence(
             hostname,
             EvidenceKind.STORAGE_MANIFEST,
-            True,
-            f"{device['device']} is a raw slice disk on {hostname} ({device['status']})",
+            distrust is None,
+            f"{device['device']} is a raw slice disk on {hostname} ({device['status']})"
+            + (f"; not trusted: {distrust}" if distrust else ""),
             {
                 "device": device["device"],
                 "status": device["status"],
                 "approval": approval["reference"],
                 "approval_evidence_id": approval["evidence_id"],
                 "manifest_path": result.get("manifest_path"),
+                "trust": distrust or "signed by the node for this run",
             },
             ACTOR,
             uuid.UUID(node_task_id),
@@ -443,9 +460,10 @@ def bootstrap_host(
     outcome = bootstrap(
         hostname, {**(extravars or {}), "slice_host_bootstrap_allow_reboot": allow_reboot}
     )
+    # The key the bootstrap ensured is pinned first: its parity result is signed with it.
+    refusal = pin_signing_key(hostname, outcome)
     rows = apply_verdicts({hostname: outcome})
     artifacts.table(f"bootstrap-{hostname}", f"Bootstrap of {hostname}", rows)
-    refusal = pin_signing_key(hostname, outcome)
     if not outcome.passed:
         return Failed(message=outcome.failure or f"bootstrap of {hostname} failed")
     if refusal:

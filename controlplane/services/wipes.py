@@ -22,14 +22,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from controlplane import attestation
-from controlplane.enums import EvidenceKind, HealthState, KeyPurpose, SlotStatus
+from controlplane.enums import EvidenceKind, HealthState, SlotStatus
 from controlplane.errors import Conflict, GpuaasError, InvalidInput
-from controlplane.models import AllocationResourceClaim, Evidence, Node, NodeResourceSlot, NodeTask
+from controlplane.models import AllocationResourceClaim, Evidence, Node, NodeResourceSlot
 from controlplane.repositories import evidence as evidence_repo
-from controlplane.repositories import host_keys as key_repo
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
 from controlplane.secrets import scrub
+from controlplane.services import evidence_trust
 
 WIPE_PROOF_SCHEMA = "gpuaas.wipe_proof/v1"
 # How far a host's clock may run ahead of the control plane's when it stamps a proof.
@@ -78,22 +78,12 @@ def distrust(
     """Why the proof is not to be believed, or None: it must be signed by the node's pinned
     key over this proof, for a nonce issued to this node after the slot's release (``nonce``
     itself when the caller issued one), not used by an earlier proof of this slot."""
-    pinned = key_repo.current(session, [node.id], KeyPurpose.EVIDENCE_SIGNING).get(node.id, [])
     try:
-        attested = attestation.verify(proof, "wipe_proof", node.hostname, pinned)
+        attested, task = evidence_trust.signed_for_run(session, node, proof, "wipe_proof", nonce)
     except attestation.Untrusted as untrusted:
         return str(untrusted)
-    try:
-        signed_nonce = uuid.UUID(attested.nonce)
-    except ValueError:
-        return f"nonce {attested.nonce!r} is not one the control plane issues"
-    if nonce is not None and signed_nonce != nonce:
-        return f"signed for run {signed_nonce}, not this run ({nonce}): a proof from another run"
-    task = session.get(NodeTask, signed_nonce)
-    if task is None or task.node_id != node.id:
-        return f"nonce {signed_nonce} was not issued to {node.hostname}"
     if released_at is not None and task.created_at <= released_at:
-        return f"nonce {signed_nonce} was issued before the slot's release: a replayed proof"
+        return f"nonce {task.id} was issued before the slot's release: a replayed proof"
     used = session.scalar(
         select(Evidence.id).where(
             Evidence.kind == EvidenceKind.WIPE_PROOF,
@@ -102,7 +92,7 @@ def distrust(
         )
     )
     if used is not None:
-        return f"nonce {signed_nonce} was already used by evidence {used}: a replayed proof"
+        return f"nonce {task.id} was already used by evidence {used}: a replayed proof"
     return None
 
 

@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.rule import Rule
@@ -31,6 +31,9 @@ from controlplane.embedded import EmbeddedPostgres
 from controlplane.scheduler.placement import Placement, PlacementRequest
 from controlplane.services.inventory import NodeSpec
 from gpuaas_cli import render
+
+if TYPE_CHECKING:
+    from gpuaas_lab.hosts import SimulatedFleet
 
 DEMO_DATABASE = "gpuaas_demo"
 ACTOR = "demo"
@@ -87,16 +90,18 @@ def simulation_unavailable_reason() -> str | None:
 
 
 @contextlib.contextmanager
-def simulated_hosts(root: Path) -> Iterator[dict[str, dict[str, Any]] | None]:
-    """Host vars of simulated slice hosts, or None when this machine cannot build them."""
+def simulated_hosts(root: Path) -> Iterator[SimulatedFleet]:
+    """The simulated slice hosts of the sample fleet."""
     from gpuaas_lab.hosts import HostPlan, SimulatedFleet
 
     plans = [HostPlan(h, scenario, nat) for h, _, _, scenario, nat in SAMPLE_FLEET if scenario]
     with SimulatedFleet(root, plans) as fleet:
-        yield fleet.host_vars
+        yield fleet
 
 
-def register(cp: ControlPlane, host_vars: dict[str, dict[str, Any]] | None) -> None:
+def register(cp: ControlPlane, fleet: SimulatedFleet | None) -> None:
+    """The sample fleet's nodes; simulated hosts' signing keys pinned as a bootstrap would."""
+    host_vars = fleet.host_vars if fleet else {}
     for hostname, maas_id, tags, scenario, _ in SAMPLE_FLEET:
         cp.register_node(
             NodeSpec(
@@ -105,9 +110,11 @@ def register(cp: ControlPlane, host_vars: dict[str, dict[str, Any]] | None) -> N
                 maas_system_id=maas_id,
                 maas_tags=tags,
                 slice_subnet="10.100.0.0/24" if scenario else None,
-                host_vars=(host_vars or {}).get(hostname, {}),
+                host_vars=host_vars.get(hostname, {}),
             )
         )
+    if fleet:
+        fleet.pin_signing_keys(cp)
 
 
 def discover_and_approve(cp: ControlPlane, console: Console, simulated: bool) -> None:
@@ -194,9 +201,9 @@ def main() -> None:
         Path(scratch).chmod(0o755)
         os.environ["GPUAAS_RUNS_DIR"] = str(Path(scratch) / "runs")
         hosts_cm = simulated_hosts(Path(scratch) / "hosts") if reason is None else None
-        with hosts_cm or contextlib.nullcontext() as host_vars:
+        with hosts_cm or contextlib.nullcontext() as fleet:
             console.print(Rule("1. register the sample fleet (profile intent from MAAS tags)"))
-            register(cp, host_vars)
+            register(cp, fleet)
             render.render_nodes(render.jsonable(cp.list_nodes()))
             console.print(Rule("2. discover topology (candidates stay disabled)"))
             if reason:

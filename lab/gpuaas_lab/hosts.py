@@ -91,7 +91,12 @@ class SigningKey:
 
 
 # The roles that sign the results they report.
-SIGNING_ROLES = ("slice_vm_release", "slice_disk_wipe")
+SIGNING_ROLES = (
+    "slice_vm_release",
+    "slice_disk_wipe",
+    "slice_parity",
+    "slice_storage_transition",
+)
 
 
 def build_host_network(ns: NetNamespace, nat: bool) -> None:

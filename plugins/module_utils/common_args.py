@@ -7,12 +7,26 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+from ansible_collections.gpuaas.fleet.plugins.module_utils import evidence_signing
 from ansible_collections.gpuaas.fleet.plugins.module_utils.blockdev import DEFAULT_STABLE_DIRS
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import DEFAULT_LIBVIRT_URI
 
 
 def libvirt_uri_spec():
     return dict(type="str", default=DEFAULT_LIBVIRT_URI)
+
+
+def attestation_spec():
+    """nonce, node and signing_key: documented in doc_fragments/attestation.py; modules
+    pass ``required_by=ATTESTATION_REQUIRED_BY``."""
+    return dict(
+        node=dict(type="str"),
+        nonce=dict(type="str"),
+        signing_key=dict(type="path", default=evidence_signing.DEFAULT_KEY_PATH),
+    )
+
+
+ATTESTATION_REQUIRED_BY = dict(nonce="node")
 
 
 def stable_dirs_spec():

@@ -152,23 +152,40 @@ def attest(key, subject, node, nonce, payload, disk):
     }
 
 
-def sign_result(key_path, subject, node, nonce, payload, disk):
-    """``payload`` with its attestation added, or with ``attestation_error`` saying why it
-    could not be signed (the control plane then treats it as unverified)."""
+def attestation_for(key_path, subject, node, nonce, payload, disk):
+    """``{"attestation": ...}`` over ``payload``, or ``{"attestation_error": why}`` when it
+    cannot be signed (the control plane then does not believe the result)."""
     try:
         key = load_key(key_path)
         if key is None:
             raise SigningError(
                 f"no evidence signing key at {key_path}; bootstrap the node to create it"
             )
-        signed = dict(payload)
-        signed.pop("attestation_error", None)
-        signed[ATTESTATION_KEY] = attest(key, subject, node, nonce, signed, disk)
-        return signed
+        return {ATTESTATION_KEY: attest(key, subject, node, nonce, payload, disk)}
     except SigningError as exc:
-        unsigned = {k: v for k, v in payload.items() if k != ATTESTATION_KEY}
-        unsigned["attestation_error"] = str(exc)
-        return unsigned
+        return {"attestation_error": str(exc)}
+
+
+def attest_field(params, subject, result, field):
+    """What a module adds to ``result`` when its parameters carry a nonce (the shared
+    attestation options, common_args.attestation_spec): the attestation of
+    ``{field: result[field]}``, the part the control plane acts on; nothing without one."""
+    if not params.get("nonce"):
+        return {}
+    return attestation_for(
+        params["signing_key"],
+        subject,
+        params["node"],
+        params["nonce"],
+        {field: result.get(field)},
+        {},
+    )
+
+
+def sign_result(key_path, subject, node, nonce, payload, disk):
+    """``payload`` with its own attestation (or ``attestation_error``) added."""
+    body = {k: v for k, v in payload.items() if k not in (ATTESTATION_KEY, "attestation_error")}
+    return {**body, **attestation_for(key_path, subject, node, nonce, body, disk)}
 
 
 def disk_identity(kernel_name, sys_block="/sys/block"):

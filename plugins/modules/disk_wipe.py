@@ -38,6 +38,7 @@ description:
 author:
   - gpuaas fleet engineering (@gpuaas)
 extends_documentation_fragment:
+  - gpuaas.fleet.attestation
   - gpuaas.fleet.stable_dirs
 options:
   device:
@@ -72,22 +73,6 @@ options:
     description: Where the last verified proof per disk is kept on the host.
     type: path
     default: /var/lib/gpuaas/wipe-proofs
-  nonce:
-    description:
-      - The control plane's nonce for this run (its node task id). When given, the proof
-        returned carries an C(attestation) signed with O(signing_key) over the node, the
-        nonce, the disk's identity, the time and the proof's digest; without the key it
-        carries C(attestation_error) instead, and the control plane treats it as
-        unverified.
-    type: str
-  node:
-    description: The node's name in the control plane, bound into the attestation.
-      Required with O(nonce).
-    type: str
-  signing_key:
-    description: The node's evidence signing key (see M(gpuaas.fleet.node_signing_key)).
-    type: path
-    default: /etc/gpuaas/evidence-signing.key
 attributes:
   check_mode:
     description: Inspects, refuses or reports the methods it would try; writes nothing.
@@ -484,7 +469,7 @@ msg:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuaas.fleet.plugins.module_utils import common_args, evidence_signing
+from ansible_collections.gpuaas.fleet.plugins.module_utils import common_args
 from ansible_collections.gpuaas.fleet.plugins.module_utils.disk_wipe import (
     WipeRequest,
     run_wipe,
@@ -506,11 +491,9 @@ def main():
             sample_count=dict(type="int", default=16),
             sample_size=dict(type="int", default=1048576),
             proof_dir=dict(type="path", default="/var/lib/gpuaas/wipe-proofs"),
-            node=dict(type="str"),
-            nonce=dict(type="str"),
-            signing_key=dict(type="path", default=evidence_signing.DEFAULT_KEY_PATH),
+            **common_args.attestation_spec(),
         ),
-        required_by=dict(nonce="node"),
+        required_by=common_args.ATTESTATION_REQUIRED_BY,
         supports_check_mode=True,
     )
     if module.params["sample_count"] < 1 or module.params["sample_size"] < 4096:

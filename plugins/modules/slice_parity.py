@@ -33,8 +33,13 @@ description:
     C(GPUAAS_SLICE_PARITY status=... check=... detail=... remediation=...) with spaces
     escaped, and a final C(GPUAAS_SLICE_PARITY_SUMMARY) line with C(failures=N).
   - Fails the host when any check fails unless O(fail_on_failures=false).
+  - Given O(nonce), RV(results) are signed with the node's evidence signing key
+    (RV(attestation)); the control plane makes a node schedulable only on a parity result
+    the node signed for that run.
 author:
   - gpuaas fleet engineering (@gpuaas)
+extends_documentation_fragment:
+  - gpuaas.fleet.attestation
 options:
   root:
     description:
@@ -227,10 +232,26 @@ summary:
       description: Number of WARN results.
       type: int
       returned: always
+attestation:
+  description:
+    - The node's signature over RV(results) (an object with the single key C(results)) for
+      the control plane's nonce - C(statement), C(signature), C(key_fingerprint)
+      (docs/trust.md).
+  returned: when O(nonce) was given and the signing key could be used
+  type: dict
+attestation_error:
+  description: Why the results could not be signed.
+  returned: when O(nonce) was given and signing failed
+  type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuaas.fleet.plugins.module_utils import parity, sysfs
+from ansible_collections.gpuaas.fleet.plugins.module_utils import (
+    common_args,
+    evidence_signing,
+    parity,
+    sysfs,
+)
 from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import module_runner
 
 
@@ -251,7 +272,9 @@ def main():
             topology_max_age=dict(type="str", default=parity.DEFAULT_TOPOLOGY_MAX_AGE),
             checks=dict(type="list", elements="str", choices=list(parity.CHECKS)),
             fail_on_failures=dict(type="bool", default=True),
+            **common_args.attestation_spec(),
         ),
+        required_by=common_args.ATTESTATION_REQUIRED_BY,
         supports_check_mode=True,
     )
     params = module.params
@@ -285,6 +308,7 @@ def main():
         warning_count=summary["warnings"],
         summary=summary,
     )
+    output.update(evidence_signing.attest_field(params, "parity", output, "results"))
     if summary["failures"] and params["fail_on_failures"]:
         failed = [r["check"] for r in results if r["status"] == parity.FAIL]
         module.fail_json(msg=f"slice parity failed: {', '.join(failed)}", **output)

@@ -52,9 +52,13 @@ description:
     disk unwiped.
   - Disks that are already raw (no partitions, no signatures, no mounts, no fstab entry)
     are left alone, so a second run changes nothing.
+  - Given O(nonce), RV(devices) are signed with the node's evidence signing key
+    (RV(attestation)); the control plane counts a raw slice disk only on a manifest the
+    node signed for that run.
 author:
   - gpuaas fleet engineering (@gpuaas)
 extends_documentation_fragment:
+  - gpuaas.fleet.attestation
   - gpuaas.fleet.stable_dirs
 options:
   devices:
@@ -418,10 +422,21 @@ msg:
   description: Summary; after a part-way failure, what had been done before it.
   returned: always
   type: str
+attestation:
+  description:
+    - The node's signature over RV(devices) (an object with the single key C(devices)) for
+      the control plane's nonce - C(statement), C(signature), C(key_fingerprint)
+      (docs/trust.md).
+  returned: when O(nonce) was given and the signing key could be used
+  type: dict
+attestation_error:
+  description: Why the manifest could not be signed.
+  returned: when O(nonce) was given and signing failed
+  type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuaas.fleet.plugins.module_utils import common_args
+from ansible_collections.gpuaas.fleet.plugins.module_utils import common_args, evidence_signing
 from ansible_collections.gpuaas.fleet.plugins.module_utils.storage_transition import (
     TransitionRequest,
     run_transition,
@@ -439,11 +454,15 @@ def main():
             fstab_path=dict(type="path", default="/etc/fstab"),
             manifest_dir=dict(type="path", default="/var/log/gpuaas"),
             discard=dict(type="bool", default=True),
+            **common_args.attestation_spec(),
         ),
+        required_by=common_args.ATTESTATION_REQUIRED_BY,
         supports_check_mode=True,
     )
+    signing = {key: module.params.pop(key) for key in common_args.attestation_spec()}
     params = dict(module.params, check_mode=module.check_mode)
     result = run_transition(TransitionRequest(**params))
+    result.update(evidence_signing.attest_field(signing, "storage_manifest", result, "devices"))
     if not module._diff:
         result.pop("diff", None)
     if result.pop("failed", False):

@@ -6,6 +6,7 @@ stays blocked (real PostgreSQL)."""
 from __future__ import annotations
 
 import pytest
+from ansible_collections.gpuaas.fleet.plugins.module_utils import evidence_signing
 from ansible_collections.gpuaas.fleet.plugins.module_utils.evidence_signing import public_line
 from sqlalchemy import text
 
@@ -169,3 +170,22 @@ def test_bootstrap_pins_a_signing_key_once_and_refuses_another_until_it_is_forgo
     assert ("evidence_signing", "bootstrap") in keys
     with pytest.raises(InvalidInput):
         cp.pin_signing_key(node, "ssh-rsa AAAA", "t", "wrong type")
+
+
+def test_a_parity_result_is_believed_only_as_the_node_signed_it_for_this_run(placed):
+    cp, allocation = placed
+    node = allocation.hostname
+    nonce = issue_nonce(cp, node)
+    results = [{"check": "bridge", "status": "FAIL", "detail": "ovsbr0 missing"}]
+    attestation = evidence_signing.attest(
+        node_key(node), "parity", node, str(nonce), {"results": results}, {}
+    )
+    signed = {"results": results, "attestation": attestation}
+    assert cp.result_distrust(node, "parity", signed, nonce) is None
+    flipped = {**signed, "results": [{**results[0], "status": "PASS"}]}
+    assert "altered after it was signed" in cp.result_distrust(node, "parity", flipped, nonce)
+    assert "not this run" in cp.result_distrust(node, "parity", signed, issue_nonce(cp, node))
+    unsigned = {"results": results, "attestation_error": "no evidence signing key at /x"}
+    assert cp.result_distrust(node, "parity", unsigned, nonce).startswith(
+        "unsigned: no evidence signing key"
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+from ansible_collections.gpuaas.fleet.plugins.module_utils.evidence_signing import public_line
 from sqlalchemy import text
 
 from controlplane.enums import AdminState
@@ -12,6 +13,7 @@ from controlplane.services.inventory import NodeSpec
 from flows.fleet import approve_slots, discover_topology, parity_sweep
 from tests.integration.flows.conftest import SLICE_TAGS
 from tests.integration.flows.prefect_reads import flow_run_logs, table_artifact
+from tests.integration.wipe_proofs import node_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefect")]
 
@@ -192,6 +194,26 @@ def test_parity_sweep_makes_passing_nodes_schedulable_in_bounded_concurrent_batc
         ("j22u11", "unavailable"),
         ("j22u15", "schedulable"),
     ]
+
+
+def test_a_parity_result_the_node_did_not_sign_does_not_make_it_schedulable(simulated_fleet):
+    """docs/trust.md, "Signed evidence": the host passes, but the store pins another
+    signing key for it (a re-imaged host, or another machine answering)."""
+    checks = {"slice_parity_checks": ["bridge", "nat", "ip_forward"]}
+    [trusted] = parity_sweep(hostnames=["j22u15"], extravars=checks)
+    assert trusted["failed checks"] == "" and trusted["admin state"] == "schedulable"
+    simulated_fleet.pin_signing_key(
+        "j22u15", public_line(node_key("intruder")), "test", "wrong key"
+    )
+    state = parity_sweep(hostnames=["j22u15"], extravars=checks, return_state=True)
+    [refused] = state.result()
+    assert refused["failed checks"] == "attestation" and refused["admin state"] == "unavailable"
+    assert any(
+        "j22u15: parity result not trusted: the signature does not verify" in line
+        for line in flow_run_logs(state.state_details.flow_run_id)
+    )
+    node = {n.hostname: n for n in simulated_fleet.list_nodes()}["j22u15"]
+    assert node.admin_state_reason == "parity: attestation"
 
 
 def test_parity_sweep_refuses_unbounded_settings(simulated_fleet):

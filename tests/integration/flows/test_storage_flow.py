@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible_collections.gpuaas.fleet.plugins.module_utils.evidence_signing import public_line
 from ansible_collections.gpuaas.fleet.plugins.module_utils.storage_transition import MARKER
 from sqlalchemy import text
 
@@ -16,9 +17,11 @@ from controlplane.api import ControlPlane
 from controlplane.errors import Conflict, InvalidInput
 from controlplane.services.inventory import NodeSpec
 from flows.fleet import storage_transition
+from gpuaas_lab.hosts import SigningKey
 from gpuaas_lab.loopdev import LoopLab, require_loop
 from tests.integration.flows.prefect_reads import assert_progress_done
 from tests.integration.storage.storage_helpers import raw_state
+from tests.integration.wipe_proofs import node_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefect")]
 
@@ -51,10 +54,14 @@ class StorageHost:
             f"UUID={blkid(self.share.partitions[0], 'UUID')} {self.mounts[0]} ext4 nofail 0 2\n"
         )
         self.manifests = root / "manifests"
+        # The node's evidence signing key, pinned as its bootstrap would (docs/trust.md).
+        self.signing_key = SigningKey.create(root / "state")
+        self.signing_key.pin(cp, HOST)
         self.extravars = {
             "slice_storage_transition_stable_dirs": [str(lab.by_id)],
             "slice_storage_transition_fstab_path": str(self.fstab),
             "slice_storage_transition_manifest_dir": str(self.manifests),
+            **self.signing_key.role_vars(),
         }
 
     @property
@@ -162,12 +169,38 @@ def test_applying_with_a_recorded_approval_transitions_its_disks_and_records_the
     raw_records = rows(
         engine,
         "SELECT payload ->> 'device', payload ->> 'approval',"
-        " (payload ->> 'approval_evidence_id')::bigint FROM evidence"
-        " WHERE kind = 'storage_manifest' AND payload ? 'device' ORDER BY 1",
+        " (payload ->> 'approval_evidence_id')::bigint, passed, payload ->> 'trust'"
+        " FROM evidence WHERE kind = 'storage_manifest' AND payload ? 'device' ORDER BY 1",
     )
     assert raw_records == sorted(
-        (d, "INFRA-2026-0417", approval.evidence_id) for d in storage_host.devices
+        (d, "INFRA-2026-0417", approval.evidence_id, True, "signed by the node for this run")
+        for d in storage_host.devices
     )
+
+
+def test_a_manifest_the_node_did_not_sign_records_no_raw_disk(storage_host, engine):
+    storage_host.cp.pin_signing_key(
+        HOST, public_line(node_key("intruder")), "test", "another node's key"
+    )
+    storage_host.approve("INFRA-2026-0418", storage_host.devices)
+    result = storage_transition(
+        HOST,
+        storage_host.devices,
+        approval="INFRA-2026-0418",
+        apply=True,
+        extravars=storage_host.extravars,
+    )
+    assert result["devices"] == {d: "transitioned" for d in storage_host.devices}
+    records = rows(
+        engine,
+        "SELECT passed, summary FROM evidence WHERE kind = 'storage_manifest'"
+        " AND payload ? 'device'",
+    )
+    assert len(records) == 2
+    assert all(
+        not passed and "not trusted: the signature does not verify" in summary
+        for passed, summary in records
+    ), records
 
 
 def test_approval_records_are_validated_and_a_reference_names_one_decision(storage_host):
