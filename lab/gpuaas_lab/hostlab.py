@@ -509,6 +509,9 @@ class LabHost:
             **self.host_vars(),
             "ansible_ssh_common_args": self.ssh_common_args(),
             "ansible_control_path": self.control_path(),
+            # Outranks an ANSIBLE_HOST_KEY_CHECKING=False (ansible-runner sets it), which
+            # would put StrictHostKeyChecking=no ahead of the pins.
+            "ansible_host_key_checking": "true",
         }
         return " ".join(
             [self.name]
