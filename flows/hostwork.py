@@ -68,11 +68,14 @@ STORAGE_TRANSITION = HostAction(
     EvidenceKind.STORAGE_MANIFEST,
     listed_tasks=4,
 )
+# The role waits up to slice_host_bootstrap_reboot_timeout (1800 s) for an allowed reboot
+# alone; the run's own limit leaves room for the tasks around it.
 BOOTSTRAP = HostAction(
     NodeTaskKind.HOST_BOOTSTRAP,
     "bootstrap.yml",
     "slice_parity",
     EvidenceKind.HOST_RESULT,
+    timeout=3600,
     reported=("node_signing_key",),
 )
 
