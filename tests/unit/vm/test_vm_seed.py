@@ -62,18 +62,23 @@ def test_meta_data_instance_id_is_the_allocation_and_network_config_matches_the_
     }
 
 
-@pytest.mark.skipif(shutil.which("busybox") is None, reason="busybox missing")
-def test_the_tiny_guest_parser_reads_the_same_users_and_keys(tmp_path: Path):
-    """The guest's awk parser (lab/gpuaas_lab/vmguest.py) agrees with a YAML parser."""
-    seed = files()
-    (tmp_path / "user-data").write_bytes(seed["user-data"])
+def guest_parse(tmp_path: Path, user_data: bytes) -> list[str]:
+    """What the tiny guest's awk parser (lab/gpuaas_lab/vmguest.py) prints for user-data."""
+    (tmp_path / "user-data").write_bytes(user_data)
     (tmp_path / "parser.awk").write_text(USERDATA_AWK)
-    out = subprocess.run(
+    return subprocess.run(
         ["busybox", "awk", "-f", str(tmp_path / "parser.awk"), str(tmp_path / "user-data")],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.splitlines()
+
+
+@pytest.mark.skipif(shutil.which("busybox") is None, reason="busybox missing")
+def test_the_tiny_guest_parser_reads_the_same_users_and_keys(tmp_path: Path):
+    """The guest's awk parser (lab/gpuaas_lab/vmguest.py) agrees with a YAML parser."""
+    seed = files()
+    out = guest_parse(tmp_path, seed["user-data"])
     config = yaml.safe_load(seed["user-data"])
     expected = [f"HOSTNAME {config['hostname']}"]
     for user in config["users"]:
@@ -235,14 +240,7 @@ def test_the_tiny_guest_parser_finds_the_seeded_host_key(tmp_path: Path, guest_k
     private, public = guest_key
     host_key = vm_seed.validate_host_key(private, public)
     users = [{"name": "gpuuser", "shell": "/bin/sh", "sudo": "", "ssh_authorized_keys": [public]}]
-    (tmp_path / "user-data").write_text(vm_seed.render_user_data("g", users, host_key))
-    (tmp_path / "parser.awk").write_text(USERDATA_AWK)
-    out = subprocess.run(
-        ["busybox", "awk", "-f", str(tmp_path / "parser.awk"), str(tmp_path / "user-data")],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.splitlines()
+    out = guest_parse(tmp_path, vm_seed.render_user_data("g", users, host_key).encode())
     [line] = [line for line in out if line.startswith("HOSTKEY - ")]
     assert line.removeprefix("HOSTKEY - ").replace("\\n", "\n") == private
     assert [line for line in out if line.startswith("USER ")] == ["USER gpuuser"]
