@@ -236,6 +236,14 @@ class ControlPlane:
         with db.transaction(self.engine) as session:
             return wipes.record_wipe_proof(session, hostname, slot_index, proof, actor, nonce)
 
+    def parity_failures(
+        self, hostname: str, result: dict[str, Any], run_failure: str | None, nonce: uuid.UUID
+    ) -> tuple[list[str], str | None]:
+        """The failed checks a parity run counts against the node, and why its result is
+        not believed (None when the node signed it for the run ``nonce``)."""
+        with db.transaction(self.engine) as session:
+            return evidence_trust.parity_failures(session, hostname, result, run_failure, nonce)
+
     def result_distrust(
         self, hostname: str, subject: str, result: dict[str, Any], nonce: uuid.UUID
     ) -> str | None:

@@ -198,20 +198,13 @@ def apply_verdicts(outcomes: dict[str, HostOutcome]) -> list[dict[str, Any]]:
     logger = get_run_logger()
     rows = []
     for host, outcome in sorted(outcomes.items()):
-        results = (outcome.module_result or {}).get("results") or []
-        failed = [r["check"] for r in results if r.get("status") == "FAIL"]
-        if not outcome.passed and not failed:
-            failed = [f"run_failed ({outcome.failure})"]
-        distrust = (
-            cp.result_distrust(
-                host, "parity", outcome.module_result or {}, uuid.UUID(outcome.node_task_id)
-            )
-            if results
-            else None
+        failed, distrust = cp.parity_failures(
+            host,
+            outcome.module_result or {},
+            None if outcome.passed else outcome.failure,
+            uuid.UUID(outcome.node_task_id),
         )
         if distrust:
-            # Checks a node did not sign for this run are not believed (docs/trust.md).
-            failed.append("attestation")
             logger.warning("%s: parity result not trusted: %s", host, distrust)
         verdict = cp.apply_parity(host, failed, ACTOR)
         logger.log(

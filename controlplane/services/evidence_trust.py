@@ -64,3 +64,23 @@ def result_distrust(
     except attestation.Untrusted as untrusted:
         return str(untrusted)
     return None
+
+
+def parity_failures(
+    session: Session,
+    hostname: str,
+    result: dict[str, Any],
+    run_failure: str | None,
+    nonce: uuid.UUID,
+) -> tuple[list[str], str | None]:
+    """The checks that failed (``run_failed (...)`` when the run failed before any), plus
+    ``attestation`` when the node did not sign its results for this run: checks it did not
+    vouch for are not believed. Returns them with the reason for the distrust."""
+    results = result.get("results") or []
+    failed = [r["check"] for r in results if r.get("status") == "FAIL"]
+    if run_failure is not None and not failed:
+        failed = [f"run_failed ({run_failure})"]
+    distrust = result_distrust(session, hostname, "parity", result, nonce) if results else None
+    if distrust:
+        failed.append("attestation")
+    return failed, distrust
