@@ -12,9 +12,13 @@ from controlplane.models import Node, Sku
 
 
 def get_by_hostname(session: Session, hostname: str, *, for_update: bool = False) -> Node:
+    """The node; ``for_update`` serialises writers of this node. The lock is FOR NO KEY
+    UPDATE: a plain FOR UPDATE would also block every insert that references the node
+    (allocations, claims, evidence, node tasks take KEY SHARE for their foreign key) and,
+    with placement holding slot and capacity rows meanwhile, deadlock them."""
     stmt = select(Node).where(Node.hostname == hostname)
     if for_update:
-        stmt = stmt.with_for_update()
+        stmt = stmt.with_for_update(key_share=True)
     node = session.scalars(stmt).one_or_none()
     if node is None:
         raise NotFound("node", hostname)

@@ -1,4 +1,4 @@
-"""Node resource slots."""
+"""Node resource slots (locked FOR NO KEY UPDATE, for the reason nodes.get_by_hostname gives)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def for_node(
         .order_by(NodeResourceSlot.slot_index)
     )
     if for_update:
-        stmt = stmt.with_for_update()
+        stmt = stmt.with_for_update(key_share=True)
     return session.scalars(stmt).all()
 
 
@@ -32,7 +32,7 @@ def get(
         NodeResourceSlot.node_id == node_id, NodeResourceSlot.slot_index == slot_index
     )
     if for_update:
-        stmt = stmt.with_for_update()
+        stmt = stmt.with_for_update(key_share=True)
     slot = session.scalars(stmt).one_or_none()
     if slot is None:
         raise NotFound("slot", slot_index)

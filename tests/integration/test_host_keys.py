@@ -10,10 +10,14 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
+from controlplane import db
 from controlplane.api import ControlPlane
-from controlplane.enums import HostKeySource
+from controlplane.enums import EvidenceKind, HostKeySource
 from controlplane.errors import GpuaasError, InvalidInput, NotFound
 from controlplane.hostkeys import parse_public_key
+from controlplane.repositories import evidence as evidence_repo
+from controlplane.repositories import nodes as node_repo
+from controlplane.services import host_keys
 from controlplane.services.inventory import NodeSpec
 from tests.integration.test_cli import error_json, ok_json
 from tests.unit.test_hostkeys import keygen
@@ -157,3 +161,32 @@ def test_cli_rekey_from_a_key_file_and_list(cp, cli_env, tmp_path):
     assert ok_json(cli_env, "node", "keys", NODE) == listed
     forgotten = ok_json(cli_env, "node", "forget-signing-key", NODE, "--reason", "none pinned")
     assert not forgotten["changed"]
+
+
+def test_pinning_does_not_queue_behind_a_write_that_references_the_node(cp, engine, tmp_path):
+    """A placement in flight holds KEY SHARE on its node (its allocation's foreign key)
+    while it waits on slot rows; a pin on that node must not queue behind it, or a third
+    writer closes a deadlock cycle (seen with sixteen clients placing, releasing and wiping)."""
+    with db.transaction(engine) as in_flight:
+        node_id = node_repo.get_by_hostname(in_flight, NODE).id
+        evidence_repo.add(
+            in_flight,
+            kind=EvidenceKind.HOST_RESULT,
+            passed=True,
+            summary="a write referencing the node, still open",
+            recorded_by="test",
+            payload={},
+            node_id=node_id,
+        )
+        in_flight.flush()
+        with db.transaction(engine) as pinning:
+            pinning.execute(text("SET LOCAL lock_timeout = '5s'"))
+            result = host_keys.pin(
+                pinning,
+                NODE,
+                [parse_public_key(keygen(tmp_path, "ed25519"))],
+                HostKeySource.OPERATOR,
+                "test",
+                "pinned while the node is referenced",
+            )
+    assert result.changed
