@@ -140,6 +140,13 @@ def run(params, check_mode):
     root = params.get("root") or "/"
     approved = validate(params.get("reservations") or [], params["subnet"])
     hostsfile_path = os.path.join(root, params["hostsfile"].lstrip("/"))
+    with hostfile.edit_lock(hostsfile_path, check_mode):
+        return converge(params, root, approved, hostsfile_path, check_mode)
+
+
+def converge(params, root, approved, hostsfile_path, check_mode):
+    """Plan from the hostsfile as it is, then apply; the caller holds its lock (slice
+    provisioning edits the same file)."""
     before = hostfile.read_text(hostsfile_path)
     new_lines, kept, added, stale = plan_hostsfile((before or "").splitlines(), approved)
     after = HEADER + "".join(f"{line}\n" for line in new_lines)

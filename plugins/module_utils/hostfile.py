@@ -15,6 +15,7 @@ __metaclass__ = type
 
 import contextlib
 import datetime
+import fcntl
 import os
 import shutil
 import tempfile
@@ -71,6 +72,26 @@ def write_bytes(path, data, mode=None, dir_mode=0o755, like=None):
         os.fsync(directory_fd)
     finally:
         os.close(directory_fd)
+
+
+@contextlib.contextmanager
+def edit_lock(path, check_mode=False, dir_mode=0o755):
+    """Hold an exclusive lock over a read-modify-write of `path` by concurrent runs (several
+    slices provisioned on one host at once edit one dnsmasq hostsfile). The lock is a
+    dotfile next to it, which a dnsmasq conf-dir skips, released when the process ends;
+    check mode reads only and creates nothing, so it takes none."""
+    if check_mode:
+        yield
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, mode=dir_mode, exist_ok=True)
+    lock = os.path.join(directory, f".{os.path.basename(path)}.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def write_text(path, text, mode=None, dir_mode=0o755):

@@ -245,8 +245,15 @@ def ensure_reservation(params: dict, check_mode: bool) -> dict:
     name = params.get("hostname") or ""
     if "," in name or any(c.isspace() for c in name):
         raise VmError("invalid_hostname", f"{name!r} cannot go in a hostsfile line", PHASE_DHCP)
-    state = params["state"]
     wanted = Reservation(mac, ip, name)
+    with hostfile.edit_lock(params["hostsfile"], check_mode):
+        return converge(params, wanted, check_mode)
+
+
+def converge(params: dict, wanted: Reservation, check_mode: bool) -> dict:
+    """Plan from the files as they are, then apply; the caller holds the hostsfile's lock
+    when not in check mode, so concurrent slices never drop each other's lines."""
+    mac, ip, state = wanted.mac, wanted.ip, params["state"]
     hostsfile = params["hostsfile"]
     before_lines = read_lines(hostsfile)
     plan = plan_hostsfile(before_lines, wanted, state)

@@ -6,6 +6,7 @@ proven against a real dnsmasq in tests/integration/vm/test_vm_dhcp_live.py.
 
 from __future__ import annotations
 
+import multiprocessing
 import socket
 import struct
 from pathlib import Path
@@ -128,7 +129,7 @@ def test_without_a_running_dnsmasq_stale_leases_are_dropped_from_the_file(tmp_pa
 
 def test_check_mode_and_second_run_change_nothing(tmp_path: Path):
     preview = vm_dhcp.ensure_reservation(params(tmp_path), check_mode=True)
-    assert preview["changed"] and not (tmp_path / "hosts").exists()
+    assert preview["changed"] and list(tmp_path.iterdir()) == []
     assert vm_dhcp.ensure_reservation(params(tmp_path), check_mode=False)["changed"]
     assert (tmp_path / "hosts").read_text() == f"{MAC},10.100.0.10,gpuaas-slice-a\n"
     assert not vm_dhcp.ensure_reservation(params(tmp_path), check_mode=False)["changed"]
@@ -149,3 +150,27 @@ def test_bad_input_changes_nothing(tmp_path: Path):
             vm_dhcp.ensure_reservation(params(tmp_path, **bad), check_mode=False)
         assert caught.value.code == code
     assert not (tmp_path / "hosts").exists()
+
+
+def add_reservations(tmp_path: Path, first: int, count: int) -> None:
+    for n in range(first, first + count):
+        mac = f"52:54:00:00:{n // 256:02x}:{n % 256:02x}"
+        wanted = params(tmp_path, mac_address=mac, ip_address=f"10.100.{n // 200}.{n % 200 + 10}")
+        vm_dhcp.ensure_reservation({**wanted, "hostname": f"slice-{n}"}, check_mode=False)
+
+
+def test_concurrent_provisions_on_one_host_keep_every_reservation(tmp_path: Path):
+    """Eight slices provisioned at once each add their line to the one hostsfile; each
+    edit is a read-modify-write, so without the file's lock some lines get lost."""
+    context = multiprocessing.get_context("fork")
+    workers = [
+        context.Process(target=add_reservations, args=(tmp_path, first, 25))
+        for first in range(0, 200, 25)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert [worker.exitcode for worker in workers] == [0] * 8
+    lines = (tmp_path / "hosts").read_text().splitlines()
+    assert sorted(lines) == sorted(set(lines)) and len(lines) == 200
