@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -322,19 +322,28 @@ class ControlPlane:
         with db.transaction(self.engine) as session:
             return allocations.fail(session, allocation_id, reason, actor, details)
 
-    def begin_task(
+    def begin_tasks(
         self,
-        hostname: str,
+        hostnames: Sequence[str],
         kind: NodeTaskKind,
         parameters: dict[str, Any],
         actor: str,
         allocation_id: uuid.UUID | None = None,
         flow_run_id: str | None = None,
-    ) -> uuid.UUID:
+        partial: bool = False,
+    ) -> tasks.Admission:
+        """A running node task per host, admitted on every node or raising ``node_busy``
+        (Conflict) with what holds each busy node (the caller waits and tries again); with
+        ``partial``, admitted where there is room and the busy hosts returned."""
         with db.transaction(self.engine) as session:
             return tasks.begin(
-                session, hostname, kind, parameters, actor, allocation_id, flow_run_id
+                session, hostnames, kind, parameters, actor, allocation_id, flow_run_id, partial
             )
+
+    def begin_task(
+        self, hostname: str, kind: NodeTaskKind, parameters: dict[str, Any], actor: str
+    ) -> uuid.UUID:
+        return self.begin_tasks([hostname], kind, parameters, actor).task_ids[hostname]
 
     def complete_task(
         self,

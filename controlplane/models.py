@@ -173,6 +173,8 @@ class Node(Base):
     management_address: Mapped[str | None] = mapped_column(String(253))
     # Non-secret Ansible host variables (user, port, interpreter, lab roots).
     host_vars: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'"))
+    # Host actions that may run on the node at once (services/tasks.py, admission).
+    host_action_limit: Mapped[int] = mapped_column(Integer, server_default=text("4"))
     created_at: Mapped[dt.datetime] = utcnow_column()
     updated_at: Mapped[dt.datetime] = utcnow_column()
 
@@ -180,7 +182,10 @@ class Node(Base):
         back_populates="node", lazy="raise", order_by="NodeResourceSlot.slot_index"
     )
 
-    __table_args__ = (CheckConstraint("gpu_count >= 0", name="gpu_count_nonnegative"),)
+    __table_args__ = (
+        CheckConstraint("gpu_count >= 0", name="gpu_count_nonnegative"),
+        CheckConstraint("host_action_limit >= 1", name="host_action_limit_positive"),
+    )
 
 
 class NodeHostKey(Base):
@@ -493,7 +498,11 @@ class NodeTask(Base):
     started_at: Mapped[dt.datetime | None]
     finished_at: Mapped[dt.datetime | None]
 
-    __table_args__ = (Index("ix_node_tasks_node_kind_created", "node_id", "kind", "created_at"),)
+    __table_args__ = (
+        Index("ix_node_tasks_node_kind_created", "node_id", "kind", "created_at"),
+        # What admission reads when a run begins a host action (services/tasks.py).
+        Index("ix_node_tasks_running", "node_id", postgresql_where=text("state = 'running'")),
+    )
 
 
 class Evidence(Base):

@@ -142,6 +142,7 @@ def provision_vm(
         allocation_id=uuid.UUID(allocation_id),
         flow_run_id=current_run(),
         on_event=progress,
+        on_wait=get_run_logger().info,
     )[node]
 
 
@@ -306,6 +307,7 @@ def run_release(spec: RuntimeSpec) -> HostOutcome:
         allocation_id=uuid.UUID(allocation_id),
         flow_run_id=current_run(),
         on_event=progress,
+        on_wait=get_run_logger().info,
     )[node]
 
 

@@ -85,6 +85,7 @@ def discover_hosts(hostnames: list[str], extravars: dict[str, Any]) -> dict[str,
         flow_run_id=current_run(),
         record=record,
         on_event=artifacts.TaskLog(every_task=len(hostnames) == 1),
+        on_wait=get_run_logger().info,
     )
     return {
         host: {
@@ -189,6 +190,7 @@ def parity_batch(hostnames: list[str], extravars: dict[str, Any]) -> dict[str, H
         ACTOR,
         flow_run_id=current_run(),
         on_event=artifacts.TaskLog(every_task=len(hostnames) == 1),
+        on_wait=get_run_logger().info,
     )
 
 
@@ -313,6 +315,7 @@ def transition_storage(
         ACTOR,
         flow_run_id=current_run(),
         on_event=progress,
+        on_wait=get_run_logger().info,
     )[hostname]
 
 
@@ -431,6 +434,7 @@ def bootstrap(hostname: str, extravars: dict[str, Any]) -> HostOutcome:
         ACTOR,
         flow_run_id=current_run(),
         on_event=artifacts.TaskLog(),
+        on_wait=get_run_logger().info,
     )[hostname]
 
 

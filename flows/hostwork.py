@@ -6,7 +6,9 @@ these functions in named tasks.
 from __future__ import annotations
 
 import json
+import logging
 import re
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,7 +17,9 @@ from typing import Any
 
 from controlplane.api import ControlPlane
 from controlplane.enums import EvidenceKind, NodeTaskKind
+from controlplane.errors import Conflict
 from controlplane.secrets import redact, secret_values
+from controlplane.services.tasks import Admission
 from flows.runner import EventObserver, PlaybookRun, RunResult, new_private_dir, run_playbook
 
 
@@ -105,6 +109,8 @@ HOST_KEY_REFUSED = re.compile(
 
 @dataclass
 class HostOutcome:
+    """``waited_s``: how long the run waited for room on its nodes before it began."""
+
     hostname: str
     node_task_id: str
     passed: bool
@@ -113,6 +119,47 @@ class HostOutcome:
     artifact_dir: str
     evidence_id: int | None = None
     reported: dict[str, dict[str, Any]] = field(default_factory=dict)
+    waited_s: float = 0.0
+
+
+# As long as the longest host action (BOOTSTRAP) may hold a node.
+ADMISSION_TIMEOUT = 3600.0
+log = logging.getLogger(__name__)
+
+
+def admit(
+    begin: Callable[[], Admission],
+    on_wait: Callable[[str], None],
+    timeout: float = ADMISSION_TIMEOUT,
+) -> tuple[Admission, float]:
+    """Begin the run's node tasks, waiting while a node has no room for it (``node_busy``:
+    its running host actions, docs/operations.md "Concurrency"); says what it waits for
+    each time that changes. Returns the admission and the seconds waited."""
+    started = time.monotonic()
+    delay, said = 0.5, None
+    while True:
+        try:
+            admission = begin()
+        except Conflict as busy:
+            if busy.code != "node_busy":
+                raise
+            waited = time.monotonic() - started
+            if waited >= timeout:
+                raise Conflict(
+                    "node_busy",
+                    f"gave up after waiting {waited:.0f} s for room: {busy.message}",
+                    busy.details,
+                ) from busy
+            if busy.message != said:
+                on_wait(f"waiting for room on the node ({busy.message})")
+                said = busy.message
+            time.sleep(delay)
+            delay = min(delay * 1.5, 5.0)
+            continue
+        waited = time.monotonic() - started
+        if said is not None:
+            on_wait(f"admitted after waiting {waited:.1f} s")
+        return admission, waited
 
 
 def failure_of(result: RunResult, host: str) -> str | None:
@@ -158,18 +205,39 @@ def run_host_action(
     flow_run_id: str | None = None,
     record: Callable[[str, uuid.UUID, RunResult], int | None] | None = None,
     on_event: EventObserver | None = None,
+    on_wait: Callable[[str], None] = log.info,
+    wait_for_room: bool = True,
 ) -> dict[str, HostOutcome]:
-    """Run ``action`` on ``hostnames`` (one playbook run) and record one node task each.
+    """Run ``action`` on ``hostnames`` (one playbook run) and record one node task each,
+    once every node has room for it (``admit``; ``on_wait`` hears what it waits for).
+    Without ``wait_for_room`` it runs at once on the nodes that have room; the others
+    are reported failed (busy), not run.
 
     ``record`` may take over recording a passing host's result (discovery imports the
     candidate map into the task); otherwise the module result becomes the evidence.
     ``on_event`` sees each runner event as it arrives (progress in the Prefect UI).
     """
     parameters = redact(extravars, secret_values(extravars))
-    task_ids = {
-        host: cp.begin_task(host, action.kind, parameters, actor, allocation_id, flow_run_id)
-        for host in hostnames
+    admission, waited = admit(
+        lambda: cp.begin_tasks(
+            hostnames,
+            action.kind,
+            parameters,
+            actor,
+            allocation_id,
+            flow_run_id,
+            partial=not wait_for_room,
+        ),
+        on_wait,
+    )
+    outcomes = {
+        host: HostOutcome(host, "", False, None, f"not run, node busy: {entry['reason']}", "")
+        for host, entry in admission.busy.items()
     }
+    task_ids = admission.task_ids
+    if not task_ids:
+        return outcomes
+    hostnames = sorted(task_ids)
     private_dir = new_private_dir(action.playbook)
     result = run_playbook(
         PlaybookRun(
@@ -188,7 +256,6 @@ def run_host_action(
         private_dir,
         on_event,
     )
-    outcomes: dict[str, HostOutcome] = {}
     for host, task_id in task_ids.items():
         failure = failure_of(result, host)
         if failure is not None and HOST_KEY_REFUSED.search(failure):
@@ -206,6 +273,7 @@ def run_host_action(
                 for module in action.reported
                 if (found := result.module_result(host, module)) is not None
             },
+            waited_s=waited,
         )
         if passed and record is not None:
             outcome.evidence_id = record(host, task_id, result)
@@ -220,6 +288,7 @@ def run_host_action(
                     "changed": summary.changed if summary else 0,
                     "failed": summary.failed if summary else 0,
                     "unreachable": summary.unreachable if summary else 0,
+                    "admission_wait_s": round(waited, 3),
                 },
                 artifact_dir=result.artifact_dir,
                 error=failure,

@@ -150,7 +150,15 @@ def wipe_cleanup_slots(
             ACTOR,
             flow_run_id=current_run(),
             on_event=progress,
+            on_wait=get_run_logger().info,
+            wait_for_room=False,
         )[hostname]
+        if not outcome.node_task_id:
+            rows.extend(
+                {"node": hostname, "slot": s.slot_index, "now": "cleanup", "why": outcome.failure}
+                for s in slots
+            )
+            continue
         proofs = [
             r["proof"]
             for r in (outcome.module_result or {}).get("results", [])
@@ -210,6 +218,8 @@ def compare_hosts() -> dict[str, Any]:
         flow_run_id=current_run(),
         record=record,
         on_event=artifacts.TaskLog(every_task=False),
+        on_wait=get_run_logger().info,
+        wait_for_room=False,
     )
     for host, outcome in outcomes.items():
         if not outcome.passed:

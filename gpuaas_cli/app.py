@@ -150,6 +150,14 @@ def node_register(
     var: Annotated[
         list[str] | None, typer.Option("--var", help="Ansible host variable KEY=VALUE.")
     ] = None,
+    host_actions: Annotated[
+        int,
+        typer.Option(
+            "--host-actions",
+            help="Host actions (provisions, releases, wipes, probes) that may run on the node"
+            " at once; bootstrap and storage transition always run alone.",
+        ),
+    ] = 4,
     as_json: JsonFlag = False,
 ) -> None:
     """Register a node (or update its registration)."""
@@ -166,6 +174,7 @@ def node_register(
             slice_bridge=bridge,
             management_address=address,
             host_vars=dict(parse_host_var(item) for item in var or []),
+            host_action_limit=host_actions,
         )
         return control_plane().register_node(spec)
 

@@ -47,6 +47,7 @@ class NodeSpec:
     slice_bridge: str = "ovsbr0"
     management_address: str | None = None
     host_vars: dict[str, Any] = field(default_factory=dict)
+    host_action_limit: int = 4
 
 
 def profile_intent_from_tags(tags: tuple[str, ...]) -> ProfileIntent:
@@ -72,6 +73,12 @@ def validate_spec(spec: NodeSpec) -> str | None:
         raise InvalidInput("region_missing", "a region code is required", {})
     if spec.gpu_count < 0:
         raise InvalidInput("gpu_count_invalid", "gpu_count must be zero or more", {})
+    if spec.host_action_limit < 1:
+        raise InvalidInput(
+            "host_action_limit_invalid",
+            "host_action_limit must be at least 1 (host actions allowed on the node at once)",
+            {"host_action_limit": spec.host_action_limit},
+        )
     if not INTERFACE_NAME.match(spec.slice_bridge):
         raise InvalidInput(
             "bridge_invalid",
@@ -132,6 +139,7 @@ class NodeView:
     slice_bridge: str | None
     management_address: str | None
     host_vars: dict[str, Any]
+    host_action_limit: int
 
     @classmethod
     def of(cls, node: Node) -> NodeView:
@@ -150,6 +158,7 @@ class NodeView:
             slice_bridge=node.slice_bridge,
             management_address=node.management_address,
             host_vars=dict(node.host_vars or {}),
+            host_action_limit=node.host_action_limit,
         )
 
 
@@ -193,6 +202,7 @@ def register(session: Session, spec: NodeSpec) -> tuple[Node, bool]:
     node.slice_bridge = spec.slice_bridge
     node.management_address = spec.management_address
     node.host_vars = dict(spec.host_vars)
+    node.host_action_limit = spec.host_action_limit
     node.updated_at = dt.datetime.now(dt.UTC)
     session.flush()
     return node, created

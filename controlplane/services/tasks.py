@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import select, text
@@ -17,29 +18,101 @@ from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import nodes as node_repo
 from controlplane.secrets import scrub
 
+# Host-wide actions change what every other action on the node relies on (kernel
+# arguments and reboots, the host network, the disks' partitions), so they run alone.
+EXCLUSIVE_KINDS = frozenset(
+    {NodeTaskKind.HOST_BOOTSTRAP, NodeTaskKind.HOST_NETWORK, NodeTaskKind.STORAGE_TRANSITION}
+)
+
+
+@dataclass(frozen=True)
+class RunningTask:
+    id: str
+    kind: str
+    requested_by: str
+    flow_run_id: str | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The node tasks begun, per host, and why each other host had no room."""
+
+    task_ids: dict[str, uuid.UUID]
+    busy: dict[str, dict[str, Any]]
+
+
+def refusal(kind: NodeTaskKind, running: Sequence[NodeTaskKind], limit: int) -> str | None:
+    """Why a host action of ``kind`` cannot start beside the node's ``running`` ones; None
+    when it can. Pure: the admission rule of docs/operations.md, "Concurrency"."""
+    if kind in EXCLUSIVE_KINDS and running:
+        return f"{kind.value} runs alone and {len(running)} host action(s) are running"
+    alone = [k for k in running if k in EXCLUSIVE_KINDS]
+    if alone:
+        return f"{alone[0].value} is running and runs alone"
+    if len(running) >= limit:
+        return f"{len(running)} host actions are running, the node's limit is {limit}"
+    return None
+
+
+def running_on(session: Session, node_id: uuid.UUID) -> list[RunningTask]:
+    rows = session.execute(
+        text(
+            "SELECT id, kind, requested_by, flow_run_id,"
+            " extract(epoch FROM now() - started_at) AS age"
+            " FROM node_tasks WHERE node_id = :node AND state = 'running' ORDER BY started_at"
+        ),
+        {"node": node_id},
+    )
+    return [
+        RunningTask(str(r.id), r.kind, r.requested_by, r.flow_run_id, float(r.age)) for r in rows
+    ]
+
 
 def begin(
     session: Session,
-    hostname: str,
+    hostnames: Sequence[str],
     kind: NodeTaskKind,
     parameters: dict[str, Any],
     requested_by: str,
     allocation_id: uuid.UUID | None = None,
     flow_run_id: str | None = None,
-) -> uuid.UUID:
-    node = node_repo.get_by_hostname(session, hostname)
-    task = evidence_repo.add_task(
-        session,
-        node_id=node.id,
-        kind=kind,
-        state=NodeTaskState.RUNNING,
-        parameters=scrub(parameters),
-        requested_by=requested_by,
-        allocation_id=allocation_id,
-    )
-    task.flow_run_id = flow_run_id
+    partial: bool = False,
+) -> Admission:
+    """One running node task per host whose running tasks leave room (``refusal``): all
+    admitted or ``node_busy`` raised naming what holds each busy node, or with ``partial``
+    those with room admitted and the others returned as busy. The nodes are locked in
+    name order, so concurrent admissions neither race nor deadlock."""
+    nodes = [node_repo.get_by_hostname(session, h, for_update=True) for h in sorted(set(hostnames))]
+    busy: dict[str, dict[str, Any]] = {}
+    for node in nodes:
+        running = running_on(session, node.id)
+        reason = refusal(kind, [NodeTaskKind(t.kind) for t in running], node.host_action_limit)
+        if reason is not None:
+            busy[node.hostname] = {"reason": reason, "running": [asdict(t) for t in running]}
+    if busy and not partial:
+        raise Conflict(
+            "node_busy",
+            "; ".join(f"{host}: {entry['reason']}" for host, entry in busy.items()),
+            {"kind": kind.value, "busy": busy},
+        )
+    tasks = {
+        node.hostname: evidence_repo.add_task(
+            session,
+            node_id=node.id,
+            kind=kind,
+            state=NodeTaskState.RUNNING,
+            parameters=scrub(parameters),
+            requested_by=requested_by,
+            allocation_id=allocation_id,
+        )
+        for node in nodes
+        if node.hostname not in busy
+    }
+    for task in tasks.values():
+        task.flow_run_id = flow_run_id
     session.flush()
-    return task.id
+    return Admission({host: task.id for host, task in tasks.items()}, busy)
 
 
 def complete(
@@ -86,6 +159,34 @@ def complete(
         slot_id=slot_id,
     )
     return row.id
+
+
+def end_hand_run(
+    session: Session, node_id: uuid.UUID, nonce: Any, succeeded: bool, evidence_id: int
+) -> bool:
+    """A wipe run by hand (its nonce from ``gpuaas slots wipe-nonce``) ends when a proof
+    signed for that nonce is recorded: nothing else would end it, and until then it holds
+    one of the node's host actions. Tasks a flow began are the flow's to end."""
+    try:
+        task_id = uuid.UUID(str(nonce))
+    except ValueError:
+        return False
+    ended = session.execute(
+        text(
+            "UPDATE node_tasks SET state = :state, finished_at = now(),"
+            " summary = jsonb_build_object('evidence', CAST(:evidence AS bigint))"
+            " WHERE id = :id AND node_id = :node AND state = 'running'"
+            " AND kind = :kind AND flow_run_id IS NULL RETURNING id"
+        ),
+        {
+            "state": (NodeTaskState.SUCCEEDED if succeeded else NodeTaskState.FAILED).value,
+            "evidence": evidence_id,
+            "id": task_id,
+            "node": node_id,
+            "kind": NodeTaskKind.DISK_WIPE.value,
+        },
+    ).first()
+    return ended is not None
 
 
 def stale_running(

@@ -29,7 +29,7 @@ from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
 from controlplane.secrets import scrub
-from controlplane.services import evidence_trust
+from controlplane.services import evidence_trust, tasks
 
 WIPE_PROOF_SCHEMA = "gpuaas.wipe_proof/v1"
 # How far a host's clock may run ahead of the control plane's when it stamps a proof.
@@ -179,6 +179,9 @@ def record_wipe_proof(
         node_id=node.id,
         slot_id=slot.id,
     )
+    signed = proof.get("attestation")
+    if isinstance(signed, dict) and isinstance(signed.get("statement"), dict):
+        tasks.end_hand_run(session, node.id, signed["statement"].get("nonce"), verified, row.id)
     now = dt.datetime.now(dt.UTC)
     if verified:
         slot.wipe_required = False

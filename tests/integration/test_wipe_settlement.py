@@ -71,9 +71,10 @@ def test_a_slot_that_owes_no_wipe_keeps_its_status_and_a_second_settlement_chang
     cp, node, indexes = released
     first = cp.settle_wipe(node, indexes, [proof_for(cp, node, i) for i in indexes], "x", "t")
     assert {s.status for s in first.slots} == {"available"}
+    proofs = [proof_for(cp, node, i) for i in indexes]
     recorded = evidence_count(engine)
 
-    again = cp.settle_wipe(node, indexes, [proof_for(cp, node, i) for i in indexes], "x", "t")
+    again = cp.settle_wipe(node, indexes, proofs, "x", "t")
 
     assert {s.status for s in again.slots} == {"available"}
     assert all(s.evidence_id is None for s in again.slots)

@@ -12,7 +12,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils import evidence_signi
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from controlplane.api import ControlPlane
-from controlplane.enums import NodeTaskKind
+from controlplane.enums import EvidenceKind, NodeTaskKind
 from controlplane.services.wipes import WIPE_PROOF_SCHEMA
 
 
@@ -41,7 +41,21 @@ def pin_node_key(cp: ControlPlane, hostname: str) -> str:
 
 
 def issue_nonce(cp: ControlPlane, hostname: str) -> uuid.UUID:
-    return cp.begin_task(hostname, NodeTaskKind.DISK_WIPE, {}, "test")
+    """The node task of a wipe run, begun and ended as a flow does (so it holds none of the
+    node's host actions afterwards)."""
+    task_id = cp.begin_task(hostname, NodeTaskKind.DISK_WIPE, {}, "test")
+    cp.complete_task(
+        task_id,
+        succeeded=True,
+        output={},
+        summary={},
+        artifact_dir=None,
+        error=None,
+        evidence_kind=EvidenceKind.HOST_RESULT,
+        evidence_summary="test wipe run",
+        actor="test",
+    )
+    return task_id
 
 
 def sign(
