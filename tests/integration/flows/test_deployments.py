@@ -30,6 +30,9 @@ def test_prefect_yaml_declares_every_flow_on_one_process_pool():
         "flows/events.py:publish_events",
     }
     assert {d["work_pool"]["name"] for d in config["deployments"]} == {"gpuaas-process"}
+    limits = {d["name"]: d.get("concurrency_limit") for d in config["deployments"]}
+    fleet_limit = {"limit": 16, "collision_strategy": "ENQUEUE"}
+    assert limits["provision-allocation"] == limits["release-allocation"] == fleet_limit
 
 
 def test_stack_serves_deployments_and_the_worker_runs_them(tmp_path, monkeypatch, database_url):
@@ -43,6 +46,14 @@ def test_stack_serves_deployments_and_the_worker_runs_them(tmp_path, monkeypatch
         )
         for name in ("discover-topology", "provision-allocation", "reconcile"):
             assert name in listed.stdout
+        inspected = subprocess.run(
+            [prefect_bin(), "deployment", "inspect", "provision_allocation/provision-allocation"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "'limit': 16" in inspected.stdout and "ENQUEUE" in inspected.stdout
         started = subprocess.run(
             [
                 prefect_bin(),
