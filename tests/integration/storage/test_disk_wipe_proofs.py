@@ -198,12 +198,12 @@ def test_wipe_playbook_returns_proofs_to_the_controller(lab, tmp_path, storage_a
     }
     before = [lab.fingerprint(d) for d in disks]
     checked = run_playbook("disk_wipe.yml", extravars, tmp_path, storage_ansible_env, check=True)
-    assert checked.rc == 0, checked.stderr
+    assert checked.rc == 0, checked.failures()
     assert [lab.fingerprint(d) for d in disks] == before
     assert list(out.iterdir()) == []
 
     run = run_playbook("disk_wipe.yml", extravars, tmp_path, storage_ansible_env)
-    assert run.rc == 0, run.stderr
+    assert run.rc == 0, run.failures()
     results = run.task("Erase the disk and collect its proof")["results"]
     assert [r["changed"] for r in results] == [True, True]
     for index, disk in enumerate(disks):
@@ -214,7 +214,7 @@ def test_wipe_playbook_returns_proofs_to_the_controller(lab, tmp_path, storage_a
         assert signatures(disk.device) == []
 
     rerun = run_playbook("disk_wipe.yml", extravars, tmp_path, storage_ansible_env)
-    assert rerun.rc == 0, rerun.stderr
+    assert rerun.rc == 0, rerun.failures()
     again = rerun.task("Erase the disk and collect its proof")["results"]
     assert [r["changed"] for r in again] == [False, False]
     assert [r["proof"] for r in again] == [r["proof"] for r in results]

@@ -79,7 +79,7 @@ def test_full_transition_plan_check_apply_rerun(lab, tmp_path, host_shares, stor
     planned = run_playbook(
         "storage_transition.yml", extravars(lab, tmp_path, disks), tmp_path, storage_ansible_env
     )
-    assert planned.rc == 0, planned.stderr
+    assert planned.rc == 0, planned.failures()
     plan = planned.task(TASK)
     assert plan["changed"] is False
     actions = {p["device"]: [a["action"] for a in p["actions"]] for p in plan["plan"]}
@@ -111,7 +111,7 @@ def test_full_transition_plan_check_apply_rerun(lab, tmp_path, host_shares, stor
         storage_ansible_env,
         check=True,
     )
-    assert checked.rc == 0, checked.stderr
+    assert checked.rc == 0, checked.failures()
     assert checked.task(TASK)["changed"] is True
     assert checked.task(TASK)["plan"] == plan["plan"]
     assert [lab.fingerprint(d, mounts) for d in disks] == before
@@ -132,7 +132,7 @@ def test_full_transition_plan_check_apply_rerun(lab, tmp_path, host_shares, stor
         storage_ansible_env,
         diff=True,
     )
-    assert applied_run.rc == 0, applied_run.stderr
+    assert applied_run.rc == 0, applied_run.failures()
     applied = applied_run.task(TASK)
     assert applied["changed"] is True
     assert applied["diff"]["before"] == original_fstab.decode()
@@ -191,7 +191,7 @@ def test_full_transition_plan_check_apply_rerun(lab, tmp_path, host_shares, stor
         tmp_path,
         storage_ansible_env,
     )
-    assert again.rc == 0, again.stderr
+    assert again.rc == 0, again.failures()
     rerun = again.task(TASK)
     assert rerun["changed"] is False
     assert rerun["manifest_path"] is None

@@ -439,7 +439,7 @@ def test_check_mode_provision_reports_and_writes_nothing(linux_allocation):
     hosts_before = lab.dnsmasq_hostsfile.read_text()
     fingerprint = lab.loops.fingerprint(allocation.disk)
     run = lab.playbook("vm_provision.yml", allocation.provision_vars(), check_mode=True)
-    assert run.rc == 0, run.stderr
+    assert run.rc == 0, run.failures()
     evidence = run.custom_stats["gpuaas_slice_provision"]
     assert evidence["status"] == "checked"
     assert evidence["changed_phases"] == ["seed", "image", "dhcp", "domain"]
