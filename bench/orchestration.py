@@ -1,11 +1,15 @@
 """Orchestration benchmark: what the flows, the runner bridge and the store cost per
-allocation, apart from the host work itself, and a 100-allocation burst.
+allocation, apart from the host work itself; a burst filling one real slice host; and a
+100-allocation burst on simulated hosts.
 
 1. Real slice VMs, where this machine can run them (gpuaas_lab.slicehost: libvirtd,
-   dnsmasq and a loop disk in private namespaces, a tiny guest under QEMU emulation):
-   ``--cycles`` allocations each go provision_allocation -> active (lease and SSH gate)
-   -> release_allocation -> wipe proof -> available, one after the other (the lab host
-   has one slot).
+   dnsmasq and eight loop disks in private namespaces, a tiny guest under QEMU
+   emulation): ``--cycles`` allocations each go provision_allocation -> active (lease and
+   SSH gate) -> release_allocation -> wipe proof -> available, one after the other; then
+   eight 1-GPU provisions start at once and fill the host, and their eight releases start
+   at once. Printed: the time to all active and to all released against eight times the
+   single-slice medians of the same run, and the share of the runs' time spent waiting
+   for room on the node (``--host-actions`` at once, the store's admission).
 2. The burst: ``--allocations`` provision_allocation runs, ``--concurrency`` at a time,
    on simulated hosts (recorded trees + private network namespaces). Those hosts cannot
    start a VM, so every provision runs for real down to the role's preflight, which
@@ -19,8 +23,8 @@ of the flow's wall time is Prefect (flow and task runs) and the store (image loo
 placement, state transitions, node tasks, evidence), shown before and after the host
 action. Orchestration overhead = flow wall time - module run time.
 
-Usage (root): python bench/orchestration.py [--cycles 3] [--allocations 100]
-              [--concurrency 4] [--nodes 13] [--skip-vm]
+Usage (root): python bench/orchestration.py [--cycles 3] [--host-actions 4]
+              [--allocations 100] [--concurrency 4] [--nodes 13] [--skip-vm]
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from gpuaas_lab.hosts import HostPlan, SimulatedFleet
 from gpuaas_lab.slicehost import LAB_SKU, LabSliceHost, unavailable_reason
 
 USERS = [{"name": "bench", "ssh_authorized_keys": []}]
+BURST_SLOTS = 8
 BURST_IMAGE = "bench-image"
 
 
@@ -141,7 +146,31 @@ def describe(label: str, splits: list[Split], placement: bool = True) -> None:
     )
 
 
-def real_vm_cycles(cp: ControlPlane, engine: Engine, root: Path, cycles: int) -> None:
+def flows_in_parallel(call, arguments: list[tuple]) -> tuple[list, float]:
+    """Start every run at once (one thread each, as a worker runs flow runs side by side);
+    the states in order and the wall time until the last one ended."""
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=len(arguments)) as pool:
+        states = list(pool.map(lambda args: call(*args, return_state=True), arguments))
+    return states, time.perf_counter() - start
+
+
+def admission_wait(engine: Engine, allocation_ids: list[str], kind: str) -> float:
+    """Seconds the allocations' host actions of ``kind`` waited for room on their node."""
+    with engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT coalesce(sum((summary->>'admission_wait_s')::float), 0) FROM node_tasks"
+                " WHERE kind = :k AND allocation_id = ANY(CAST(:ids AS uuid[]))"
+            ),
+            {"k": kind, "ids": allocation_ids},
+        ).scalar_one()
+
+
+def real_vm_cycles(cp: ControlPlane, engine: Engine, root: Path, args: argparse.Namespace) -> None:
+    """Single slices one after the other, then a burst filling the eight-slot lab host
+    (every provision started at once, then every release): the burst's time to all
+    active and to all released against eight times the single-slice figures."""
     from flows.allocation import provision_allocation, release_allocation
     from flows.fleet import approve_slots, discover_topology
 
@@ -150,7 +179,7 @@ def real_vm_cycles(cp: ControlPlane, engine: Engine, root: Path, cycles: int) ->
         print(f"real VMs: not on this machine ({reason})")
         return
     cp.define_sku(LAB_SKU)
-    with LabSliceHost(root) as host:
+    with LabSliceHost(root, slots=BURST_SLOTS, host_action_limit=args.host_actions) as host:
         assert host.image is not None and host.lab is not None
         host.enroll(cp)
         discover_topology(hostnames=[host.hostname])
@@ -161,7 +190,7 @@ def real_vm_cycles(cp: ControlPlane, engine: Engine, root: Path, cycles: int) ->
         _, public = host.lab.ssh_keypair("bench")
         users = [{"name": "bench", "ssh_authorized_keys": [public]}]
         provisions, releases = [], []
-        for cycle in range(cycles):
+        for cycle in range(args.cycles):
             state, began, ended = timed(
                 provision_allocation, LAB_SKU.slug, 1, "lab-guest", users, return_state=True
             )
@@ -182,9 +211,40 @@ def real_vm_cycles(cp: ControlPlane, engine: Engine, root: Path, cycles: int) ->
                 f" overhead {p.overhead:.2f} s), release {r.wall:.1f} s (host work"
                 f" {r.modules:.1f} s, overhead {r.overhead:.2f} s)"
             )
-    print(f"real VMs: {cycles} allocations provisioned to active and released to available")
-    describe("provision", provisions)
-    describe("release", releases, placement=False)
+        print(
+            f"real VMs: {args.cycles} allocations provisioned to active and released to"
+            " available, one at a time"
+        )
+        describe("provision", provisions)
+        describe("release", releases, placement=False)
+
+        states, to_active = flows_in_parallel(
+            provision_allocation, [(LAB_SKU.slug, 1, "lab-guest", users)] * BURST_SLOTS
+        )
+        active = [s.result()["allocation_id"] for s in states if s.is_completed()]
+        if len(active) != BURST_SLOTS:
+            print(f"real VMs: burst left {BURST_SLOTS - len(active)} slices not active")
+            return
+        states, to_released = flows_in_parallel(release_allocation, [(a,) for a in active])
+        if not all(s.is_completed() for s in states):
+            print("real VMs: a release of the burst failed")
+            return
+        single_p = statistics.median(p.wall for p in provisions)
+        single_r = statistics.median(r.wall for r in releases)
+        print(
+            f"burst on one host ({BURST_SLOTS} slots, {args.host_actions} host actions at once):"
+            f" all {BURST_SLOTS} active in {to_active:.1f} s against {BURST_SLOTS} x"
+            f" {single_p:.1f} s = {BURST_SLOTS * single_p:.1f} s one at a time"
+            f" (x{BURST_SLOTS * single_p / to_active:.2f} faster); all released in"
+            f" {to_released:.1f} s against {BURST_SLOTS * single_r:.1f} s"
+            f" (x{BURST_SLOTS * single_r / to_released:.2f})"
+        )
+        for kind, wall in (("slice.vm_provision", to_active), ("slice.vm_release", to_released)):
+            waited = admission_wait(engine, active, kind)
+            print(
+                f"  {kind}: {waited:.1f} s waited for room on the node, summed over the"
+                f" runs: {waited / (wall * BURST_SLOTS):.0%} of their summed wall time"
+            )
 
 
 def burst(cp: ControlPlane, engine: Engine, root: Path, args: argparse.Namespace) -> None:
@@ -275,6 +335,12 @@ def main() -> None:
     parser.add_argument("--allocations", type=int, default=100)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--nodes", type=int, default=13)
+    parser.add_argument(
+        "--host-actions",
+        type=int,
+        default=NodeSpec.host_action_limit,
+        help="host actions the lab host admits at once (the product's default)",
+    )
     parser.add_argument("--skip-vm", action="store_true", help="only the simulated burst")
     args = parser.parse_args()
 
@@ -296,7 +362,7 @@ def main() -> None:
 
         with prefect_test_harness(server_startup_timeout=180):
             if not args.skip_vm and args.cycles > 0:
-                real_vm_cycles(cp, engine, scratch / "lab", args.cycles)
+                real_vm_cycles(cp, engine, scratch / "lab", args)
             if args.allocations > 0:
                 burst(cp, engine, scratch / "hosts", args)
         print(f"load average during the run: {os.getloadavg()[0]:.1f} (2 cores)")

@@ -27,12 +27,34 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 WORK_POOL = "gpuaas-process"
 
 
-@dataclass(frozen=True)
+@dataclass
 class PrefectStack:
+    """A running server and its workers; ``processes`` are stopped when the stack ends."""
+
     api_url: str
     ui_url: str
     database: str
-    pids: tuple[int, ...]
+    env: dict[str, str]
+    processes: list[subprocess.Popen]
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(p.pid for p in self.processes)
+
+    def start_worker(self) -> subprocess.Popen:
+        """A process worker on the work pool: one more, or one replacing a worker that
+        died (its runs stay Running until ``reconcile`` finds them dead)."""
+        with open(Path(self.env["PREFECT_HOME"]) / "logs" / "worker.log", "ab") as log:
+            worker = subprocess.Popen(
+                [prefect_bin(), "worker", "start", "--pool", WORK_POOL],
+                env=self.env,
+                cwd=REPO_ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.processes.append(worker)
+        return worker
 
 
 def prefect_home() -> Path:
@@ -139,23 +161,15 @@ def prefect_stack(
         wait_healthy(api_url, startup_timeout)
         prefect_cli(env, "work-pool", "create", WORK_POOL, "--type", "process", "--overwrite")
         prefect_cli(env, "--no-prompt", "deploy", "--all")
-        with open(logs / "worker.log", "ab") as log:
-            processes.append(
-                subprocess.Popen(
-                    [prefect_bin(), "worker", "start", "--pool", WORK_POOL],
-                    env=env,
-                    cwd=REPO_ROOT,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
-        yield PrefectStack(
+        stack = PrefectStack(
             api_url=api_url,
             ui_url=f"http://127.0.0.1:{port}",
             database="PostgreSQL" if prefect_database else f"SQLite in {home}",
-            pids=tuple(p.pid for p in processes),
+            env=env,
+            processes=processes,
         )
+        stack.start_worker()
+        yield stack
     finally:
         for process in reversed(processes):
             stop(process)

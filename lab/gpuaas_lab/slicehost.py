@@ -1,10 +1,11 @@
-"""A slice host that can run a real (QEMU-emulated) slice VM, driven by the flows.
+"""A slice host that can run real (QEMU-emulated) slice VMs, driven by the flows.
 
-It joins three pieces: a VmLab (bridge, NAT, dnsmasq, libvirtd in private namespaces, a
-loop device as the raw NVMe disk, visible at /dev/disk/by-id inside the lab), a recorded
-host tree describing that same disk plus one GPU and one fabric VF for discovery, and the
-host variables that point the roles at the lab. Registered as a node, it goes through
-discovery, approval, provision_allocation and release_allocation like any other host.
+It joins three pieces: a VmLab (bridge, NAT, dnsmasq, libvirtd in private namespaces, one
+loop device per slot as its raw NVMe disk, visible at /dev/disk/by-id inside the lab), a
+recorded host tree describing those disks plus a GPU and a fabric VF per slot for
+discovery, and the host variables that point the roles at the lab. Registered as a node,
+it goes through discovery, approval, provision_allocation and release_allocation like any
+other host.
 
 The boundary of this machine: QEMU emulation (no usable KVM) and no VFIO, so the VM
 boots without its GPU and VF hostdevs (their XML is validated in the VM tests instead).
@@ -13,6 +14,7 @@ boots without its GPU and VF hostdevs (their XML is validated in the VM tests in
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,10 +28,9 @@ from gpuaas_lab.vmguest import GuestImage, ensure_guest_image
 from gpuaas_lab.vmguest import unavailable_reason as guest_unavailable_reason
 from gpuaas_lab.vmlab import VmLab, vm_lab_unavailable_reason
 
-GPU = "0000:1b:00.0"
-FABRIC_PF = "0000:1a:00.0"
 # A small profile the emulated guest boots quickly with (the H200 profile is 24 vCPU and
-# 64 GiB per GPU); lab nodes are their own family so no real SKU lands on them.
+# 64 GiB per GPU); lab nodes are their own family so no real SKU lands on them. Guests
+# touch little of their memory, so a full eight-slot lab host fits on a small machine.
 LAB_IMAGE = "lab-guest"
 LAB_SKU = SkuSpec(
     slug="lab-slice",
@@ -37,29 +38,39 @@ LAB_SKU = SkuSpec(
     capacity_shape="gpu_slice",
     node_family="lab",
     gpu_model="none",
-    allowed_gpu_counts=(1,),
+    allowed_gpu_counts=(1, 2, 4, 8),
     vcpu_per_gpu=1,
     memory_gib_per_gpu=1,
 )
 
 
-def lab_host_spec(hostname: str, eui: str) -> hosttrees.HostSpec:
-    """One GPU, one fabric PF with one VF, one data disk whose EUI the lab's loop disk
-    carries; all on NUMA node 0."""
+def lab_host_spec(hostname: str, euis: Sequence[str]) -> hosttrees.HostSpec:
+    """One slot per EUI: a GPU, a VF of the one fabric PF and the data disk whose EUI a
+    loop disk of the lab carries; all on NUMA node 0 (this machine's only node)."""
     return hosttrees.HostSpec(
         hostname=hostname,
-        gpus=(hosttrees.Gpu(GPU, 0),),
+        gpus=tuple(hosttrees.Gpu(f"0000:{0x1B + 0x10 * i:02x}:00.0", 0) for i in range(len(euis))),
         nvswitches=(),
-        fabric=(hosttrees.FabricPort(FABRIC_PF, 0, "mlx5_0", vf_count=1),),
-        disks=(
+        # A PF's VFs are functions 1-7 of its device: four per PF, as on the H200 hosts.
+        fabric=tuple(
+            hosttrees.FabricPort(
+                f"0000:{0x1A + 0x10 * port:02x}:00.0",
+                0,
+                f"mlx5_{port}",
+                vf_count=min(4, len(euis) - 4 * port),
+            )
+            for port in range(-(-len(euis) // 4))
+        ),
+        disks=tuple(
             hosttrees.NvmeDisk(
-                controller=0,
-                pci_address="0000:31:00.0",
+                controller=i,
+                pci_address=f"0000:{0x31 + i:02x}:00.0",
                 numa_node=0,
                 eui=eui,
                 model="Lab NVMe",
                 serial=eui[-12:],
-            ),
+            )
+            for i, eui in enumerate(euis)
         ),
     )
 
@@ -75,6 +86,8 @@ class LabSliceHost:
     root: Path
     hostname: str = "j22u21"
     disk_mib: int = 64
+    slots: int = 1
+    host_action_limit: int = NodeSpec.host_action_limit
     lab: VmLab | None = None
     image: GuestImage | None = None
     host_vars: dict[str, Any] = field(default_factory=dict)
@@ -89,10 +102,12 @@ class LabSliceHost:
             # An uplink with a default route, as fleet hosts have.
             self.lab.ns.add_dummy("eno8303", "192.0.2.21/24")
             self.lab.ns.add_route("default", "eno8303", via="192.0.2.1")
-            eui = "000000000000000100a0752400" + secrets.token_hex(3)
             assert self.lab.loops is not None
-            self.lab.loops.disk(self.disk_mib, name=f"nvme-eui.{eui}")
-            tree = hosttrees.write_tree(lab_host_spec(self.hostname, eui), self.root / "tree")
+            prefix = "000000000000000100a07524" + secrets.token_hex(3)
+            euis = [f"{prefix}{slot:02x}" for slot in range(self.slots)]
+            for eui in euis:
+                self.lab.loops.disk(self.disk_mib, name=f"nvme-eui.{eui}")
+            tree = hosttrees.write_tree(lab_host_spec(self.hostname, euis), self.root / "tree")
             state = self.root / "state"
             self.signing_key = SigningKey.create(state)
             self.host_vars = {
@@ -103,7 +118,8 @@ class LabSliceHost:
                 "slice_vm_provision_bridge_type": "linux",
                 "slice_vm_provision_emulation": True,
                 "slice_vm_provision_pci_passthrough": False,
-                "slice_vm_provision_readiness_timeout": 180,
+                # Eight emulated guests booting at once on a loaded machine are slow.
+                "slice_vm_provision_readiness_timeout": 600,
                 "slice_vm_provision_state_root": str(state / "slices"),
                 "slice_vm_provision_terminal_key_path": str(state / "terminal" / "id_ed25519"),
                 "slice_vm_release_state_root": str(state / "slices"),
@@ -143,8 +159,9 @@ class LabSliceHost:
             "lab",
             node_family=LAB_SKU.node_family,
             maas_tags=("gpuaas-profile-slice-vm",),
-            gpu_count=1,
+            gpu_count=self.slots,
             slice_subnet=self.lab.subnet,
+            host_action_limit=self.host_action_limit,
             slice_bridge=self.lab.bridge,
             host_vars=self.host_vars,
         )

@@ -374,7 +374,7 @@ def test_reconcile_wipes_a_released_slot_disk_of_the_lab_host_and_the_store_keep
 ) -> None:
     disk = fresh.nvme[0]
     copy_tree(
-        fresh, hosttrees.write_tree(lab_host_spec(fresh.name, disk["eui64"]), tmp_path / "tree")
+        fresh, hosttrees.write_tree(lab_host_spec(fresh.name, [disk["eui64"]]), tmp_path / "tree")
     )
     # Approval needs the slice network a bootstrapped host has (bridge, NAT, forwarding);
     # the fresh host was never bootstrapped.
