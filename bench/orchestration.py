@@ -242,8 +242,8 @@ def real_vm_cycles(cp: ControlPlane, engine: Engine, root: Path, args: argparse.
         for kind, wall in (("slice.vm_provision", to_active), ("slice.vm_release", to_released)):
             waited = admission_wait(engine, active, kind)
             print(
-                f"  {kind}: {waited:.1f} s waited for room on the node, summed over the"
-                f" runs: {waited / (wall * BURST_SLOTS):.0%} of their summed wall time"
+                f"  {kind}: the runs waited {waited:.1f} s in all for room on the node ="
+                f" {waited / (wall * BURST_SLOTS):.0%} of {BURST_SLOTS} x the burst's wall time"
             )
 
 
