@@ -66,6 +66,13 @@ def registered(cli_env):
     return cli_env
 
 
+def test_register_sets_how_many_host_actions_a_node_admits(registered):
+    default = ok_json(registered, "node", "register", "n7", "--region", "r1")
+    assert default["host_action_limit"] == 4
+    raised = ok_json(registered, "node", "register", "n7", "--region", "r1", "--host-actions", "8")
+    assert (raised["created"], raised["host_action_limit"]) == (False, 8)
+
+
 def test_register_import_approve_list_occupancy(registered, tmp_path):
     env = registered
     nodes = ok_json(env, "node", "list")
@@ -137,6 +144,10 @@ def test_bad_input_gives_a_clear_error_and_writes_nothing(registered, engine, tm
         (("slots", "approve", "--node", "j22u15"), "no_topology"),
         (("node", "register", "Not_A_Host", "--region", "r1"), "hostname_invalid"),
         (("node", "register", "n9", "--region", "r1", "--subnet", "10.0.0.0/33"), "subnet_invalid"),
+        (
+            ("node", "register", "n9", "--region", "r1", "--host-actions", "0"),
+            "host_action_limit_invalid",
+        ),
         (("node", "drain", "j22u15", "--reason", " "), "reason_required"),
         (
             ("slots", "disable", "--node", "j22u15", "--slot", "3", "--reason", "x"),
