@@ -434,6 +434,36 @@ def image_register(
     )
 
 
+@image_app.command("publish")
+def image_publish(
+    slug: Annotated[str, typer.Argument(help="Catalog slug, e.g. ubuntu-24.04-h200-cuda.")],
+    file: Annotated[Path, typer.Option("--file", help="The raw disk image to publish.")],
+    registry: Annotated[
+        str,
+        typer.Option("--registry", help="Where to push it: HOST[:PORT]/NAMESPACE/NAME[:TAG]."),
+    ],
+    sku: Annotated[list[str], typer.Option("--sku", help="Compatible slice SKU (repeatable).")],
+    path: Annotated[
+        str | None,
+        typer.Option("--path", help="Path on the nodes (default: the node image cache)."),
+    ] = None,
+    plain_http: Annotated[
+        bool, typer.Option("--plain-http", help="The registry speaks HTTP (loopback labs).")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Push a raw image as an OCI artifact and make it the catalog's image SLUG."""
+    run(
+        as_json,
+        lambda: control_plane().publish_image(slug, file, registry, sku, path, plain_http),
+        lambda r: out.print(
+            f"image {r['slug']} published to {r['source_uri']} (sha256"
+            f" {r['digest_sha256'][:12]}..., {r['size_bytes']} bytes) for"
+            f" {', '.join(r['compatible_skus'])}{'' if r['changed'] else ' (unchanged)'}"
+        ),
+    )
+
+
 @image_app.command("list")
 def image_list(as_json: JsonFlag = False) -> None:
     """The catalog's images."""

@@ -20,15 +20,24 @@ from controlplane.errors import InvalidInput, NotFound
 from controlplane.models import SHA256_PATTERN, OsImage, Sku
 
 SLUG_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+# Where a published image lands on the nodes unless the publisher names a path.
+NODE_CACHE_DIR = "/var/lib/gpuaas/slice-images"
 
 
 @dataclass(frozen=True)
 class ImageSpec:
+    """``source_uri``: the OCI artifact the nodes fetch it from (``oci://``), with
+    ``plain_http`` for a registry without TLS; None for an image placed on the nodes by
+    other means."""
+
     slug: str
     digest_sha256: str
     image_path: str
     compatible_skus: tuple[str, ...]
     active: bool = True
+    source_uri: str | None = None
+    size_bytes: int | None = None
+    plain_http: bool = False
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,8 @@ class ImageView:
     digest_sha256: str | None
     image_path: str | None
     compatible_skus: list[str]
+    source_uri: str | None
+    size_bytes: int | None
 
 
 @dataclass(frozen=True)
@@ -52,10 +63,13 @@ def view(image: OsImage) -> ImageView:
         digest_sha256=image.digest_sha256,
         image_path=(image.image_metadata or {}).get("image_path"),
         compatible_skus=sorted(image.compatible_skus),
+        source_uri=image.source_uri,
+        size_bytes=image.size_bytes,
     )
 
 
-def _validate(session: Session, spec: ImageSpec) -> str:
+def validate(session: Session, spec: ImageSpec) -> str:
+    """The spec's normalised digest; InvalidInput or NotFound for anything wrong."""
     if not SLUG_PATTERN.match(spec.slug):
         raise InvalidInput(
             "image_slug_invalid",
@@ -96,7 +110,7 @@ def _validate(session: Session, spec: ImageSpec) -> str:
 
 def register(session: Session, spec: ImageSpec) -> RegisteredImage:
     """Create or update the catalog row of ``spec.slug``; returns it and whether it changed."""
-    digest = _validate(session, spec)
+    digest = validate(session, spec)
     image = session.scalars(
         select(OsImage).where(OsImage.slug == spec.slug).with_for_update()
     ).one_or_none()
@@ -106,7 +120,13 @@ def register(session: Session, spec: ImageSpec) -> RegisteredImage:
         session.add(image)
     image.digest_sha256 = digest
     image.compatible_skus = sorted(set(spec.compatible_skus))
-    image.image_metadata = {**(image.image_metadata or {}), "image_path": spec.image_path}
+    image.image_metadata = {
+        **(image.image_metadata or {}),
+        "image_path": spec.image_path,
+        "registry_plain_http": spec.plain_http,
+    }
+    image.source_uri = spec.source_uri
+    image.size_bytes = spec.size_bytes
     image.status = ImageStatus.ACTIVE if spec.active else ImageStatus.DISABLED
     session.flush()
     after = view(image)
