@@ -301,13 +301,14 @@ class ControlPlane:
         plain_http: bool = False,
     ) -> images.RegisteredImage:
         """Push a raw image to the registry as an OCI artifact and make it the catalog's
-        image ``slug``, fetched by the nodes from there (``gpuaas image prewarm``). The
+        image ``slug``, which nodes fetch from there (``gpuaas.fleet.image_cache``). The
         catalog entry is checked before anything is pushed and written only after the
         registry holds exactly the file's bytes."""
         # The registry client (oras, requests) takes ~0.2 s to import: only publishing needs it.
         from controlplane import registry
 
         target = registry.Reference.parse(reference)
+        # Checked with a placeholder digest: the real one is known once the push is done.
         spec = images.ImageSpec(
             slug,
             "0" * 64,
