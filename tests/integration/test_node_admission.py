@@ -11,13 +11,13 @@ import pytest
 from sqlalchemy import text
 
 from controlplane.api import ControlPlane
-from controlplane.enums import EvidenceKind, NodeTaskKind
+from controlplane.enums import NodeTaskKind
 from controlplane.errors import Conflict, InvalidInput
 from controlplane.scheduler.placement import PlacementRequest
 from controlplane.services.inventory import NodeSpec
 from flows.hostwork import admit
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
-from tests.integration.wipe_proofs import pin_node_key, sign, wipe_proof
+from tests.integration.wipe_proofs import end_task, pin_node_key, sign, wipe_proof
 
 K = NodeTaskKind
 
@@ -40,20 +40,6 @@ def running(engine) -> list[tuple[str, str]]:
         ).all()
 
 
-def finish(cp: ControlPlane, task_id: uuid.UUID) -> None:
-    cp.complete_task(
-        task_id,
-        succeeded=True,
-        output={},
-        summary={},
-        artifact_dir=None,
-        error=None,
-        evidence_kind=EvidenceKind.HOST_RESULT,
-        evidence_summary="done",
-        actor="test",
-    )
-
-
 def test_the_limit_holds_and_the_refusal_names_what_holds_the_node(cp, engine):
     first = cp.begin_task("gpu-a1", K.VM_PROVISION, {}, "test")
     cp.begin_task("gpu-a1", K.VM_RELEASE, {}, "test")
@@ -64,7 +50,7 @@ def test_the_limit_holds_and_the_refusal_names_what_holds_the_node(cp, engine):
     holders = busy.value.details["busy"]["gpu-a1"]["running"]
     assert {h["kind"] for h in holders} == {K.VM_PROVISION.value, K.VM_RELEASE.value}
     assert str(first) in {h["id"] for h in holders}
-    finish(cp, first)
+    end_task(cp, first)
     cp.begin_task("gpu-a1", K.VM_PROVISION, {}, "test")
     assert len(running(engine)) == 2
 
@@ -73,7 +59,7 @@ def test_host_wide_actions_run_alone(cp, engine):
     provision = cp.begin_task("gpu-a1", K.VM_PROVISION, {}, "test")
     with pytest.raises(Conflict, match=r"host\.bootstrap runs alone"):
         cp.begin_task("gpu-a1", K.HOST_BOOTSTRAP, {}, "test")
-    finish(cp, provision)
+    end_task(cp, provision)
     cp.begin_task("gpu-a1", K.HOST_BOOTSTRAP, {}, "test")
     with pytest.raises(Conflict, match=r"host\.bootstrap is running and runs alone"):
         cp.begin_task("gpu-a1", K.HOST_PARITY, {}, "test")
@@ -116,7 +102,7 @@ def test_concurrent_admissions_never_exceed_the_limit(cp, engine):
 def test_a_waiting_run_says_why_and_starts_when_room_frees(cp):
     holder = cp.begin_task("gpu-a1", K.HOST_BOOTSTRAP, {}, "test")
     heard: list[str] = []
-    threading.Timer(1.5, finish, (cp, holder)).start()
+    threading.Timer(1.5, end_task, (cp, holder)).start()
     admission, waited = admit(
         lambda: cp.begin_tasks(["gpu-a1"], K.VM_PROVISION, {}, "test"), heard.append, 60
     )

@@ -44,6 +44,12 @@ def issue_nonce(cp: ControlPlane, hostname: str) -> uuid.UUID:
     """The node task of a wipe run, begun and ended as a flow does (so it holds none of the
     node's host actions afterwards)."""
     task_id = cp.begin_task(hostname, NodeTaskKind.DISK_WIPE, {}, "test")
+    end_task(cp, task_id)
+    return task_id
+
+
+def end_task(cp: ControlPlane, task_id: uuid.UUID) -> None:
+    """End a node task as its run would, succeeded with no output."""
     cp.complete_task(
         task_id,
         succeeded=True,
@@ -52,10 +58,9 @@ def issue_nonce(cp: ControlPlane, hostname: str) -> uuid.UUID:
         artifact_dir=None,
         error=None,
         evidence_kind=EvidenceKind.HOST_RESULT,
-        evidence_summary="test wipe run",
+        evidence_summary="test run",
         actor="test",
     )
-    return task_id
 
 
 def sign(
