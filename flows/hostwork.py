@@ -5,6 +5,7 @@ these functions in named tasks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -194,6 +195,31 @@ def host_output(result: RunResult, host: str, module: str) -> dict[str, Any]:
     }
 
 
+def end_unrecorded(
+    cp: ControlPlane,
+    action: HostAction,
+    task_ids: dict[str, uuid.UUID],
+    error: BaseException,
+    actor: str,
+) -> None:
+    """Node tasks a run began but could not record end ``failed`` with the error, so they
+    do not hold their node's room until a reconcile."""
+    for host, task_id in task_ids.items():
+        # Best effort: the run's own error is what propagates (the store may be the cause).
+        with contextlib.suppress(Exception):
+            cp.complete_task(
+                task_id,
+                succeeded=False,
+                output={},
+                summary={},
+                artifact_dir=None,
+                error=f"the run stopped before recording its result: {error!r}"[:2000],
+                evidence_kind=action.evidence_kind,
+                evidence_summary=f"{action.kind.value} on {host}: FAILED (result not recorded)",
+                actor=actor,
+            )
+
+
 def run_host_action(
     cp: ControlPlane,
     action: HostAction,
@@ -238,66 +264,91 @@ def run_host_action(
     if not task_ids:
         return outcomes
     hostnames = sorted(task_ids)
-    private_dir = new_private_dir(action.playbook)
-    result = run_playbook(
-        PlaybookRun(
-            playbook=action.playbook,
-            inventory=str(inventory_source(private_dir, hostnames)),
-            # Each host's node task id is its nonce for signed evidence (docs/trust.md).
-            extravars={
-                **extravars,
-                "gpuaas_hosts": ",".join(hostnames),
-                "gpuaas_node_tasks": {host: str(task_id) for host, task_id in task_ids.items()},
-            },
-            database_url=cp.engine.url.render_as_string(hide_password=False),
-            timeout=action.timeout,
-            forks=max(1, min(len(hostnames), 16)),
-        ),
-        private_dir,
-        on_event,
-    )
-    for host, task_id in task_ids.items():
-        failure = failure_of(result, host)
-        if failure is not None and HOST_KEY_REFUSED.search(failure):
-            failure = cp.host_key_refusal(host) or failure
-        passed = failure is None and result.host_passed(host)
-        outcome = HostOutcome(
-            hostname=host,
-            node_task_id=str(task_id),
-            passed=passed,
-            module_result=result.module_result(host, action.module),
-            failure=failure,
-            artifact_dir=result.artifact_dir,
-            reported={
-                module: found
-                for module in action.reported
-                if (found := result.module_result(host, module)) is not None
-            },
-            waited_s=waited,
-        )
-        if passed and record is not None:
-            outcome.evidence_id = record(host, task_id, result)
-        else:
-            summary = result.hosts.get(host)
-            outcome.evidence_id = cp.complete_task(
-                task_id,
-                succeeded=passed,
-                output=host_output(result, host, action.module),
-                summary={
-                    "ok": summary.ok if summary else 0,
-                    "changed": summary.changed if summary else 0,
-                    "failed": summary.failed if summary else 0,
-                    "unreachable": summary.unreachable if summary else 0,
-                    "admission_wait_s": round(waited, 3),
+    try:
+        private_dir = new_private_dir(action.playbook)
+        result = run_playbook(
+            PlaybookRun(
+                playbook=action.playbook,
+                inventory=str(inventory_source(private_dir, hostnames)),
+                # Each host's node task id is its nonce for signed evidence (docs/trust.md).
+                extravars={
+                    **extravars,
+                    "gpuaas_hosts": ",".join(hostnames),
+                    "gpuaas_node_tasks": {h: str(t) for h, t in task_ids.items()},
                 },
-                artifact_dir=result.artifact_dir,
-                error=failure,
-                evidence_kind=action.evidence_kind,
-                evidence_summary=(
-                    f"{action.kind.value} on {host}: "
-                    + ("passed" if passed else f"FAILED ({failure})")
-                ),
-                actor=actor,
+                database_url=cp.engine.url.render_as_string(hide_password=False),
+                timeout=action.timeout,
+                forks=max(1, min(len(hostnames), 16)),
+            ),
+            private_dir,
+            on_event,
+        )
+    except BaseException as exc:
+        end_unrecorded(cp, action, task_ids, exc, actor)
+        raise
+    for host, task_id in task_ids.items():
+        try:
+            outcomes[host] = record_outcome(
+                cp, action, host, task_id, result, record, waited, actor
             )
-        outcomes[host] = outcome
+        except BaseException as exc:
+            end_unrecorded(
+                cp, action, {h: t for h, t in task_ids.items() if h not in outcomes}, exc, actor
+            )
+            raise
     return outcomes
+
+
+def record_outcome(
+    cp: ControlPlane,
+    action: HostAction,
+    host: str,
+    task_id: uuid.UUID,
+    result: RunResult,
+    record: Callable[[str, uuid.UUID, RunResult], int | None] | None,
+    waited: float,
+    actor: str,
+) -> HostOutcome:
+    """One host's outcome of the run, its node task ended with the evidence."""
+    failure = failure_of(result, host)
+    if failure is not None and HOST_KEY_REFUSED.search(failure):
+        failure = cp.host_key_refusal(host) or failure
+    passed = failure is None and result.host_passed(host)
+    outcome = HostOutcome(
+        hostname=host,
+        node_task_id=str(task_id),
+        passed=passed,
+        module_result=result.module_result(host, action.module),
+        failure=failure,
+        artifact_dir=result.artifact_dir,
+        reported={
+            module: found
+            for module in action.reported
+            if (found := result.module_result(host, module)) is not None
+        },
+        waited_s=waited,
+    )
+    if passed and record is not None:
+        outcome.evidence_id = record(host, task_id, result)
+        return outcome
+    summary = result.hosts.get(host)
+    outcome.evidence_id = cp.complete_task(
+        task_id,
+        succeeded=passed,
+        output=host_output(result, host, action.module),
+        summary={
+            "ok": summary.ok if summary else 0,
+            "changed": summary.changed if summary else 0,
+            "failed": summary.failed if summary else 0,
+            "unreachable": summary.unreachable if summary else 0,
+            "admission_wait_s": round(waited, 3),
+        },
+        artifact_dir=result.artifact_dir,
+        error=failure,
+        evidence_kind=action.evidence_kind,
+        evidence_summary=(
+            f"{action.kind.value} on {host}: " + ("passed" if passed else f"FAILED ({failure})")
+        ),
+        actor=actor,
+    )
+    return outcome

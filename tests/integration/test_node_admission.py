@@ -15,6 +15,7 @@ from controlplane.enums import NodeTaskKind
 from controlplane.errors import Conflict, InvalidInput
 from controlplane.scheduler.placement import PlacementRequest
 from controlplane.services.inventory import NodeSpec
+from flows import hostwork
 from flows.hostwork import admit
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
 from tests.integration.wipe_proofs import end_task, pin_node_key, sign, wipe_proof
@@ -141,3 +142,22 @@ def test_a_bad_limit_is_refused_and_registers_nothing(engine):
         cp.register_node(NodeSpec("gpu-b1", "r1", host_action_limit=0))
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM nodes")).scalar() == 0
+
+
+def test_a_run_that_stops_before_recording_frees_its_node(cp, engine, monkeypatch):
+    """The runner blowing up (or the process being cancelled) after admission must not
+    leave the node's room taken until a reconcile: the task ends failed with the error."""
+
+    def runner_gone(*args, **kwargs):
+        raise RuntimeError("ansible-runner could not start")
+
+    monkeypatch.setattr(hostwork, "run_playbook", runner_gone)
+    with pytest.raises(RuntimeError, match="could not start"):
+        hostwork.run_host_action(cp, hostwork.PARITY, ["gpu-a1", "gpu-a2"], {}, "test")
+    assert running(engine) == []
+    with engine.connect() as conn:
+        ended = conn.execute(
+            text("SELECT state, error FROM node_tasks WHERE kind = 'host.parity'")
+        ).all()
+    assert [state for state, _ in ended] == ["failed", "failed"]
+    assert all("stopped before recording its result" in error for _, error in ended)
