@@ -314,6 +314,9 @@ def same_work_scripts(engine: Engine, directory: Path) -> list[str]:
         constants = {
             "allocation": "gen_random_uuid()",
             "event": "'" + placed_event(shape, SkuInfo(sku.id, slug, shape, "", ()), gpus) + "'",
+            # The mix boots no published image: no node image cache is required.
+            "image_required": "false",
+            "image_id": "NULL",
         }
         if shape is CapacityShape.BAREMETAL:
             snapshot, lock, ranking_sql = (

@@ -32,6 +32,7 @@ from controlplane.services import (
     events,
     evidence_trust,
     host_keys,
+    image_cache,
     images,
     inventory,
     occupancy,
@@ -331,6 +332,48 @@ class ControlPlane:
     def list_images(self) -> list[images.ImageView]:
         with db.transaction(self.engine) as session:
             return images.listing(session)
+
+    def prewarm_source(self, slug: str) -> tuple[image_cache.PrewarmImage, str]:
+        """The published image ``slug`` and the blob URL nodes fetch it from, once the
+        registry confirms it still holds the catalog's digest."""
+        from controlplane import registry
+
+        with db.transaction(self.engine) as session:
+            image = image_cache.published_image(session, slug)
+        return image, registry.blob_url(image.source_uri, image.sha256, image.plain_http)
+
+    def settle_image_cache(
+        self,
+        hostname: str,
+        slug: str,
+        node_task_id: uuid.UUID | None,
+        result: dict[str, Any] | None,
+        failure: str | None,
+    ) -> image_cache.CacheView:
+        """Record a node's fetch or re-verification of ``slug`` (verified, failed, stale)."""
+        with db.transaction(self.engine) as session:
+            return image_cache.settle(
+                session, hostname, slug, node_task_id, result, failure, dt.datetime.now(dt.UTC)
+            )
+
+    def image_cache(
+        self, hostname: str | None = None, slug: str | None = None
+    ) -> list[image_cache.CacheView]:
+        with db.transaction(self.engine) as session:
+            return image_cache.listing(session, hostname, slug)
+
+    def verified_image_copies(
+        self, older_than_seconds: float | None = None
+    ) -> list[image_cache.CachedCopy]:
+        """Verified copies, those last checked more than ``older_than_seconds`` ago only
+        when given."""
+        before = (
+            None
+            if older_than_seconds is None
+            else dt.datetime.now(dt.UTC) - dt.timedelta(seconds=older_than_seconds)
+        )
+        with db.transaction(self.engine) as session:
+            return image_cache.verified_copies(session, before)
 
     def show_allocation(self, allocation_id: uuid.UUID) -> allocations.AllocationView:
         with db.transaction(self.engine) as session:

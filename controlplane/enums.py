@@ -100,6 +100,7 @@ class NodeTaskKind(StrEnum):
     STORAGE_TRANSITION = "storage.transition"
     DISK_WIPE = "disk.wipe"
     RECONCILE = "node.reconcile"
+    IMAGE_CACHE = "image.cache"
 
 
 class NodeTaskState(StrEnum):
@@ -150,10 +151,14 @@ class DriverStrategy(StrEnum):
 
 
 class ImageCacheStatus(StrEnum):
+    """A node's copy of a catalog image. ``failed``: the last fetch or re-verification
+    failed (the row says why); ``stale``: the copy verified holds a digest the catalog has
+    since moved on from."""
+
     MISSING = "missing"
-    DOWNLOADING = "downloading"
     VERIFIED = "verified"
-    CORRUPT = "corrupt"
+    FAILED = "failed"
+    STALE = "stale"
 
 
 class NetworkMode(StrEnum):

@@ -592,9 +592,15 @@ class NodeImageCache(Base):
     digest_sha256: Mapped[str | None] = mapped_column(String(64))
     local_path: Mapped[str | None] = mapped_column(Text)
     verified_at: Mapped[dt.datetime | None]
+    checked_at: Mapped[dt.datetime | None]
+    reason: Mapped[str | None] = mapped_column(Text)
+    node_task_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("node_tasks.id", ondelete="SET NULL")
+    )
 
     __table_args__ = (
         UniqueConstraint("node_id", "image_id"),
+        CheckConstraint("status <> 'failed' OR reason IS NOT NULL", name="failed_has_reason"),
         CheckConstraint(
             "status <> 'verified' OR (digest_sha256 IS NOT NULL AND verified_at IS NOT NULL)",
             name="verified_has_digest",

@@ -78,6 +78,7 @@ def place(
     project_id: str | None,
     requested_by: str,
     request_id: str,
+    image: str | None,
 ) -> PlacedRequest | Unavailable:
     """Place once per request id: a retry after a committed placement returns it."""
     return control_plane().place_request(
@@ -87,6 +88,7 @@ def place(
             region=region,
             project_id=project_id,
             requested_by=requested_by,
+            image=image,
         ),
         request_id,
         flow_run_id=current_run(),
@@ -116,7 +118,7 @@ def provision_vm(
             "hugepages": spec.hugepages,
         },
         "slice_vm_provision_image": {
-            "path": image.node_paths.get(spec.node) or image.path,
+            "path": image.path_on(spec.node),
             "sha256": image.sha256,
         },
         "slice_vm_provision_users": users,
@@ -181,7 +183,15 @@ def provision_allocation(
         if catalog is not None:
             logger.info("image %s for %s: sha256 %s", catalog.slug, sku, catalog.sha256[:12])
         logger.info("placing %s x%d (request %s)", sku, gpu_count, request_id)
-        placed = place(sku, gpu_count, region, project_id, requested_by, request_id)
+        placed = place(
+            sku,
+            gpu_count,
+            region,
+            project_id,
+            requested_by,
+            request_id,
+            catalog.slug if catalog else None,
+        )
     except GpuaasError as exc:
         logger.warning("refused: %s: %s", exc.code, exc.message)
         return Failed(message=f"{exc.code}: {exc.message}")
@@ -212,6 +222,25 @@ def provision_allocation(
         return placed.as_dict()
     spec = mark_provisioning(allocation_id)
     logger.info("allocation %s is provisioning on %s", allocation_id, spec.node)
+    # Read again: the node's copy may have failed re-verification since placement.
+    try:
+        catalog = resolve_image(image, sku)
+        refusal = (
+            None
+            if catalog.path_on(spec.node)
+            else (
+                f"image_not_cached: {spec.node} holds no verified copy of image {catalog.slug}"
+                f" (sha256 {catalog.sha256[:12]}...)"
+            )
+        )
+    except GpuaasError as exc:
+        refusal = f"{exc.code}: {exc.message}"
+    if refusal is not None:
+        mark_failed(allocation_id, refusal, {})
+        logger.warning(
+            "allocation %s failed, its slots are cleanup_blocked: %s", allocation_id, refusal
+        )
+        return Failed(message=f"allocation {allocation_id} failed: {refusal}")
     try:
         outcome = provision_vm(spec, catalog, users)
     except Exception as exc:  # the host action itself blew up: fail closed

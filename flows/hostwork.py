@@ -73,6 +73,10 @@ STORAGE_TRANSITION = HostAction(
     EvidenceKind.STORAGE_MANIFEST,
     listed_tasks=4,
 )
+# A 1 GiB image at the registry's pace, and re-hashing every image a node holds.
+IMAGE_CACHE = HostAction(
+    NodeTaskKind.IMAGE_CACHE, "image_cache.yml", "image_cache", EvidenceKind.HOST_RESULT, 3600
+)
 # The role waits up to slice_host_bootstrap_reboot_timeout (1800 s) for an allowed reboot
 # alone; the run's own limit leaves room for the tasks around it.
 BOOTSTRAP = HostAction(

@@ -28,6 +28,7 @@ from flows import artifacts
 from flows.allocation import published, run_release
 from flows.fleet import ACTOR, control_plane, current_run
 from flows.hostwork import HostAction, run_host_action
+from flows.images import reverify_image_caches
 
 LIVE_STATES = frozenset(
     {
@@ -283,6 +284,7 @@ def reconcile(
     wipe_cleanup: bool = True,
     compare_with_hosts: bool = True,
     release_orphans: bool = True,
+    image_verify_after_seconds: float = 86400.0,
 ) -> dict[str, Any]:
     """Compare the store with the runs that should be driving it and with the hosts, and
     finish what a crashed run left: stuck provisioning ends ``failed`` (slots
@@ -291,7 +293,9 @@ def reconcile(
     their allocations, host drift (orphan domains, VMs not running, wrong MACs or disks,
     stale DHCP reservations) is recorded, domains of ended allocations are released
     (``release_orphans``), and slots in cleanup are wiped with proof — never a disk a
-    domain still holds."""
+    domain still holds. Node image cache copies last verified more than
+    ``image_verify_after_seconds`` ago are re-hashed (``compare_with_hosts``); a changed or
+    missing file makes the copy ``failed``."""
     logger = get_run_logger()
     finished = finish_dead_runs(grace_seconds, stale_after_seconds)
     for row in finished:
@@ -319,6 +323,13 @@ def reconcile(
             for host, disks in held.items():
                 if disks:
                     held[host] = {k: v for k, v in disks.items() if (host, v) not in released}
+    images: list[dict[str, Any]] = []
+    if compare_with_hosts:
+        images = reverify_image_caches(image_verify_after_seconds)
+        for row in images:
+            if row["status"] != "verified":
+                logger.warning("image cache: %s", artifacts.readable(row))
+        logger.info("image cache copies re-verified: %d", len(images))
     wiped = wipe_cleanup_slots(grace_seconds, held) if wipe_cleanup else []
     for row in wiped:
         logger.info("cleanup slot: %s", artifacts.readable(row))
@@ -327,6 +338,7 @@ def reconcile(
     artifacts.table("reconcile-drift", "Drift between the store and the hosts", drift)
     artifacts.table("reconcile-leftovers", "VMs of ended allocations released", leftovers)
     artifacts.table("reconcile-slots", "Slots wiped or blocked by reconcile", wiped)
+    artifacts.table("reconcile-images", "Node image cache copies re-verified", images)
     logger.info(
         "reconciled %d allocations, %d node tasks, %d store repairs, %d drift, "
         "%d leftover slots, %d cleanup slots",
@@ -344,4 +356,5 @@ def reconcile(
         "drift": drift,
         "leftovers": leftovers,
         "slots": wiped,
+        "images": images,
     }

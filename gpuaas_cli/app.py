@@ -471,6 +471,44 @@ def image_list(as_json: JsonFlag = False) -> None:
     run(as_json, lambda: control_plane().list_images(), render.render_images)
 
 
+@image_app.command("prewarm")
+def image_prewarm(
+    slug: Annotated[str, typer.Argument(help="A published catalog image.")],
+    node: Annotated[
+        list[str] | None, typer.Option("--node", help="Only this node (repeatable).")
+    ] = None,
+    parallel: Annotated[int, typer.Option("--parallel", help="Nodes fetching at once.")] = 4,
+    as_json: JsonFlag = False,
+) -> None:
+    """Fetch the published image SLUG into the slice nodes' caches (the prewarm_image flow,
+    run here), verified while it streams; each node's copy is recorded."""
+
+    def prewarm() -> list[dict[str, Any]]:
+        from flows.images import prewarm_image
+
+        state = prewarm_image(slug, hostnames=node or None, parallel=parallel, return_state=True)
+        rows = state.result(raise_on_failure=False)
+        if not state.is_completed():
+            raise GpuaasError(
+                "prewarm_failed",
+                state.message or "the prewarm failed",
+                {"nodes": rows if isinstance(rows, list) else []},
+            )
+        return rows
+
+    run(as_json, prewarm, render.render_image_cache_outcome)
+
+
+@image_app.command("cache")
+def image_cache(
+    node: Annotated[str | None, typer.Option("--node", help="Only this node.")] = None,
+    image: Annotated[str | None, typer.Option("--image", help="Only this image.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """What each node's image cache holds: verified, failed (why) or stale."""
+    run(as_json, lambda: control_plane().image_cache(node, image), render.render_image_cache)
+
+
 # -- storage ----------------------------------------------------------------------------
 
 

@@ -212,6 +212,43 @@ def render_images(rows: list[dict[str, Any]]) -> None:
     )
 
 
+def render_image_cache(rows: list[dict[str, Any]]) -> None:
+    table(
+        "node image cache",
+        ["node", "image", "status", "sha256", "path", "checked", "reason"],
+        [
+            [
+                r["node"],
+                r["image"],
+                r["status"],
+                (r["digest_sha256"] or "")[:12],
+                r["local_path"] or "",
+                r["checked_at"] or "",
+                r["reason"] or "",
+            ]
+            for r in rows
+        ],
+    )
+
+
+def render_image_cache_outcome(rows: list[dict[str, Any]]) -> None:
+    table(
+        "prewarm",
+        ["node", "status", "fetched", "MiB/s", "path", "reason"],
+        [
+            [
+                r["node"],
+                r["status"],
+                "yes" if r["fetched"] else "no",
+                r["MiB/s"] or "",
+                r["path"] or "",
+                r["reason"] or "",
+            ]
+            for r in rows
+        ],
+    )
+
+
 def render_allocations(rows: list[dict[str, Any]]) -> None:
     table(
         "allocations",

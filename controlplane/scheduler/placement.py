@@ -55,9 +55,19 @@ _SLICE_ORDER = {
     Policy.RANDOM: "hashtext(c.node_id::text || :salt)",
 }
 
-SLICE_NODE_FILTER = """
+# A published image (a registry source) boots only where the node's cache holds a copy
+# verified for the catalog's current digest (docs/slice-host.md, "Image cache").
+IMAGE_CACHED_PREDICATE = """
+    (NOT CAST(:image_required AS boolean) OR EXISTS (
+        SELECT 1 FROM node_image_cache ic JOIN os_images i ON i.id = ic.image_id
+        WHERE ic.node_id = c.node_id AND ic.image_id = CAST(:image_id AS integer)
+          AND ic.status = 'verified' AND ic.digest_sha256 = i.digest_sha256))
+"""
+
+SLICE_NODE_FILTER = f"""
     c.slice_schedulable AND c.node_family = :family AND c.exclusive_claims = 0
     AND (CAST(:region AS text) IS NULL OR c.region_code = CAST(:region AS text))
+    AND {IMAGE_CACHED_PREDICATE}
 """
 
 # The snapshot applies the slot-row and claim predicates to the preselected nodes; the
@@ -113,9 +123,9 @@ FROM per_node
 SLICE_LOCK = text(
     f"""
 WITH node_lock AS (
-    SELECT node_id FROM node_capacity
+    SELECT node_id FROM node_capacity c
     WHERE node_id = ANY(CAST(:ranked AS uuid[])) AND free_gpus >= :gpus
-      AND exclusive_claims = 0 AND slice_schedulable
+      AND exclusive_claims = 0 AND slice_schedulable AND {IMAGE_CACHED_PREDICATE}
     ORDER BY array_position(CAST(:ranked AS uuid[]), node_id)
     LIMIT 1
     FOR UPDATE SKIP LOCKED
@@ -241,6 +251,7 @@ LEFT JOIN (claim CROSS JOIN alloc) ON true
 SKU_QUERY = text(
     "SELECT id, slug, capacity_shape, node_family, allowed_gpu_counts FROM skus WHERE enabled"
 )
+IMAGE_QUERY = text("SELECT id, source_uri IS NOT NULL FROM os_images WHERE slug = :slug")
 
 # Constraints whose violation means another transaction won the same capacity.
 RACE_CONSTRAINTS = frozenset(
@@ -261,6 +272,9 @@ class PlacementRequest:
     project_id: str | None = None
     requested_by: str = "api"
     allocation_id: uuid.UUID = field(default_factory=uuid.uuid4)
+    # The catalog image the slice boots: a published one places only on nodes holding a
+    # verified copy.
+    image: str | None = None
 
 
 @dataclass(frozen=True)
@@ -400,7 +414,12 @@ class Scheduler:
             assert sku is not None
             if sku.capacity_shape is CapacityShape.BAREMETAL:
                 return self._place_baremetal(conn, request, sku)
-            return self._place_slice(conn, request, sku)
+            image = None
+            if request.image is not None:
+                image = conn.execute(IMAGE_QUERY, {"slug": request.image}).one_or_none()
+                if image is None:
+                    return Unavailable("image_not_found", None, f"no image {request.image!r}")
+            return self._place_slice(conn, request, sku, image)
 
     @staticmethod
     def _check_request(request: PlacementRequest, sku: SkuInfo | None) -> Unavailable | None:
@@ -434,6 +453,8 @@ class Scheduler:
             "region_code": request.region,
             "project": request.project_id,
             "actor": request.requested_by,
+            "image_id": None,
+            "image_required": False,
         }
 
     def _slice_snapshot(
@@ -457,9 +478,11 @@ class Scheduler:
         ]
 
     def _place_slice(
-        self, conn: Connection, request: PlacementRequest, sku: SkuInfo
+        self, conn: Connection, request: PlacementRequest, sku: SkuInfo, image: Any
     ) -> Placement | Unavailable:
         params = self._common(request, sku)
+        if image is not None:
+            params.update(image_id=image[0], image_required=image[1])
         race = _Race()
         offset = 0
         while race.attempts < self.max_attempts:
@@ -534,6 +557,22 @@ class Scheduler:
         self, conn: Connection, params: dict[str, Any], request: PlacementRequest, race: _Race
     ) -> Unavailable:
         nodes, free, largest = conn.execute(SLICE_DIAGNOSIS, params).one()
+        if params["image_required"] and largest < request.gpu_count:
+            uncached = conn.execute(SLICE_DIAGNOSIS, {**params, "image_required": False}).one()
+            if uncached[2] >= request.gpu_count:
+                return Unavailable(
+                    "sku_unavailable",
+                    "image_not_cached",
+                    f"{request.gpu_count} GPUs are free on one node, but only on nodes "
+                    f"without a verified copy of image {request.image} "
+                    f"(gpuaas image prewarm {request.image})",
+                    {
+                        "requested_gpus": request.gpu_count,
+                        "image": request.image,
+                        "free_gpus_uncached": uncached[1],
+                        "largest_same_node_uncached": uncached[2],
+                    },
+                )
         details = {
             "requested_gpus": request.gpu_count,
             "free_gpus": free,

@@ -169,6 +169,11 @@ class CatalogImage:
     path: str | None
     node_paths: dict[str, str]
 
+    def path_on(self, hostname: str) -> str | None:
+        """Where ``hostname`` holds the image: its verified copy, else the default path
+        (None for a published image, which boots only from a verified copy)."""
+        return self.node_paths.get(hostname) or self.path
+
 
 def allocation_view(session: Session, allocation_id: uuid.UUID) -> AllocationView:
     row = session.execute(
@@ -465,8 +470,9 @@ def image_for_sku(session: Session, slug: str | None, sku_slug: str) -> CatalogI
             NodeImageCache.local_path.is_not(None),
         )
     ).all()
-    default_path = (image.image_metadata or {}).get("image_path")
-    if not default_path and not cached:
+    # A published image has no default: nodes boot it from their verified copy only.
+    default_path = None if image.source_uri else (image.image_metadata or {}).get("image_path")
+    if not default_path and not cached and not image.source_uri:
         raise InvalidInput(
             "image_path_unknown",
             f"image {slug} names no image_path and no node caches it",

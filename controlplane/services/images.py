@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from controlplane.enums import CapacityShape, ImageStatus
 from controlplane.errors import InvalidInput, NotFound
 from controlplane.models import SHA256_PATTERN, OsImage, Sku
+from controlplane.services import image_cache
 
 SLUG_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 # Where a published image lands on the nodes unless the publisher names a path.
@@ -129,6 +130,7 @@ def register(session: Session, spec: ImageSpec) -> RegisteredImage:
     image.size_bytes = spec.size_bytes
     image.status = ImageStatus.ACTIVE if spec.active else ImageStatus.DISABLED
     session.flush()
+    image_cache.mark_stale(session, image)
     after = view(image)
     return RegisteredImage(**dataclasses.asdict(after), changed=after != before)
 

@@ -423,3 +423,46 @@ def test_occupancy_postures_follow_every_transition(cp, engine):
     skus = {s.sku: s for s in cp.occupancy().skus}
     assert skus[SLICE].free_gpus == 16
     assert skus[BAREMETAL].nodes_with_capacity == 2
+
+
+def test_a_published_image_places_only_on_nodes_holding_a_verified_copy(cp, engine):
+    from controlplane.services.images import ImageSpec
+
+    digest = "b" * 64
+    cp.register_image(
+        ImageSpec(
+            "lab-published",
+            digest,
+            "/var/lib/gpuaas/slice-images/lab-published.raw",
+            (SLICE,),
+            source_uri="oci://127.0.0.1:5000/slices/lab-published:v1",
+        )
+    )
+    refused = place(cp, 1, image="lab-published")
+    assert (refused["code"], refused["reason"]) == ("sku_unavailable", "image_not_cached")
+    assert "gpuaas image prewarm lab-published" in refused["message"]
+    assert sql(engine, "SELECT count(*) FROM allocations") == [(0,)]
+
+    hosts = sorted(n.hostname for n in cp.list_nodes() if n.profile_intent == "slice_vm")
+    verified = {"sha256": digest, "path": "/cache/lab-published.raw"}
+    cp.settle_image_cache(hosts[-1], "lab-published", None, verified, None)
+    cp.settle_image_cache(hosts[0], "lab-published", None, None, "digest_mismatch: corrupt")
+    placements = [place(cp, 2, image="lab-published") for _ in range(4)]
+    assert {p["node"] for p in placements} == {hosts[-1]}
+    assert place(cp, 2, image="lab-published")["reason"] == "image_not_cached"
+    # An image placed by other means (no registry source) needs no cache row.
+    cp.register_image(ImageSpec("lab-by-path", "c" * 64, "/var/lib/gpuaas/x.raw", (SLICE,)))
+    assert place(cp, 1, image="lab-by-path")["placed"]
+    assert place(cp, 1, image="lab-unknown")["code"] == "image_not_found"
+    # A republished image leaves no verified copy: nothing places until a prewarm.
+    cp.register_image(
+        ImageSpec(
+            "lab-published",
+            "d" * 64,
+            "/var/lib/gpuaas/slice-images/lab-published.raw",
+            (SLICE,),
+            source_uri="oci://127.0.0.1:5000/slices/lab-published:v2",
+        )
+    )
+    assert place(cp, 1, image="lab-published")["reason"] == "image_not_cached"
+    assert_invariants(engine)

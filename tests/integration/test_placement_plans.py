@@ -26,7 +26,15 @@ from gpuaas_lab.synthetic import FleetSpec, create_fleet
 
 SLICE = "h200-sxm-slice"
 BAREMETAL = "h200-sxm-baremetal"
-PARAMS = {"family": "h200-sxm", "region": None, "salt": "plan", "k": 16, "offset": 0}
+PARAMS = {
+    "family": "h200-sxm",
+    "region": None,
+    "salt": "plan",
+    "k": 16,
+    "offset": 0,
+    "image_id": None,
+    "image_required": False,
+}
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ def test_prefect_yaml_declares_every_flow_on_one_process_pool():
         "flows/fleet.py:bootstrap_host",
         "flows/allocation.py:provision_allocation",
         "flows/allocation.py:release_allocation",
+        "flows/images.py:prewarm_image",
         "flows/reconcile.py:reconcile",
         "flows/events.py:publish_events",
     }
