@@ -49,6 +49,10 @@ image_app = typer.Typer(no_args_is_help=True, help="The slice OS image catalog."
 app.add_typer(image_app, name="image")
 storage_app = typer.Typer(no_args_is_help=True, help="Approve disks for a storage transition.")
 app.add_typer(storage_app, name="storage")
+bench_app = typer.Typer(
+    no_args_is_help=True, help="Benchmark captures: bare metal against slice VMs."
+)
+app.add_typer(bench_app, name="bench")
 lab_app = typer.Typer(no_args_is_help=True, help="Lab machinery (needs the lab package).")
 lab_host_app = typer.Typer(
     no_args_is_help=True, help="Debian lab hosts under QEMU, managed over SSH (root only)."
@@ -507,6 +511,43 @@ def image_cache(
 ) -> None:
     """What each node's image cache holds: verified, failed (why) or stale."""
     run(as_json, lambda: control_plane().image_cache(node, image), render.render_image_cache)
+
+
+# -- bench ------------------------------------------------------------------------------
+
+
+@bench_app.command("compare")
+def bench_compare(
+    baseline: Annotated[Path, typer.Argument(help="The bare-metal capture (JSON).")],
+    candidate: Annotated[Path, typer.Argument(help="The slice VM capture (JSON).")],
+    thresholds: Annotated[
+        str, typer.Option("--thresholds", help="Named threshold set (benchmark_thresholds.yml).")
+    ] = "slice-vm-v1",
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Write a PNG of the deltas here.")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Compare two gpuaas.benchmark/v1 captures metric by metric against a threshold set;
+    exits 1 when the candidate fails."""
+    from controlplane import benchmarks
+
+    verdict: list[str] = []
+
+    def compare() -> Any:
+        comparison = benchmarks.compare(
+            benchmarks.load(baseline, "baseline"),
+            benchmarks.load(candidate, "candidate"),
+            thresholds,
+        )
+        if plot is not None:
+            benchmarks.plot(comparison, plot)
+        verdict.append(comparison.verdict)
+        return comparison
+
+    run(as_json, compare, render.render_comparison)
+    if verdict != ["pass"]:
+        raise typer.Exit(1)
 
 
 # -- storage ----------------------------------------------------------------------------

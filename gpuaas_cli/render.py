@@ -249,6 +249,32 @@ def render_image_cache_outcome(rows: list[dict[str, Any]]) -> None:
     )
 
 
+def render_comparison(result: dict[str, Any]) -> None:
+    table(
+        f"{result['candidate']} against {result['baseline']} ({result['thresholds']})",
+        ["metric", "unit", "baseline", "candidate", "delta %", "allowed", "verdict", "why"],
+        [
+            [
+                m["metric"],
+                m["unit"],
+                "" if m["baseline"] is None else f"{m['baseline']:.4g}",
+                "" if m["candidate"] is None else f"{m['candidate']:.4g}",
+                "" if m["delta_pct"] is None else f"{m['delta_pct']:+.1f}",
+                "" if m["allowed_regression_pct"] is None else f"-{m['allowed_regression_pct']:g}",
+                m["verdict"],
+                m["reason"] or "",
+            ]
+            for m in result["metrics"]
+        ],
+    )
+    out.print(
+        f"verdict: {result['verdict'].upper()} ({result['compared']} metric(s) compared"
+        + (f"; failed: {', '.join(result['failed'])}" if result["failed"] else "")
+        + ")",
+        highlight=False,
+    )
+
+
 def render_allocations(rows: list[dict[str, Any]]) -> None:
     table(
         "allocations",
