@@ -29,6 +29,7 @@ from controlplane.repositories import slots as slot_repo
 from controlplane.scheduler.placement import Placement, PlacementRequest, Scheduler, Unavailable
 from controlplane.services import (
     allocations,
+    benchmarks,
     events,
     evidence_trust,
     host_keys,
@@ -500,6 +501,26 @@ class ControlPlane:
         with db.transaction(self.engine) as session:
             return tasks.record_evidence(
                 session, hostname, kind, passed, summary, payload, actor, node_task_id
+            )
+
+    def benchmark_storage_target(self, hostname: str, target: str) -> str:
+        """``target`` if a capture on ``hostname`` may read it (an available slot's disk)."""
+        with db.transaction(self.engine) as session:
+            return benchmarks.storage_target(session, hostname, target)
+
+    def record_benchmark_comparison(
+        self, hostname: str, comparison: dict[str, Any], actor: str
+    ) -> int:
+        """The comparison's verdict as ``benchmark`` evidence of the candidate's node."""
+        with db.transaction(self.engine) as session:
+            return tasks.record_evidence(
+                session,
+                hostname,
+                EvidenceKind.BENCHMARK,
+                comparison["verdict"] == "pass",
+                benchmarks.comparison_summary(comparison),
+                comparison,
+                actor,
             )
 
     def in_flight(self, grace_seconds: float) -> list[Any]:

@@ -101,6 +101,7 @@ class NodeTaskKind(StrEnum):
     DISK_WIPE = "disk.wipe"
     RECONCILE = "node.reconcile"
     IMAGE_CACHE = "image.cache"
+    HOST_BENCHMARK = "host.benchmark"
 
 
 class NodeTaskState(StrEnum):
@@ -122,6 +123,7 @@ class EvidenceKind(StrEnum):
     APPROVAL = "approval"
     OPERATOR_ACTION = "operator_action"
     HOST_KEYS = "host_keys"
+    BENCHMARK = "benchmark"
 
 
 class HostKeySource(StrEnum):

@@ -77,6 +77,13 @@ STORAGE_TRANSITION = HostAction(
 IMAGE_CACHE = HostAction(
     NodeTaskKind.IMAGE_CACHE, "image_cache.yml", "image_cache", EvidenceKind.HOST_RESULT, 3600
 )
+BENCHMARK = HostAction(
+    NodeTaskKind.HOST_BENCHMARK,
+    "benchmark_capture.yml",
+    "benchmark_capture",
+    EvidenceKind.BENCHMARK,
+    900,
+)
 # The role waits up to slice_host_bootstrap_reboot_timeout (1800 s) for an allowed reboot
 # alone; the run's own limit leaves room for the tasks around it.
 BOOTSTRAP = HostAction(

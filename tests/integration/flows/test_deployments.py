@@ -27,6 +27,7 @@ def test_prefect_yaml_declares_every_flow_on_one_process_pool():
         "flows/allocation.py:provision_allocation",
         "flows/allocation.py:release_allocation",
         "flows/images.py:prewarm_image",
+        "flows/benchmarks.py:benchmark_compare",
         "flows/reconcile.py:reconcile",
         "flows/events.py:publish_events",
     }

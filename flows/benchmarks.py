@@ -1,0 +1,174 @@
+"""The benchmark_compare flow: the same probe set on a baseline (bare metal) and a
+candidate (slice) host, one after the other, judged against a named threshold set
+(docs/slice-host.md, "Benchmark capture").
+
+The flow orchestrates only: the control plane approves what a capture may read and
+records the verdict; ``controlplane.benchmarks`` compares; the hosts measure.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.states import Completed, Failed
+
+from controlplane import benchmarks
+from controlplane.errors import GpuaasError
+from flows import artifacts
+from flows.fleet import ACTOR, control_plane, current_run
+from flows.hostwork import BENCHMARK, run_host_action
+
+
+@task(name="capture the probe set on a host")
+def capture_host(
+    hostname: str,
+    kind: str,
+    profile: str | None,
+    storage_target: str | None,
+    network_peer: str | None,
+    extravars: dict[str, Any],
+) -> dict[str, Any]:
+    cp = control_plane()
+    logger = get_run_logger()
+    settings: dict[str, Any] = {"kind": kind}
+    if profile:
+        settings["profile"] = profile
+    if storage_target:
+        settings["storage_target"] = storage_target
+        settings["approved_storage_targets"] = [
+            cp.benchmark_storage_target(hostname, storage_target)
+        ]
+    if network_peer:
+        settings["network_peer"] = network_peer
+    logger.info("capturing %s (%s%s)", hostname, kind, f", profile {profile}" if profile else "")
+    outcome = run_host_action(
+        cp,
+        BENCHMARK,
+        [hostname],
+        {**extravars, "gpuaas_benchmark": settings},
+        ACTOR,
+        flow_run_id=current_run(),
+        on_wait=logger.info,
+    )[hostname]
+    document = (outcome.module_result or {}).get("benchmark")
+    if not outcome.passed or not document:
+        raise GpuaasError(
+            "benchmark_capture_failed",
+            f"the capture on {hostname} failed: {outcome.failure or 'no document'}",
+            {"node": hostname, "node_task_id": outcome.node_task_id},
+        )
+    for probe in document["probes"]:
+        logger.info(
+            "%s: %s %s",
+            hostname,
+            probe["name"],
+            f"{probe['value']:.4g} {probe['unit']}"
+            if probe["status"] == "ok"
+            else f"{probe['status']} ({probe['reason']})",
+        )
+    return {"document": document, "node_task_id": outcome.node_task_id}
+
+
+def probe_rows(document: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "probe": p["name"],
+            "status": p["status"],
+            "value": p["value"],
+            "unit": p["unit"],
+            "command": p["command"],
+            "tool version": p["tool_version"],
+            "reason": p["reason"],
+        }
+        for p in document["probes"]
+    ]
+
+
+@flow(name="benchmark_compare")
+def benchmark_compare(
+    baseline: str,
+    candidate: str,
+    thresholds: str = benchmarks.DEFAULT_THRESHOLDS,
+    candidate_kind: str = "slice-vm",
+    baseline_profile: str | None = None,
+    candidate_profile: str | None = None,
+    baseline_storage_target: str | None = None,
+    candidate_storage_target: str | None = None,
+    network_peer: str | None = None,
+    extravars: dict[str, Any] | None = None,
+) -> dict[str, Any] | Any:
+    """Capture the baseline host (bare metal), then the candidate, with the same probe set
+    (one at a time, so neither perturbs the other), compare them metric by metric against
+    the named threshold set, and record the verdict as the candidate node's ``benchmark``
+    evidence. Artifacts: both captures, the deltas and a plot. A storage target must be
+    the raw disk of an available slot of its node. The run fails when the candidate does."""
+    logger = get_run_logger()
+    try:
+        benchmarks.thresholds(thresholds)
+        base = capture_host(
+            baseline,
+            "baremetal",
+            baseline_profile,
+            baseline_storage_target,
+            network_peer,
+            extravars or {},
+        )
+        cand = capture_host(
+            candidate,
+            candidate_kind,
+            candidate_profile,
+            candidate_storage_target,
+            network_peer,
+            extravars or {},
+        )
+        comparison = benchmarks.compare(base["document"], cand["document"], thresholds)
+    except GpuaasError as refused:
+        logger.warning("refused: %s: %s", refused.code, refused.message)
+        return Failed(message=f"{refused.code}: {refused.message}")
+    result = asdict(comparison)
+    result["baseline_task"], result["candidate_task"] = base["node_task_id"], cand["node_task_id"]
+    run_dir = Path(os.environ.get("GPUAAS_RUNS_DIR", "runs")) / "benchmarks"
+    plot = benchmarks.plot(comparison, run_dir / f"{current_run() or uuid.uuid4()}.png")
+    result["plot"] = str(plot)
+    evidence = control_plane().record_benchmark_comparison(candidate, result, ACTOR)
+    key = artifacts.artifact_key(f"benchmark-{candidate}")
+    artifacts.table(
+        f"{key}-baseline", f"Benchmark capture of {baseline}", probe_rows(base["document"])
+    )
+    artifacts.table(
+        f"{key}-candidate", f"Benchmark capture of {candidate}", probe_rows(cand["document"])
+    )
+    artifacts.table(
+        f"{key}-deltas",
+        f"{candidate} against {baseline} ({thresholds})",
+        [asdict(m) for m in comparison.metrics],
+    )
+    image = base64.b64encode(plot.read_bytes()).decode()
+    create_markdown_artifact(
+        key=f"{key}-verdict",
+        markdown=(
+            f"## {comparison.verdict.upper()}: {candidate} against {baseline}\n\n"
+            f"Thresholds `{thresholds}`; {comparison.compared} metric(s) compared"
+            + (f"; failed: {', '.join(comparison.failed)}" if comparison.failed else "")
+            + f"; evidence {evidence}; plot `{plot}`.\n\n"
+            f"![deltas](data:image/png;base64,{image})\n"
+        ),
+        description=f"Benchmark verdict of {candidate}",
+    )
+    summary = (
+        f"{candidate} against {baseline} ({thresholds}): {comparison.verdict}, "
+        f"{comparison.compared} compared"
+        + (f", failed: {', '.join(comparison.failed)}" if comparison.failed else "")
+    )
+    logger.log(logging.INFO if comparison.verdict == "pass" else logging.WARNING, summary)
+    if comparison.verdict != "pass":
+        return Failed(message=summary, data=result)
+    return Completed(message=summary, data=result)
