@@ -40,7 +40,23 @@ def item_outcomes(outcome: HostOutcome) -> dict[str, tuple[dict | None, str | No
     return found
 
 
-@task(name="resolve the image in the registry", retries=2, retry_delay_seconds=5)
+def registry_io_failed(task, task_run, state) -> bool:
+    """Retry the lookup only when the registry did not answer, never after a refusal."""
+    try:
+        state.result()
+    except GpuaasError as exc:
+        return exc.code == "registry_unreachable"
+    except Exception:
+        return False
+    return False
+
+
+@task(
+    name="resolve the image in the registry",
+    retries=2,
+    retry_delay_seconds=5,
+    retry_condition_fn=registry_io_failed,
+)
 def resolve(image: str) -> dict[str, Any]:
     source, url = control_plane().prewarm_source(image)
     return {
