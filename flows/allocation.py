@@ -78,7 +78,7 @@ def place(
     project_id: str | None,
     requested_by: str,
     request_id: str,
-    image: str | None,
+    image: str | None = None,
 ) -> PlacedRequest | Unavailable:
     """Place once per request id: a retry after a committed placement returns it."""
     return control_plane().place_request(
