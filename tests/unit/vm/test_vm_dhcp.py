@@ -6,9 +6,11 @@ proven against a real dnsmasq in tests/integration/vm/test_vm_dhcp_live.py.
 
 from __future__ import annotations
 
-import multiprocessing
+import os
 import socket
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -152,25 +154,46 @@ def test_bad_input_changes_nothing(tmp_path: Path):
     assert not (tmp_path / "hosts").exists()
 
 
-def add_reservations(tmp_path: Path, first: int, count: int) -> None:
-    for n in range(first, first + count):
-        mac = f"52:54:00:00:{n // 256:02x}:{n % 256:02x}"
-        wanted = params(tmp_path, mac_address=mac, ip_address=f"10.100.{n // 200}.{n % 200 + 10}")
-        vm_dhcp.ensure_reservation({**wanted, "hostname": f"slice-{n}"}, check_mode=False)
+# One module run per process, as Ansible runs them: a fresh interpreter each, nothing
+# inherited from the test process (a fork of an xdist worker carries its threads and state).
+ADD_RESERVATIONS = """
+import sys
+from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_dhcp
+
+directory, first, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for n in range(first, first + count):
+    vm_dhcp.ensure_reservation(
+        {
+            "mac_address": f"52:54:00:00:{n // 256:02x}:{n % 256:02x}",
+            "ip_address": f"10.100.{n // 200}.{n % 200 + 10}",
+            "hostname": f"slice-{n}",
+            "state": "present",
+            "hostsfile": f"{directory}/hosts",
+            "leasefile": f"{directory}/leases",
+            "pidfile": f"{directory}/dnsmasq.pid",
+            "interface": None,
+            "release_timeout": 1.0,
+        },
+        check_mode=False,
+    )
+"""
 
 
 def test_concurrent_provisions_on_one_host_keep_every_reservation(tmp_path: Path):
     """Eight slices provisioned at once each add their line to the one hostsfile; each
     edit is a read-modify-write, so without the file's lock some lines get lost."""
-    context = multiprocessing.get_context("fork")
+    collections = Path(vm_dhcp.__file__).parents[5]  # the .collections directory
+    env = {**os.environ, "PYTHONPATH": str(collections)}
     workers = [
-        context.Process(target=add_reservations, args=(tmp_path, first, 25))
+        subprocess.Popen(
+            [sys.executable, "-c", ADD_RESERVATIONS, str(tmp_path), str(first), "25"],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for first in range(0, 200, 25)
     ]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(60)
-    assert [worker.exitcode for worker in workers] == [0] * 8
+    errors = [worker.communicate(timeout=120)[1] for worker in workers]
+    assert [worker.returncode for worker in workers] == [0] * 8, "\n".join(errors)
     lines = (tmp_path / "hosts").read_text().splitlines()
     assert sorted(lines) == sorted(set(lines)) and len(lines) == 200
