@@ -335,12 +335,26 @@ def apply(service, manager, actions, runner=default_runner):
             direct_reload(spec)
 
 
+# systemd answered `not-found` once for the loaded dnsmasq.service on a lab host under load,
+# right after another unit's `enable` (a configuration reload is the likely cause). A unit
+# that must run is asked for again before it is declared missing.
+ABSENT_RETRIES = 3
+ABSENT_PAUSE = 2.0
+
+
+def _wants_unit(request):
+    return not request.allow_missing and (
+        request.state in ("started", "restarted", "reloaded") or bool(request.enabled)
+    )
+
+
 def ensure(
     service: Service,
     request: Request,
     check_mode: bool = False,
     manager: Optional[str] = None,
     runner: Callable = default_runner,
+    pause: Callable = time.sleep,
 ):
     """Bring one service to the request; the result dict the module returns."""
     manager = manager or detect_manager()
@@ -349,6 +363,12 @@ def ensure(
     if manager == SYSTEMD and request.daemon_reload and not check_mode:
         _systemctl(runner, "daemon-reload")
     before = status(service, manager, runner)
+    if manager == SYSTEMD and not check_mode and _wants_unit(request):
+        for _attempt in range(ABSENT_RETRIES):
+            if before["present"]:
+                break
+            pause(ABSENT_PAUSE)
+            before = status(service, manager, runner)
     note = None
     try:
         actions = plan(service, manager, request, before)

@@ -85,6 +85,7 @@ def test_missing_unit_is_an_error_unless_allowed() -> None:
             sm.Request(state="started"),
             manager=sm.SYSTEMD,
             runner=Systemctl(SHOW_MISSING),
+            pause=lambda seconds: None,
         )
 
 
@@ -208,3 +209,53 @@ def test_check_mode_assumes_a_missing_unit_comes_from_an_earlier_task() -> None:
         runner=Systemctl(SHOW_MISSING),
     )
     assert result["actions"] == ["start"] and "earlier task" in result["note"]
+
+
+class Reloading(Systemctl):
+    """systemd mid-reload: `not-found` for the first answers, then the unit as it is."""
+
+    def __init__(self, show: str, absent_answers: int) -> None:
+        super().__init__(show)
+        self.absent_answers = absent_answers
+
+    def __call__(self, argv, data=None):
+        if argv[:2] == ["systemctl", "show"] and self.absent_answers:
+            self.absent_answers -= 1
+            self.calls.append(list(argv))
+            return CommandResult(tuple(argv), 0, SHOW_MISSING)
+        return super().__call__(argv, data)
+
+
+def test_a_unit_reported_missing_while_systemd_reloads_is_asked_for_again() -> None:
+    systemctl, pauses = Reloading(SHOW_ACTIVE, absent_answers=2), []
+    result = sm.ensure(
+        sm.Service("dnsmasq"),
+        sm.Request(state="restarted"),
+        manager=sm.SYSTEMD,
+        runner=systemctl,
+        pause=pauses.append,
+    )
+    assert result["actions"] == ["restart"] and pauses == [sm.ABSENT_PAUSE] * 2
+
+
+def test_a_unit_that_stays_missing_is_refused_after_the_retries() -> None:
+    systemctl, pauses = Systemctl(SHOW_MISSING), []
+    with pytest.raises(sm.ServiceError, match="does not exist on this host"):
+        sm.ensure(
+            sm.Service("dnsmasq"),
+            sm.Request(state="started"),
+            manager=sm.SYSTEMD,
+            runner=systemctl,
+            pause=pauses.append,
+        )
+    assert len(pauses) == sm.ABSENT_RETRIES
+    assert [c[1] for c in systemctl.calls] == ["show"] * (sm.ABSENT_RETRIES + 1)
+    # A unit allowed to be missing is not waited for.
+    allowed = sm.ensure(
+        sm.Service("dnsmasq"),
+        sm.Request(state="stopped", allow_missing=True),
+        manager=sm.SYSTEMD,
+        runner=Systemctl(SHOW_MISSING),
+        pause=pauses.append,
+    )
+    assert allowed["actions"] == [] and len(pauses) == sm.ABSENT_RETRIES
