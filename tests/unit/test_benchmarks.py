@@ -47,7 +47,8 @@ def by_metric(comparison: benchmarks.Comparison) -> dict[str, benchmarks.MetricD
 
 
 def test_a_fabric_vf_43_per_cent_slower_fails_while_cpu_and_memory_pass():
-    # The seeds' prototype: IB write bandwidth -43 % in the slice VM.
+    # A fabric VF that lost 43 % of its write bandwidth (docs/slice-host.md, "Benchmark
+    # capture") fails, while CPU 2.1 % slower passes.
     candidate = document(
         "slice-a1",
         probe("cpu_events_per_s", 979.0),

@@ -16,19 +16,9 @@ from controlplane.api import ControlPlane
 from controlplane.errors import GpuaasError, InvalidInput, NotFound
 from controlplane.registry import RAW_DISK_MEDIA_TYPE, blob_url
 from gpuaas_lab.ports import free_port
-from gpuaas_lab.registry import LocalRegistry, unavailable_reason
 from tests.integration.test_cli import error_json, ok_json
 
 SKU = "h200-sxm-slice"
-
-
-@pytest.fixture
-def local_registry(tmp_path):
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    with LocalRegistry(tmp_path / "registry") as running:
-        yield running
 
 
 @pytest.fixture

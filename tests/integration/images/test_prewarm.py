@@ -17,7 +17,7 @@ from controlplane.api import ControlPlane
 from controlplane.services.images import ImageSpec
 from controlplane.services.inventory import NodeSpec
 from flows.images import prewarm_image
-from gpuaas_lab.registry import LocalRegistry, unavailable_reason
+from gpuaas_lab.registry import LocalRegistry
 from tests.integration.test_cli import error_json, ok_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("prefect")]
@@ -25,15 +25,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("prefect")]
 SKU = "h200-sxm-slice"
 SLUG = "lab-prewarm"
 NODES = ("p01", "p02")
-
-
-@pytest.fixture
-def local_registry(tmp_path):
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    with LocalRegistry(tmp_path / "registry") as running:
-        yield running
 
 
 @pytest.fixture
