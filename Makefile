@@ -24,6 +24,7 @@ maas-script: setup
 lint: setup
 	ruff check .
 	ruff format --check .
+	python scripts/maas/build_commissioning_script.py --check
 
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; python $$b || exit 1; done
