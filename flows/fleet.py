@@ -258,7 +258,7 @@ def parity_sweep(
         batch_size,
         parallel_batches,
     )
-    progress = artifacts.progress("parity-sweep", f"Parity sweep over {len(hosts)} nodes")
+    progress = artifacts.progress("parity-sweep-progress", f"Parity sweep over {len(hosts)} nodes")
     rows: list[dict[str, Any]] = []
     with ThreadPoolTaskRunner(max_workers=parallel_batches) as runner:
         futures = [

@@ -12,7 +12,7 @@ from controlplane.enums import AdminState
 from controlplane.services.inventory import NodeSpec
 from flows.fleet import approve_slots, discover_topology, parity_sweep
 from tests.integration.flows.conftest import SLICE_TAGS
-from tests.integration.flows.prefect_reads import flow_run_logs, table_artifact
+from tests.integration.flows.prefect_reads import flow_run_logs, progress_artifact, table_artifact
 from tests.integration.wipe_proofs import node_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefect")]
@@ -188,7 +188,11 @@ def test_parity_sweep_makes_passing_nodes_schedulable_in_bounded_concurrent_batc
     ]
     assert max(running_together) == 2
 
-    table = table_artifact(state.state_details.flow_run_id, "parity-sweep")
+    run_id = state.state_details.flow_run_id
+    # One key per kind: the key's page in the UI keeps its type from run to run.
+    progress, _ = progress_artifact(run_id, "parity-sweep-progress")
+    assert progress.data == 100.0
+    table = table_artifact(run_id, "parity-sweep")
     assert [(r["node"], r["admin state"]) for r in table] == [
         ("j22u05", "unavailable"),
         ("j22u11", "unavailable"),
