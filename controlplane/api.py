@@ -39,6 +39,7 @@ from controlplane.services import (
     occupancy,
     reconcile,
     requests,
+    retirement,
     tasks,
     wipes,
 )
@@ -136,9 +137,22 @@ class ControlPlane:
         with db.transaction(self.engine) as session:
             return host_keys.known_hosts_for(session, hostnames)
 
-    def list_nodes(self, region: str | None = None) -> list[inventory.NodeView]:
+    def list_nodes(
+        self, region: str | None = None, include_retired: bool = False
+    ) -> list[inventory.NodeView]:
         with db.transaction(self.engine) as session:
-            return [inventory.NodeView.of(n) for n in node_repo.list_nodes(session, region)]
+            return [
+                inventory.NodeView.of(n)
+                for n in node_repo.list_nodes(session, region, include_retired)
+            ]
+
+    def retire_node(self, hostname: str, reason: str, actor: str) -> inventory.AdminStateChange:
+        """Retire a node for good (docs/operations.md, "Retiring a node")."""
+        with db.transaction(self.engine) as session:
+            node, changed = retirement.retire(session, hostname, reason, actor)
+            return inventory.AdminStateChange(
+                **asdict(inventory.NodeView.of(node)), changed=changed
+            )
 
     def set_admin_state(
         self, hostname: str, state: AdminState, reason: str | None = None

@@ -175,6 +175,8 @@ class Node(Base):
     host_vars: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'"))
     # Host actions that may run on the node at once (services/tasks.py, admission).
     host_action_limit: Mapped[int] = mapped_column(Integer, server_default=text("4"))
+    # A retired node stays for its evidence; nothing schedules, runs on or lists it.
+    retired_at: Mapped[dt.datetime | None]
     created_at: Mapped[dt.datetime] = utcnow_column()
     updated_at: Mapped[dt.datetime] = utcnow_column()
 
@@ -185,6 +187,9 @@ class Node(Base):
     __table_args__ = (
         CheckConstraint("gpu_count >= 0", name="gpu_count_nonnegative"),
         CheckConstraint("host_action_limit >= 1", name="host_action_limit_positive"),
+        CheckConstraint(
+            "retired_at IS NULL OR admin_state = 'unavailable'", name="retired_unavailable"
+        ),
     )
 
 

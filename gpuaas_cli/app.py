@@ -193,10 +193,34 @@ def node_register(
 
 @node_app.command("list")
 def node_list(
-    region: Annotated[str | None, typer.Option("--region")] = None, as_json: JsonFlag = False
+    region: Annotated[str | None, typer.Option("--region")] = None,
+    include_retired: Annotated[bool, typer.Option("--all", help="Retired nodes as well.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
-    """List nodes."""
-    run(as_json, lambda: control_plane().list_nodes(region), render.render_nodes)
+    """List nodes (not the retired ones unless --all)."""
+    run(
+        as_json,
+        lambda: control_plane().list_nodes(region, include_retired),
+        render.render_nodes,
+    )
+
+
+@node_app.command("retire")
+def node_retire(
+    hostname: Annotated[str, typer.Argument()], reason: ReasonOpt, as_json: JsonFlag = False
+) -> None:
+    """Retire a node for good (registered by mistake, decommissioned): refused while it
+    holds allocations or claims, runs a host action or has a slot awaiting a wipe; its
+    evidence stays, its slots are disabled, nothing lists, schedules or runs on it."""
+    run(
+        as_json,
+        lambda: control_plane().retire_node(hostname, reason, actor()),
+        lambda n: out.print(
+            f"{n['hostname']} retired ({n['admin_state_reason']})"
+            if n["changed"]
+            else f"{n['hostname']} was already retired"
+        ),
+    )
 
 
 @node_app.command("drain")

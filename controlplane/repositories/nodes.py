@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controlplane.errors import NotFound
+from controlplane.errors import Conflict, NotFound
 from controlplane.models import Node, Sku
 
 
@@ -29,11 +29,26 @@ def find_by_hostname(session: Session, hostname: str) -> Node | None:
     return session.scalars(select(Node).where(Node.hostname == hostname)).one_or_none()
 
 
-def list_nodes(session: Session, region: str | None = None) -> Sequence[Node]:
+def list_nodes(
+    session: Session, region: str | None = None, include_retired: bool = False
+) -> Sequence[Node]:
     stmt = select(Node).order_by(Node.hostname)
     if region:
         stmt = stmt.where(Node.region_code == region)
+    if not include_retired:
+        stmt = stmt.where(Node.retired_at.is_(None))
     return session.scalars(stmt).all()
+
+
+def refuse_retired(node: Node, action: str) -> None:
+    """A retired node takes no action: it stays only for its evidence."""
+    if node.retired_at is not None:
+        raise Conflict(
+            "node_retired",
+            f"{node.hostname} was retired at {node.retired_at:%Y-%m-%d %H:%M} UTC; "
+            f"it cannot {action}",
+            {"node": node.hostname, "retired_at": node.retired_at.isoformat()},
+        )
 
 
 def get_sku(session: Session, slug: str) -> Sku:

@@ -140,6 +140,7 @@ class NodeView:
     management_address: str | None
     host_vars: dict[str, Any]
     host_action_limit: int
+    retired_at: str | None
 
     @classmethod
     def of(cls, node: Node) -> NodeView:
@@ -159,6 +160,7 @@ class NodeView:
             management_address=node.management_address,
             host_vars=dict(node.host_vars or {}),
             host_action_limit=node.host_action_limit,
+            retired_at=node.retired_at.isoformat() if node.retired_at else None,
         )
 
 
@@ -178,6 +180,8 @@ def register(session: Session, spec: NodeSpec) -> tuple[Node, bool]:
     intent = profile_intent_from_tags(spec.maas_tags)
     node = node_repo.find_by_hostname(session, spec.hostname)
     created = node is None
+    if node is not None:
+        node_repo.refuse_retired(node, "be registered again (choose another host name)")
     if node is None:
         node = Node(hostname=spec.hostname)
         session.add(node)
@@ -212,6 +216,7 @@ def set_admin_state(
     session: Session, hostname: str, state: AdminState, reason: str | None
 ) -> tuple[Node, bool]:
     node = node_repo.get_by_hostname(session, hostname, for_update=True)
+    node_repo.refuse_retired(node, f"become {state.value}")
     if state != AdminState.SCHEDULABLE and not (reason and reason.strip()):
         raise InvalidInput("reason_required", f"moving a node to {state.value} needs a reason", {})
     changed = node.admin_state != state or node.admin_state_reason != reason

@@ -162,7 +162,8 @@ def _node_facts(node: Node) -> approval.NodeFacts:
     )
 
 
-def _touch(slot: NodeResourceSlot, now: dt.datetime) -> None:
+def touch(slot: NodeResourceSlot, now: dt.datetime) -> None:
+    """A slot row changed: its generation moves on (placement compares it)."""
     slot.generation += 1
     slot.updated_at = now
 
@@ -264,7 +265,7 @@ def import_topology(
         if row.status in REWRITABLE:
             if row.status != SlotStatus.DISABLED:
                 row.status = SlotStatus.DISABLED
-                _touch(row, now)
+                touch(row, now)
             row.health_detail = (
                 f"absent from the topology collected at {topo.collected_at.isoformat()}"
             )
@@ -285,7 +286,7 @@ def import_topology(
             for name, value in desired.items():
                 setattr(row, name, value)
             if row.slot_index not in new_rows:
-                _touch(row, now)
+                touch(row, now)
         session.flush()
     except IntegrityError as exc:
         raise Conflict(
@@ -406,7 +407,7 @@ def approve(
             "approved_from_task": str(task.id),
             "topology_collected_at": topo.collected_at.isoformat(),
         }
-        _touch(row, now)
+        touch(row, now)
         result.approved.append(index)
     session.flush()
     for index in result.approved:
@@ -426,7 +427,7 @@ def approve(
 def _record_operator_action(
     session: Session, node: Node, row: NodeResourceSlot, action: str, reason: str, actor: str
 ) -> None:
-    _touch(row, dt.datetime.now(dt.UTC))
+    touch(row, dt.datetime.now(dt.UTC))
     session.flush()
     evidence_repo.add(
         session,

@@ -84,6 +84,8 @@ def begin(
     those with room admitted and the others returned as busy. The nodes are locked in
     name order, so concurrent admissions neither race nor deadlock."""
     nodes = [node_repo.get_by_hostname(session, h, for_update=True) for h in sorted(set(hostnames))]
+    for node in nodes:
+        node_repo.refuse_retired(node, f"run {kind.value}")
     busy: dict[str, dict[str, Any]] = {}
     for node in nodes:
         running = running_on(session, node.id)
