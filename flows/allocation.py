@@ -175,6 +175,16 @@ def provision_allocation(
     ``image`` is a catalog slug (an active image compatible with the SKU); the node
     verifies the catalog's sha256. ``request_id`` makes the request idempotent (default:
     this flow run): the same request id never places a second allocation.
+
+    Args:
+        sku: The SKU to place (a slice SKU boots a catalog image).
+        gpu_count: GPUs in the slice (one of the SKU's allowed counts).
+        image: Catalog image slug (required for a slice SKU).
+        users: Guest users: name and ssh_authorized_keys each.
+        region: Place only in this region.
+        project_id: The tenant project the allocation belongs to.
+        requested_by: Who asked (recorded on the allocation).
+        request_id: Idempotency key: the same id never places twice (default: this run).
     """
     logger = get_run_logger()
     request_id = request_id or current_run() or str(uuid.uuid4())
@@ -383,7 +393,11 @@ def settle_proofs(
 @flow(name="release_allocation")
 def release_allocation(allocation_id: str) -> dict[str, Any]:
     """Stop and remove the VM, wipe every slot disk with proof, then return the slots.
-    Without a verified proof a slot stays cleanup_blocked."""
+    Without a verified proof a slot stays cleanup_blocked.
+
+    Args:
+        allocation_id: The allocation to release (UUID).
+    """
     logger = get_run_logger()
     spec = mark_releasing(allocation_id)
     logger.info(

@@ -109,7 +109,20 @@ def benchmark_compare(
     (one at a time, so neither perturbs the other), compare them metric by metric against
     the named threshold set, and record the verdict as the candidate node's ``benchmark``
     evidence. Artifacts: both captures, the deltas and a plot. A storage target must be
-    the raw disk of an available slot of its node. The run fails when the candidate does."""
+    the raw disk of an available slot of its node. The run fails when the candidate does.
+
+    Args:
+        baseline: The bare-metal node captured first.
+        candidate: The node captured second and judged.
+        thresholds: Named threshold set (controlplane/benchmark_thresholds.yml).
+        candidate_kind: What the candidate is: slice-vm or baremetal.
+        baseline_profile: Tuning profile name of the baseline (recorded).
+        candidate_profile: Tuning profile name of the candidate (recorded).
+        baseline_storage_target: An available slot's raw disk on the baseline to read.
+        candidate_storage_target: An available slot's raw disk on the candidate to read.
+        network_peer: Address of an iperf3 server both hosts reach.
+        extravars: Extra Ansible variables for the captures.
+    """
     logger = get_run_logger()
     try:
         benchmarks.thresholds(thresholds)

@@ -50,7 +50,11 @@ def send_to_prefect(batch: list[StoreEvent]) -> None:
 def publish_events(limit: int = 500) -> dict[str, Any]:
     """Publish up to ``limit`` unpublished allocation events (``gpuaas.allocation.placed``,
     ``.provisioning``, ``.active``, ``.releasing``, ``.released``, ``.failed``), oldest
-    first, each with its allocation as the resource and its node as a related resource."""
+    first, each with its allocation as the resource and its node as a related resource.
+
+    Args:
+        limit: Most events published by one run.
+    """
     logger = get_run_logger()
     published = control_plane().publish_events(send_to_prefect, limit)
     for event in published:

@@ -105,7 +105,13 @@ def discover_topology(
     extravars: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Discover candidate topology on slice nodes and store each map as a node task output.
-    Candidates stay disabled: approval is its own explicit step (``approve_slots``)."""
+    Candidates stay disabled: approval is its own explicit step (``approve_slots``).
+
+    Args:
+        hostnames: Only these nodes (default: every slice node, or every one in the region).
+        region: Only nodes of this region.
+        extravars: Extra Ansible variables for the run (for example the SSH key path).
+    """
     logger = get_run_logger()
     hosts = select_nodes(hostnames, region, "slice_vm")
     if not hosts:
@@ -156,7 +162,12 @@ def approve(hostname: str, slots: list[int] | None) -> dict[str, Any]:
 
 @flow(name="approve_slots")
 def approve_slots(hostname: str, slots: list[int] | None = None) -> dict[str, Any]:
-    """Approve a node's candidate slots: every rule re-checked, all or nothing."""
+    """Approve a node's candidate slots: every rule re-checked, all or nothing.
+
+    Args:
+        hostname: The node whose candidate slots to approve.
+        slots: Only these slot indexes (default: every candidate slot).
+    """
     logger = get_run_logger()
     logger.info(
         "approving %s of %s", f"slots {slots}" if slots else "every candidate slot", hostname
@@ -242,7 +253,16 @@ def parity_sweep(
     job per batch of ``batch_size`` hosts (checked together, one fork each), at most
     ``parallel_batches`` jobs at once, a new one starting as soon as one finishes. Failing
     nodes become unavailable with the reason; nodes parity had made unavailable return
-    when they pass."""
+    when they pass.
+
+    Args:
+        hostnames: Only these nodes (default: every node matching region and intent).
+        region: Only nodes of this region.
+        profile_intent: Only nodes of this profile intent (slice_vm, baremetal; empty: all).
+        batch_size: Hosts checked together by one runner job.
+        parallel_batches: Runner jobs at once.
+        extravars: Extra Ansible variables (slice_parity_* role inputs, the SSH key path).
+    """
     if batch_size < 1 or parallel_batches < 1:
         return Failed(message="batch_size and parallel_batches must be at least 1")
     logger = get_run_logger()
@@ -333,7 +353,16 @@ def storage_transition(
     store for this node (evidence kind ``approval``) that covers every requested disk; the
     host may then touch only that record's disks, and the reference goes into the manifest
     and the evidence. Without it the flow refuses before anything runs. A plan runs without
-    an approval (or checks one when given)."""
+    an approval (or checks one when given).
+
+    Args:
+        hostname: The node whose disks to turn into raw slice disks.
+        devices: The disks, by stable path (/dev/disk/by-id/...).
+        approval: Reference of the approval recorded with gpuaas storage approve (needed to
+            apply).
+        apply: Apply the plan (default: plan only, nothing changes).
+        extravars: Extra Ansible variables for the run.
+    """
     logger = get_run_logger()
     logger.info(
         "storage transition (%s) of %s on %s",
@@ -447,7 +476,13 @@ def bootstrap_host(
 
     ``allow_reboot`` alone decides whether the host may be rebooted when staged kernel
     arguments or VFIO binding need it (the run then waits for SSH to return and carries on);
-    without it the run reports the reasons and the host keeps running."""
+    without it the run reports the reasons and the host keeps running.
+
+    Args:
+        hostname: The node to bootstrap.
+        extravars: Extra Ansible variables (role inputs, the SSH key path).
+        allow_reboot: May reboot the host when kernel arguments or VFIO binding need it.
+    """
     logger = get_run_logger()
     logger.info(
         "bootstrapping %s (%s)",

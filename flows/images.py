@@ -163,7 +163,15 @@ def prewarm_image(
     the named ones), at most ``parallel`` nodes at once. Each node verifies the sha256
     while the image streams and keeps an earlier copy when a fetch fails; each node's
     cache row becomes ``verified``, ``failed`` (with the reason) or ``stale``. The run
-    fails when any node did not end verified."""
+    fails when any node did not end verified.
+
+    Args:
+        image: A published catalog image slug (gpuaas image publish).
+        hostnames: Only these nodes (default: every slice node, or every one in the region).
+        region: Only nodes of this region.
+        parallel: Nodes fetching at once.
+        extravars: Extra Ansible variables (registry headers, the SSH key path).
+    """
     logger = get_run_logger()
     if parallel < 1:
         return Failed(message="parallel must be at least 1")

@@ -295,7 +295,16 @@ def reconcile(
     (``release_orphans``), and slots in cleanup are wiped with proof — never a disk a
     domain still holds. Node image cache copies last verified more than
     ``image_verify_after_seconds`` ago are re-hashed (``compare_with_hosts``); a changed or
-    missing file makes the copy ``failed``."""
+    missing file makes the copy ``failed``.
+
+    Args:
+        grace_seconds: Leave runs and tasks younger than this alone.
+        stale_after_seconds: A run silent this long counts as dead.
+        wipe_cleanup: Wipe slots waiting in cleanup (with proof).
+        compare_with_hosts: Probe the hosts and compare them with the store.
+        release_orphans: Release VMs of ended allocations found on hosts.
+        image_verify_after_seconds: Re-hash node image copies last checked longer ago.
+    """
     logger = get_run_logger()
     finished = finish_dead_runs(grace_seconds, stale_after_seconds)
     for row in finished:

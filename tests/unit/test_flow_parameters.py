@@ -1,0 +1,26 @@
+"""Every deployment's parameters explain themselves in the Prefect run form: a type and a
+description each (from the flow's Google-style ``Args:`` docstring section)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import yaml
+
+from tests.conftest import REPO_ROOT
+
+DEPLOYMENTS = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())["deployments"]
+
+
+@pytest.mark.parametrize("deployment", DEPLOYMENTS, ids=lambda d: d["name"])
+def test_every_parameter_has_a_type_and_a_description(deployment):
+    from prefect.utilities.callables import parameter_schema
+
+    path, name = deployment["entrypoint"].split(":")
+    flow = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)
+    properties = parameter_schema(flow.fn).model_dump()["properties"]
+    undocumented = [p for p, spec in properties.items() if not spec.get("description")]
+    untyped = [p for p, spec in properties.items() if "type" not in spec and "anyOf" not in spec]
+    assert not undocumented, f"{deployment['name']}: no description for {undocumented}"
+    assert not untyped, f"{deployment['name']}: no type for {untyped}"
