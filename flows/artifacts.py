@@ -39,6 +39,30 @@ def readable(value: Any) -> str:
     return str(value)
 
 
+def describe_blockers(blockers: list[dict[str, Any]]) -> str:
+    """Blockers as an operator reads them: each code once, in words (the discovery's
+    detail), with the slots it affects."""
+    grouped: dict[str, dict[str, Any]] = {}
+    for blocker in blockers:
+        entry = grouped.setdefault(blocker["code"], {"slots": set(), "details": []})
+        if blocker.get("slot_index") is not None:
+            entry["slots"].add(blocker["slot_index"])
+        detail = blocker.get("detail")
+        if detail and detail not in entry["details"]:
+            entry["details"].append(detail)
+    parts = []
+    for code, entry in grouped.items():
+        slots = sorted(entry["slots"])
+        where = (
+            f" (slot{'s' if len(slots) > 1 else ''} {', '.join(map(str, slots))})" if slots else ""
+        )
+        shown = entry["details"][:2]
+        more = len(entry["details"]) - len(shown)
+        words = "; ".join(shown) + (f"; and {more} more" if more else "")
+        parts.append(f"{code}{where}: {words}" if words else f"{code}{where}")
+    return " | ".join(parts)
+
+
 def table(key: str, description: str, rows: list[dict[str, Any]]) -> UUID | None:
     if not rows:
         return None

@@ -138,7 +138,7 @@ def discover_topology(
             "node": host,
             "discovered": r["passed"],
             "approvable slots": len((r["import"] or {}).get("approvable", [])),
-            "blockers": ", ".join(b["code"] for b in (r["import"] or {}).get("blockers", [])),
+            "blockers": artifacts.describe_blockers((r["import"] or {}).get("blockers", [])),
             "failure": r["failure"] or "",
         }
         for host, r in results.items()

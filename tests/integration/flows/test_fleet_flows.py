@@ -24,7 +24,8 @@ def rows(engine, sql, **params):
 
 
 def test_discovery_stores_maps_as_node_task_output_and_slots_stay_disabled(simulated_fleet, engine):
-    results = discover_topology(return_state=True).result(raise_on_failure=False)
+    state = discover_topology(return_state=True)
+    results = state.result(raise_on_failure=False)
     assert set(results) == {"j22u05", "j22u11", "j22u15"}
     assert all(r["passed"] for r in results.values())
     assert results["j22u15"]["import"]["approvable"] == list(range(8))
@@ -42,6 +43,13 @@ def test_discovery_stores_maps_as_node_task_output_and_slots_stay_disabled(simul
     assert {s.status for s in simulated_fleet.list_slots()} == {"disabled"}
     evidence = rows(engine, "SELECT count(*) FROM evidence WHERE kind = 'topology'")
     assert evidence == [(3,)]
+    # The table says each blocker once, in words, with the slots it affects.
+    table = {
+        r["node"]: r for r in table_artifact(state.state_details.flow_run_id, "topology-discovery")
+    }
+    codes = [part.split(":")[0].split(" (")[0] for part in table["j22u05"]["blockers"].split(" | ")]
+    assert codes and len(codes) == len(set(codes)), table["j22u05"]["blockers"]
+    assert all(": " in part for part in table["j22u05"]["blockers"].split(" | "))
 
 
 def test_approval_flow_approves_or_refuses_whole(simulated_fleet):
