@@ -15,7 +15,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.futures import as_completed
 from prefect.runtime import flow_run
-from prefect.states import Failed
+from prefect.states import Completed, Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from controlplane.api import ControlPlane
@@ -228,6 +228,9 @@ def apply_verdicts(outcomes: dict[str, HostOutcome]) -> list[dict[str, Any]]:
             verdict.admin_state,
             " (changed)" if verdict.changed else "",
         )
+        by_check = {
+            item.get("check"): item for item in (outcome.module_result or {}).get("results") or []
+        }
         rows.append(
             {
                 "node": host,
@@ -235,6 +238,18 @@ def apply_verdicts(outcomes: dict[str, HostOutcome]) -> list[dict[str, Any]]:
                 "failed checks": ", ".join(failed),
                 "admin state": verdict.admin_state,
                 "changed": verdict.changed,
+                "checks": [
+                    {
+                        "node": host,
+                        "check": check,
+                        "why": (by_check.get(check) or {}).get("detail")
+                        or distrust
+                        or outcome.failure
+                        or "",
+                        "remediation": (by_check.get(check) or {}).get("remediation") or "",
+                    }
+                    for check in failed
+                ],
             }
         )
     return rows
@@ -248,6 +263,7 @@ def parity_sweep(
     batch_size: int = 25,
     parallel_batches: int = 4,
     extravars: dict[str, Any] | None = None,
+    fail_on_failures: bool = False,
 ) -> list[dict[str, Any]] | Any:
     """Check parity across the fleet (or a selector). Concurrency is bounded: one runner
     job per batch of ``batch_size`` hosts (checked together, one fork each), at most
@@ -262,6 +278,8 @@ def parity_sweep(
         batch_size: Hosts checked together by one runner job.
         parallel_batches: Runner jobs at once.
         extravars: Extra Ansible variables (slice_parity_* role inputs, the SSH key path).
+        fail_on_failures: End the run Failed when any node fails parity (default: the run
+            ends Completed, named NodesFailed, with the nodes in its message).
     """
     if batch_size < 1 or parallel_batches < 1:
         return Failed(message="batch_size and parallel_batches must be at least 1")
@@ -290,8 +308,21 @@ def parity_sweep(
             progress.update(100.0 * done / len(batches))
             logger.info("parity batch %d/%d done", done, len(batches))
     rows.sort(key=lambda row: row["node"])
+    checks = [check for row in rows for check in row.pop("checks")]
     artifacts.table("parity-sweep", "Parity verdict per node", rows)
-    return rows
+    artifacts.table(
+        "parity-sweep-failed-checks", "Why each failed check failed, and what to do", checks
+    )
+    failing = [row["node"] for row in rows if row["failures"]]
+    summary = (
+        f"parity of {len(rows)} node(s): {len(rows) - len(failing)} passed, "
+        f"{len(failing)} failed" + (f" ({', '.join(failing)})" if failing else "")
+    )
+    logger.log(logging.WARNING if failing else logging.INFO, summary)
+    if failing and fail_on_failures:
+        return Failed(message=summary, data=rows)
+    # A distinct state name: the run did its job, but nodes failed parity.
+    return Completed(message=summary, data=rows, name="NodesFailed" if failing else "Completed")
 
 
 @task(name="verify storage approval")

@@ -93,6 +93,17 @@ def test_parity_sweep_marks_failing_nodes_unavailable_without_overriding_a_drain
         engine, "SELECT count(*), bool_or(passed) FROM evidence WHERE kind = 'parity'"
     )
     assert parity_evidence == [(3, False)]
+    # The run says so: a distinct state name, the nodes in its message and logs; each
+    # failed check's reason and remediation in its own table.
+    assert swept.is_completed() and swept.name == "NodesFailed"
+    summary = "parity of 3 node(s): 0 passed, 3 failed (j22u05, j22u11, j22u15)"
+    assert swept.message == summary and summary in logged
+    checks = table_artifact(swept.state_details.flow_run_id, "parity-sweep-failed-checks")
+    nat = next(r for r in checks if (r["node"], r["check"]) == ("j22u11", "nat"))
+    assert nat["why"] and nat["remediation"], nat
+    assert len(checks) == sum(v["failures"] for v in verdicts.values())
+    strict = parity_sweep(hostnames=["j22u11"], fail_on_failures=True, return_state=True)
+    assert strict.is_failed() and strict.message.startswith("parity of 1 node(s): 0 passed")
 
 
 def test_discovery_failure_fails_the_node_task_keeps_evidence_and_imports_nothing(
