@@ -23,6 +23,7 @@ from controlplane.enums import (
     NodeTaskKind,
 )
 from controlplane.errors import GpuaasError
+from controlplane.fleet_picture import FleetPicture
 from controlplane.hostkeys import HostKey, parse_public_keys, write_known_hosts
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
@@ -192,6 +193,11 @@ class ControlPlane:
     def occupancy(self, region: str | None = None) -> occupancy.Occupancy:
         with db.transaction(self.engine) as session:
             return occupancy.occupancy(session, region)
+
+    def fleet_picture(self, region: str | None = None) -> FleetPicture:
+        """Nodes x slots coloured by category, with counts per region and node family."""
+        with db.transaction(self.engine) as session:
+            return occupancy.picture(session, region)
 
     def place(self, request: PlacementRequest) -> Placement | Unavailable:
         """Place a request: a placement, or an explicit unavailable result (``placed``)."""

@@ -10,11 +10,14 @@ from uuid import UUID
 
 from prefect import get_run_logger
 from prefect.artifacts import (
+    create_markdown_artifact,
     create_progress_artifact,
     create_table_artifact,
     update_progress_artifact,
 )
 
+from controlplane import fleet_picture
+from controlplane.fleet_picture import FleetPicture
 from flows.hostwork import HostAction
 from flows.runner import TASK_EVENTS, TaskProgress
 
@@ -167,3 +170,12 @@ def host_action_progress(
             raise ValueError(f"{action.playbook} declares no looped task to size by items")
         loop_sizes[action.looped_task] = loop_items
     return PlaybookProgress(key, title, TaskProgress(host, action.listed_tasks, loop_sizes))
+
+
+def picture(fleet: FleetPicture) -> UUID | None:
+    """The fleet picture under one key, so its page always shows the latest."""
+    return create_markdown_artifact(
+        key="fleet-picture",
+        markdown=fleet_picture.to_markdown(fleet),
+        description="Nodes x slots by status, with counts per region and node family",
+    )

@@ -348,6 +348,12 @@ def reconcile(
     artifacts.table("reconcile-leftovers", "VMs of ended allocations released", leftovers)
     artifacts.table("reconcile-slots", "Slots wiped or blocked by reconcile", wiped)
     artifacts.table("reconcile-images", "Node image cache copies re-verified", images)
+    picture = control_plane().fleet_picture()
+    artifacts.picture(picture)
+    logger.info(
+        "fleet picture: %s",
+        ", ".join(f"{count} {category}" for category, count in picture.totals().items()),
+    )
     logger.info(
         "reconciled %d allocations, %d node tasks, %d store repairs, %d drift, "
         "%d leftover slots, %d cleanup slots",

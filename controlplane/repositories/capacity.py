@@ -122,11 +122,26 @@ SELECT n.id, n.hostname, n.region_code, n.node_family, n.profile_intent, n.admin
        (SELECT count(*) FROM allocation_resource_claims c WHERE c.node_id = n.id
                AND c.state = 'active' AND c.claim_kind = 'slot') AS slot_claims
 FROM nodes n LEFT JOIN node_resource_slots s ON s.node_id = n.id
+WHERE n.retired_at IS NULL
 GROUP BY n.id
 ORDER BY n.hostname
+"""
+)
+
+SLOT_STATUS_SQL = text(
+    """
+SELECT n.hostname, s.slot_index, s.status, s.gpu_count
+FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id
+WHERE n.retired_at IS NULL
+ORDER BY n.hostname, s.slot_index
 """
 )
 
 
 def node_occupancy_rows(session: Session) -> list[dict]:
     return [dict(row._mapping) for row in session.execute(NODE_OCCUPANCY_SQL)]
+
+
+def slot_status_rows(session: Session) -> list[dict]:
+    """Every slot of the nodes in service: hostname, slot_index, status, gpu_count."""
+    return [dict(row._mapping) for row in session.execute(SLOT_STATUS_SQL)]

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from controlplane import fleet_picture
 from controlplane.enums import AdminState, CapacityShape
 from controlplane.repositories import capacity
 from controlplane.repositories import nodes as node_repo
@@ -136,3 +137,18 @@ def occupancy(session: Session, region: str | None = None) -> Occupancy:
                 )
             )
     return Occupancy(nodes=nodes, skus=skus, postures=dict(Counter(n.posture for n in nodes)))
+
+
+def picture(session: Session, region: str | None = None) -> fleet_picture.FleetPicture:
+    """The fleet picture of the nodes in service (of one region when given)."""
+    rows = [
+        {**row, "posture": derive_posture(row).value}
+        for row in capacity.node_occupancy_rows(session)
+        if not region or row["region_code"] == region
+    ]
+    hosts = {row["hostname"] for row in rows}
+    return fleet_picture.build(
+        rows,
+        [slot for slot in capacity.slot_status_rows(session) if slot["hostname"] in hosts],
+        [(sku.slug, sku.node_family) for sku in node_repo.list_skus(session) if sku.enabled],
+    )

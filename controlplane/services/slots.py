@@ -227,7 +227,9 @@ def import_topology(
         hostname=hostname,
         node_task_id=str(task.id),
         collected_at=topo.collected_at.isoformat(),
-        blockers=[{"code": b.code, "detail": b.detail} for b in topo.blockers],
+        blockers=[
+            {"code": b.code, "detail": b.detail, "slot_index": b.slot_index} for b in topo.blockers
+        ],
     )
     by_index = {r.slot_index: r for r in rows}
     candidates = {c.slot_index: c for c in topo.candidate_slots}

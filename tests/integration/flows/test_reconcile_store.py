@@ -14,6 +14,7 @@ from controlplane.scheduler.placement import PlacementRequest
 from controlplane.services.reconcile import compare
 from flows.fleet import approve_slots, discover_topology
 from flows.reconcile import reconcile
+from tests.integration.flows.prefect_reads import flow_run_artifact
 
 ALLOCATION = "6b1f6a0e-8a43-4e4c-b1a4-3f1f7a1d2c01"
 DISK = "/dev/disk/by-id/nvme-eui.01"
@@ -150,6 +151,10 @@ def test_reconcile_makes_claims_and_slots_agree_with_allocations(approved, engin
         ).scalars()
         assert sorted(recorded) == [code for code, *_ in repairs]
     # Nothing left to repair: a second run changes nothing.
-    assert (
-        reconcile(grace_seconds=3600, compare_with_hosts=False, wipe_cleanup=False)["store"] == []
+    again = reconcile(
+        grace_seconds=3600, compare_with_hosts=False, wipe_cleanup=False, return_state=True
     )
+    assert again.result()["store"] == []
+    # Each run refreshes the fleet picture: the two blocked slots are drawn and counted.
+    picture, _ = flow_run_artifact(again.state_details.flow_run_id, "fleet-picture", "markdown")
+    assert "🟥 blocked (2)" in picture.data and "| j22u15 |" in picture.data
