@@ -49,9 +49,8 @@ def test_discovery_stores_maps_as_node_task_output_and_slots_stay_disabled(simul
     }
     codes = [part.split(":")[0].split(" (")[0] for part in table["j22u05"]["blockers"].split(" | ")]
     assert codes and len(codes) == len(set(codes)), table["j22u05"]["blockers"]
-    assert all(
-        ": " in part for part in table["j22u05"]["blockers"].split(" | ")
-    ), table["j22u05"]["blockers"]
+    shown = table["j22u05"]["blockers"]
+    assert all(": " in part for part in shown.split(" | ")), shown
 
 
 def test_approval_flow_approves_or_refuses_whole(simulated_fleet):
