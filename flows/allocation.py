@@ -27,6 +27,7 @@ from controlplane.services.requests import PlacedRequest
 from flows import artifacts
 from flows.fleet import ACTOR, control_plane, current_run
 from flows.hostwork import VM_PROVISION, VM_RELEASE, HostOutcome, run_host_action
+from flows.parameters import OptionalText
 
 TERMINAL_RELAY_KEY = "/var/lib/gpuaas/terminal/id_ed25519.pub"
 
@@ -162,12 +163,12 @@ def mark_failed(allocation_id: str, reason: str, details: dict[str, Any]) -> Non
 def provision_allocation(
     sku: str,
     gpu_count: int,
-    image: str | None,
+    image: OptionalText,
     users: list[dict[str, Any]],
-    region: str | None = None,
-    project_id: str | None = None,
+    region: OptionalText = None,
+    project_id: OptionalText = None,
     requested_by: str = "prefect",
-    request_id: str | None = None,
+    request_id: OptionalText = None,
 ) -> dict[str, Any]:
     """Place a GPU slice and bring its VM up: ``active`` only after the lease and SSH gate.
     Any failure leaves the allocation ``failed`` with a reason, its slots cleanup_blocked.

@@ -30,6 +30,7 @@ from flows.hostwork import (
     HostOutcome,
     run_host_action,
 )
+from flows.parameters import ExtraVars, OptionalIndexes, OptionalNames, OptionalText
 
 ACTOR = "flow"
 
@@ -100,9 +101,9 @@ def discover_hosts(hostnames: list[str], extravars: dict[str, Any]) -> dict[str,
 
 @flow(name="discover_topology", log_prints=True)
 def discover_topology(
-    hostnames: list[str] | None = None,
-    region: str | None = None,
-    extravars: dict[str, Any] | None = None,
+    hostnames: OptionalNames = None,
+    region: OptionalText = None,
+    extravars: ExtraVars = None,
 ) -> dict[str, Any]:
     """Discover candidate topology on slice nodes and store each map as a node task output.
     Candidates stay disabled: approval is its own explicit step (``approve_slots``).
@@ -161,7 +162,7 @@ def approve(hostname: str, slots: list[int] | None) -> dict[str, Any]:
 
 
 @flow(name="approve_slots")
-def approve_slots(hostname: str, slots: list[int] | None = None) -> dict[str, Any]:
+def approve_slots(hostname: str, slots: OptionalIndexes = None) -> dict[str, Any]:
     """Approve a node's candidate slots: every rule re-checked, all or nothing.
 
     Args:
@@ -257,12 +258,12 @@ def apply_verdicts(outcomes: dict[str, HostOutcome]) -> list[dict[str, Any]]:
 
 @flow(name="parity_sweep")
 def parity_sweep(
-    hostnames: list[str] | None = None,
-    region: str | None = None,
-    profile_intent: str | None = "slice_vm",
+    hostnames: OptionalNames = None,
+    region: OptionalText = None,
+    profile_intent: OptionalText = "slice_vm",
     batch_size: int = 25,
     parallel_batches: int = 4,
-    extravars: dict[str, Any] | None = None,
+    extravars: ExtraVars = None,
     fail_on_failures: bool = False,
 ) -> list[dict[str, Any]] | Any:
     """Check parity across the fleet (or a selector). Concurrency is bounded: one runner
@@ -374,9 +375,9 @@ def transition_storage(
 def storage_transition(
     hostname: str,
     devices: list[str],
-    approval: str | None = None,
+    approval: OptionalText = None,
     apply: bool = False,
-    extravars: dict[str, Any] | None = None,
+    extravars: ExtraVars = None,
 ) -> dict[str, Any] | Any:
     """Turn infra-approved host disks into raw slice disks. Plan only unless ``apply``.
 
@@ -500,7 +501,7 @@ def bootstrap(hostname: str, extravars: dict[str, Any]) -> HostOutcome:
 
 @flow(name="bootstrap_host")
 def bootstrap_host(
-    hostname: str, extravars: dict[str, Any] | None = None, allow_reboot: bool = False
+    hostname: str, extravars: ExtraVars = None, allow_reboot: bool = False
 ) -> dict[str, Any]:
     """Host bootstrap and network baseline for the node's profile, proven by parity; the
     parity verdict then decides whether the node is schedulable.

@@ -20,6 +20,7 @@ from controlplane.errors import GpuaasError
 from flows import artifacts
 from flows.fleet import ACTOR, control_plane, current_run, no_nodes_matched, select_nodes
 from flows.hostwork import IMAGE_CACHE, HostOutcome, run_host_action
+from flows.parameters import ExtraVars, OptionalNames, OptionalText
 
 
 def item_outcomes(outcome: HostOutcome) -> dict[str, tuple[dict | None, str | None]]:
@@ -154,10 +155,10 @@ def reverify_image_caches(older_than_seconds: float) -> list[dict[str, Any]]:
 @flow(name="prewarm_image")
 def prewarm_image(
     image: str,
-    hostnames: list[str] | None = None,
-    region: str | None = None,
+    hostnames: OptionalNames = None,
+    region: OptionalText = None,
     parallel: int = 4,
-    extravars: dict[str, Any] | None = None,
+    extravars: ExtraVars = None,
 ) -> list[dict[str, Any]] | Any:
     """Fetch the published catalog image ``image`` into the cache of each slice node (or
     the named ones), at most ``parallel`` nodes at once. Each node verifies the sha256

@@ -1,5 +1,6 @@
 """Every deployment's parameters explain themselves in the Prefect run form: a type and a
-description each (from the flow's Google-style ``Args:`` docstring section)."""
+description each (from the flow's Google-style ``Args:`` docstring section), and no
+``anyOf`` union the form would offer as "Property is type None" (flows/parameters.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,17 @@ def test_every_parameter_has_a_type_and_a_description(deployment):
     flow = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)
     properties = parameter_schema(flow.fn).model_dump()["properties"]
     undocumented = [p for p, spec in properties.items() if not spec.get("description")]
-    untyped = [p for p, spec in properties.items() if "type" not in spec and "anyOf" not in spec]
+    untyped = [p for p, spec in properties.items() if "type" not in spec]
     assert not undocumented, f"{deployment['name']}: no description for {undocumented}"
     assert not untyped, f"{deployment['name']}: no type for {untyped}"
+
+
+def test_an_optional_parameter_still_takes_none_and_its_type():
+    from pydantic import TypeAdapter
+
+    from flows.parameters import OptionalNames
+
+    names = TypeAdapter(OptionalNames)
+    assert names.validate_python(None) is None
+    assert names.validate_python(["a"]) == ["a"]
+    assert names.json_schema() == {"type": "array", "items": {"type": "string"}}
