@@ -16,7 +16,6 @@ import uuid
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.states import Failed
 from sqlalchemy.exc import DBAPIError
 
 from controlplane.enums import AllocationState
@@ -28,6 +27,7 @@ from flows import artifacts
 from flows.fleet import ACTOR, control_plane, current_run
 from flows.hostwork import VM_PROVISION, VM_RELEASE, HostOutcome, run_host_action
 from flows.parameters import OptionalText
+from flows.refusals import ended
 
 TERMINAL_RELAY_KEY = "/var/lib/gpuaas/terminal/id_ed25519.pub"
 
@@ -205,10 +205,10 @@ def provision_allocation(
         )
     except GpuaasError as exc:
         logger.warning("refused: %s: %s", exc.code, exc.message)
-        return Failed(message=f"{exc.code}: {exc.message}")
+        return ended(f"{exc.code}: {exc.message}")
     if isinstance(placed, Unavailable):
         logger.warning("unavailable: %s (%s): %s", placed.code, placed.reason, placed.message)
-        return Failed(message=f"{placed.code} ({placed.reason}): {placed.message}")
+        return ended(f"{placed.code} ({placed.reason}): {placed.message}")
     allocation_id = placed.allocation_id
     logger.info(
         "placed allocation %s on %s, %s",
@@ -251,7 +251,7 @@ def provision_allocation(
         logger.warning(
             "allocation %s failed, its slots are cleanup_blocked: %s", allocation_id, refusal
         )
-        return Failed(message=f"allocation {allocation_id} failed: {refusal}")
+        return ended(f"allocation {allocation_id} failed: {refusal}")
     try:
         outcome = provision_vm(spec, catalog, users)
     except Exception as exc:  # the host action itself blew up: fail closed
@@ -283,7 +283,7 @@ def provision_allocation(
             allocation_id,
             outcome.failure,
         )
-        return Failed(message=f"allocation {allocation_id} failed: {outcome.failure}")
+        return ended(f"allocation {allocation_id} failed: {outcome.failure}")
     mark_active(allocation_id)
     logger.info("allocation %s is active", allocation_id)
     return {**placed.as_dict(), "state": "active", "readiness": readiness}
@@ -428,6 +428,6 @@ def release_allocation(allocation_id: str) -> dict[str, Any]:
     )
     if not outcome.passed:
         logger.warning("release of %s failed: %s", allocation_id, outcome.failure)
-        return Failed(message=f"release of {allocation_id} failed: {outcome.failure}")
+        return ended(f"release of {allocation_id} failed: {outcome.failure}")
     logger.info("allocation %s released", allocation_id)
     return {"allocation_id": allocation_id, "slots": rows}

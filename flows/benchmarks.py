@@ -18,7 +18,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
-from prefect.states import Completed, Failed
+from prefect.states import Completed
 
 from controlplane import benchmarks
 from controlplane.errors import GpuaasError
@@ -26,6 +26,7 @@ from flows import artifacts
 from flows.fleet import ACTOR, control_plane, current_run
 from flows.hostwork import BENCHMARK, run_host_action
 from flows.parameters import ExtraVars, OptionalText
+from flows.refusals import ended
 
 
 @task(name="capture the probe set on a host")
@@ -146,7 +147,7 @@ def benchmark_compare(
         comparison = benchmarks.compare(base["document"], cand["document"], thresholds)
     except GpuaasError as refused:
         logger.warning("refused: %s: %s", refused.code, refused.message)
-        return Failed(message=f"{refused.code}: {refused.message}")
+        return ended(f"{refused.code}: {refused.message}")
     result = asdict(comparison)
     result["baseline_task"], result["candidate_task"] = base["node_task_id"], cand["node_task_id"]
     run_dir = Path(os.environ.get("GPUAAS_RUNS_DIR", "runs")) / "benchmarks"
@@ -184,5 +185,5 @@ def benchmark_compare(
     )
     logger.log(logging.INFO if comparison.verdict == "pass" else logging.WARNING, summary)
     if comparison.verdict != "pass":
-        return Failed(message=summary, data=result)
+        return ended(summary, result)
     return Completed(message=summary, data=result)

@@ -15,7 +15,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.futures import as_completed
 from prefect.runtime import flow_run
-from prefect.states import Completed, Failed
+from prefect.states import Completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from controlplane.api import ControlPlane
@@ -31,6 +31,7 @@ from flows.hostwork import (
     run_host_action,
 )
 from flows.parameters import ExtraVars, OptionalIndexes, OptionalNames, OptionalText
+from flows.refusals import ended
 
 ACTOR = "flow"
 
@@ -147,7 +148,7 @@ def discover_topology(
     artifacts.table("topology-discovery", "Topology discovery per node", rows)
     failed = [h for h, r in results.items() if not r["passed"]]
     if failed:
-        return Failed(message=f"discovery failed on {failed}", data=results)
+        return ended(f"discovery failed on {failed}", results)
     return results
 
 
@@ -189,7 +190,7 @@ def approve_slots(hostname: str, slots: OptionalIndexes = None) -> dict[str, Any
         f"Approval refused on {hostname}",
         [{"slot": r["slot_index"], "code": r["code"], "reason": r["message"]} for r in rejections],
     )
-    return Failed(message=result["message"], data=result)
+    return ended(result["message"], result)
 
 
 @task(name="check parity on a batch of hosts", retries=2, retry_delay_seconds=5)
@@ -283,7 +284,7 @@ def parity_sweep(
             ends Completed, named NodesFailed, with the nodes in its message).
     """
     if batch_size < 1 or parallel_batches < 1:
-        return Failed(message="batch_size and parallel_batches must be at least 1")
+        return ended("batch_size and parallel_batches must be at least 1")
     logger = get_run_logger()
     hosts = select_nodes(hostnames, region, profile_intent)
     if not hosts:
@@ -321,7 +322,7 @@ def parity_sweep(
     )
     logger.log(logging.WARNING if failing else logging.INFO, summary)
     if failing and fail_on_failures:
-        return Failed(message=summary, data=rows)
+        return ended(summary, rows)
     # A distinct state name: the run did its job, but nodes failed parity.
     return Completed(message=summary, data=rows, name="NodesFailed" if failing else "Completed")
 
@@ -429,7 +430,7 @@ def storage_transition(
         logger.info("%s: %s", device.get("device"), device.get("status"))
     if not outcome.passed:
         logger.warning("storage transition failed: %s", outcome.failure)
-        return Failed(message=outcome.failure or "storage transition failed")
+        return ended(outcome.failure or "storage transition failed")
     if apply and approved:
         recorded = record_raw_disks(hostname, result, approved, outcome.node_task_id)
         logger.info("%d raw slice disk(s) recorded as evidence", len(recorded))
@@ -449,7 +450,7 @@ def refuse_storage(hostname: str, devices: list[str], reason: str) -> Any:
         [{"device": d, "status": "refused", "reason": reason} for d in devices]
         or [{"device": "-", "status": "refused", "reason": reason}],
     )
-    return Failed(message=reason)
+    return ended(reason)
 
 
 @task(name="record raw disks")
@@ -529,9 +530,9 @@ def bootstrap_host(
     rows = apply_verdicts({hostname: outcome})
     artifacts.table(f"bootstrap-{hostname}", f"Bootstrap of {hostname}", rows)
     if not outcome.passed:
-        return Failed(message=outcome.failure or f"bootstrap of {hostname} failed")
+        return ended(outcome.failure or f"bootstrap of {hostname} failed")
     if refusal:
-        return Failed(message=refusal)
+        return ended(refusal)
     return rows[0]
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.futures import as_completed
-from prefect.states import Completed, Failed
+from prefect.states import Completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from controlplane.errors import GpuaasError
@@ -21,6 +21,7 @@ from flows import artifacts
 from flows.fleet import ACTOR, control_plane, current_run, no_nodes_matched, select_nodes
 from flows.hostwork import IMAGE_CACHE, HostOutcome, run_host_action
 from flows.parameters import ExtraVars, OptionalNames, OptionalText
+from flows.refusals import ended
 
 
 def item_outcomes(outcome: HostOutcome) -> dict[str, tuple[dict | None, str | None]]:
@@ -175,13 +176,13 @@ def prewarm_image(
     """
     logger = get_run_logger()
     if parallel < 1:
-        return Failed(message="parallel must be at least 1")
+        return ended("parallel must be at least 1")
     try:
         target = resolve(image)
         hosts = select_nodes(hostnames, region, "slice_vm")
     except GpuaasError as refused:
         logger.warning("refused: %s: %s", refused.code, refused.message)
-        return Failed(message=f"{refused.code}: {refused.message}")
+        return ended(f"{refused.code}: {refused.message}")
     if not hosts:
         logger.warning(no_nodes_matched(hostnames, region, "slice_vm"))
         return []
@@ -219,6 +220,6 @@ def prewarm_image(
     ]
     if not_verified:
         logger.warning("%s; %s", summary, "; ".join(not_verified))
-        return Failed(message=f"{summary}; " + "; ".join(not_verified), data=rows)
+        return ended(f"{summary}; " + "; ".join(not_verified), rows)
     logger.info(summary)
     return Completed(message=summary, data=rows)

@@ -12,7 +12,12 @@ from controlplane.enums import AdminState
 from controlplane.services.inventory import NodeSpec
 from flows.fleet import approve_slots, discover_topology, parity_sweep
 from tests.integration.flows.conftest import SLICE_TAGS
-from tests.integration.flows.prefect_reads import flow_run_logs, progress_artifact, table_artifact
+from tests.integration.flows.prefect_reads import (
+    flow_data,
+    flow_run_logs,
+    progress_artifact,
+    table_artifact,
+)
 from tests.integration.wipe_proofs import node_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefect")]
@@ -25,7 +30,7 @@ def rows(engine, sql, **params):
 
 def test_discovery_stores_maps_as_node_task_output_and_slots_stay_disabled(simulated_fleet, engine):
     state = discover_topology(return_state=True)
-    results = state.result(raise_on_failure=False)
+    results = flow_data(state)
     assert set(results) == {"j22u05", "j22u11", "j22u15"}
     assert all(r["passed"] for r in results.values())
     assert results["j22u15"]["import"]["approvable"] == list(range(8))
@@ -125,7 +130,7 @@ def test_discovery_failure_fails_the_node_task_keeps_evidence_and_imports_nothin
     )
     state = discover_topology(hostnames=["j22u15", "j22u99"], return_state=True)
     assert state.is_failed() and "j22u99" in state.message
-    results = state.result(raise_on_failure=False)
+    results = flow_data(state)
     assert results["j22u15"]["passed"] and results["j22u15"]["import"]["approvable"]
     assert not results["j22u99"]["passed"] and results["j22u99"]["import"] is None
     assert "not a host root" in results["j22u99"]["failure"]

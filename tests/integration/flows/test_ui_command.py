@@ -189,6 +189,36 @@ def test_ui_demo_acts_on_the_demo_fleet_logs_each_step_and_stops_on_sigterm(
         assert "approving every candidate slot of j22u15" in logs, logs
         assert "j22u15: approved slots [0, 1, 2, 3, 4, 5, 6, 7]" in logs, logs
 
+        # A refusal (an unknown node) ends the run Failed with its sentence, no traceback.
+        refused = subprocess.run(
+            [
+                prefect_bin(),
+                "deployment",
+                "run",
+                "parity_sweep/parity-sweep",
+                "--param",
+                'hostnames=["j22u99"]',
+                "--watch",
+                "--watch-timeout",
+                "240",
+            ],
+            env=api,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert "Failed" in refused.stdout, refused.stdout[-3000:] + refused.stderr[-3000:]
+        run_id = re.search(r"UUID: ([0-9a-f-]{36})", refused.stdout).group(1)
+        logs = subprocess.run(
+            [prefect_bin(), "flow-run", "logs", run_id],
+            env=api,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        assert "node_not_found: unknown nodes: ['j22u99']" in logs, logs
+        assert "Traceback" not in logs and "Engine execution exited" not in logs, logs
+
         assert ui.stop(signal.SIGTERM) == 0
     finally:
         ui.kill()
