@@ -146,10 +146,17 @@ def discover_topology(
         for host, r in results.items()
     ]
     artifacts.table("topology-discovery", "Topology discovery per node", rows)
-    failed = [h for h, r in results.items() if not r["passed"]]
+    failed = sorted(h for h, r in results.items() if not r["passed"])
+    summary = (
+        f"topology of {len(results)} node(s): {len(results) - len(failed)} discovered, "
+        f"{len(failed)} failed"
+        + (f" ({', '.join(failed)})" if failed else "")
+        + f"; {sum(row['approvable slots'] for row in rows)} slot(s) approvable"
+    )
+    logger.log(logging.WARNING if failed else logging.INFO, summary)
     if failed:
-        return ended(f"discovery failed on {failed}", results)
-    return results
+        return ended(summary, results)
+    return Completed(message=summary, data=results)
 
 
 @task(name="approve slots")
@@ -533,7 +540,15 @@ def bootstrap_host(
         return ended(outcome.failure or f"bootstrap of {hostname} failed")
     if refusal:
         return ended(refusal)
-    return rows[0]
+    verdict = rows[0]
+    summary = (
+        f"bootstrap of {hostname}: parity "
+        + (f"failed ({verdict['failed checks']})" if verdict["failures"] else "passed")
+        + f"; admin state {verdict['admin state']}"
+        + (" (changed)" if verdict["changed"] else "")
+    )
+    logger.log(logging.WARNING if verdict["failures"] else logging.INFO, summary)
+    return Completed(message=summary, data=verdict)
 
 
 @task(name="pin the evidence signing key")
