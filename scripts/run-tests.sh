@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every test the project has: unit and integration tests (real PostgreSQL, loop devices,
-# namespaces, libvirt/QEMU), ansible-test sanity, and Molecule scenarios.
+# The tests CI runs: unit and integration tests (real PostgreSQL, loop devices, namespaces,
+# libvirt/QEMU), ansible-test sanity, and the Molecule scenarios (all but lab_host, which
+# runs by name: scripts/molecule.sh).
 #
 # The lab-host tests (Debian hosts under QEMU, tests/integration/hostlab) run after the rest,
 # side by side with Molecule's scenarios one at a time: at most three TCG guests then share

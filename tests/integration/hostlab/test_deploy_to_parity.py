@@ -3,8 +3,8 @@ user-data bootstraps a host on first boot; parity (the sweep flow, fanned out ov
 hosts) judges each; the ``bootstrap_host`` flow runs the roles again over SSH (nothing
 changes) and, allowed to reboot, reboots the deployed host through GRUB and systemd and
 proves it with parity; topology discovery reads the live kernel. ``bootstrap.yml`` by
-``ansible-playbook`` over SSH on a host never bootstrapped (first run, second run, reboot)
-is Molecule's lab_host scenario.
+``ansible-playbook`` over SSH on a host never bootstrapped is Molecule's lab_host scenario
+(run by name: ``scripts/molecule.sh lab_host``).
 
 One scenario in one test: pytest-xdist may run other modules' tests in between steps. It
 runs last among the lab host tests (conftest.py), once the deployed host's first boot ends.
