@@ -37,6 +37,12 @@ def ended(message: str, details: Any = None) -> State:
     return Failed(message=message, data=RunEnded(message, details))
 
 
+def found(state: State) -> Any:
+    """What a finished run found: its result, or the details of a run ended on purpose."""
+    result = state.result(raise_on_failure=False)
+    return result.details if isinstance(result, RunEnded) else result
+
+
 def deliberate(error: BaseException | None) -> bool:
     return isinstance(error, (RunEnded, GpuaasError))
 

@@ -514,9 +514,10 @@ def image_prewarm(
 
     def prewarm() -> list[dict[str, Any]]:
         from flows.images import prewarm_image
+        from flows.refusals import found
 
         state = prewarm_image(slug, hostnames=node or None, parallel=parallel, return_state=True)
-        rows = state.result(raise_on_failure=False)
+        rows = found(state)
         if not state.is_completed():
             raise GpuaasError(
                 "prewarm_failed",

@@ -119,13 +119,12 @@ def register(cp: ControlPlane, fleet: SimulatedFleet | None) -> None:
 
 def discover_and_approve(cp: ControlPlane, console: Console, simulated: bool) -> None:
     from flows.fleet import approve_slots, discover_topology
+    from flows.refusals import found
 
     slice_hosts = [h for h, _, _, scenario, _ in SAMPLE_FLEET if scenario]
     if simulated:
         console.print("running the discover_topology flow on the simulated hosts ...")
-        results = discover_topology(hostnames=slice_hosts, return_state=True).result(
-            raise_on_failure=False
-        )
+        results = found(discover_topology(hostnames=slice_hosts, return_state=True))
         for hostname in slice_hosts:
             outcome = results.get(hostname, {}) if isinstance(results, dict) else {}
             if outcome.get("import"):
@@ -144,7 +143,7 @@ def discover_and_approve(cp: ControlPlane, console: Console, simulated: bool) ->
             console.print(f"[green]{hostname}[/green]: approved slots {state.result()['approved']}")
             continue
         console.print(f"[red]{hostname}[/red]: {state.message}")
-        rejections = state.result(raise_on_failure=False)["error"]["details"]["rejections"]
+        rejections = found(state)["error"]["details"]["rejections"]
         by_code: dict[str, list[int]] = {}
         for rejection in rejections:
             by_code.setdefault(rejection["code"], []).append(rejection["slot_index"])

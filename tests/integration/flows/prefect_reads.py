@@ -66,12 +66,3 @@ def flow_run_logs(flow_run_id) -> list[str]:
 
 def table_cells(rows: list[dict]) -> list[str]:
     return [value for row in rows for value in row.values()]
-
-
-def flow_data(state):
-    """What a finished flow run found: its result, or the details of a run it ended
-    ``Failed`` on purpose (flows/refusals.py)."""
-    from flows.refusals import RunEnded
-
-    result = state.result(raise_on_failure=False)
-    return result.details if isinstance(result, RunEnded) else result

@@ -14,7 +14,8 @@ from sqlalchemy import text
 from controlplane.api import ControlPlane
 from controlplane.services.inventory import NodeSpec
 from flows.benchmarks import benchmark_compare
-from tests.integration.flows.prefect_reads import flow_data, flow_run_artifact, table_artifact
+from flows.refusals import found
+from tests.integration.flows.prefect_reads import flow_run_artifact, table_artifact
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("prefect")]
 
@@ -43,7 +44,7 @@ def nodes(tmp_path, database_url, monkeypatch, prefect_harness) -> ControlPlane:
 
 def test_both_captures_the_deltas_the_verdict_and_its_evidence(nodes, engine):
     state = benchmark_compare("bm01", "vm01", candidate_profile="hugepages-off", return_state=True)
-    result = flow_data(state)
+    result = found(state)
     assert result["verdict"] in ("pass", "fail")
     assert state.is_completed() == (result["verdict"] == "pass"), state.message
     assert state.message.startswith(f"vm01 against bm01 (slice-vm-v1): {result['verdict']}")

@@ -11,9 +11,9 @@ from sqlalchemy import text
 from controlplane.enums import AdminState
 from controlplane.services.inventory import NodeSpec
 from flows.fleet import approve_slots, discover_topology, parity_sweep
+from flows.refusals import found
 from tests.integration.flows.conftest import SLICE_TAGS
 from tests.integration.flows.prefect_reads import (
-    flow_data,
     flow_run_logs,
     progress_artifact,
     table_artifact,
@@ -30,7 +30,7 @@ def rows(engine, sql, **params):
 
 def test_discovery_stores_maps_as_node_task_output_and_slots_stay_disabled(simulated_fleet, engine):
     state = discover_topology(return_state=True)
-    results = flow_data(state)
+    results = found(state)
     assert set(results) == {"j22u05", "j22u11", "j22u15"}
     assert all(r["passed"] for r in results.values())
     assert results["j22u15"]["import"]["approvable"] == list(range(8))
@@ -130,7 +130,7 @@ def test_discovery_failure_fails_the_node_task_keeps_evidence_and_imports_nothin
     )
     state = discover_topology(hostnames=["j22u15", "j22u99"], return_state=True)
     assert state.is_failed() and "j22u99" in state.message
-    results = flow_data(state)
+    results = found(state)
     assert results["j22u15"]["passed"] and results["j22u15"]["import"]["approvable"]
     assert not results["j22u99"]["passed"] and results["j22u99"]["import"] is None
     assert "not a host root" in results["j22u99"]["failure"]
