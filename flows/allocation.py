@@ -26,7 +26,7 @@ from controlplane.services.requests import PlacedRequest
 from flows import artifacts
 from flows.fleet import ACTOR, control_plane, current_run
 from flows.hostwork import VM_PROVISION, VM_RELEASE, HostOutcome, run_host_action
-from flows.parameters import OptionalText
+from flows.parameters import given
 from flows.refusals import ended
 
 TERMINAL_RELAY_KEY = "/var/lib/gpuaas/terminal/id_ed25519.pub"
@@ -163,12 +163,12 @@ def mark_failed(allocation_id: str, reason: str, details: dict[str, Any]) -> Non
 def provision_allocation(
     sku: str,
     gpu_count: int,
-    image: OptionalText,
+    image: str,
     users: list[dict[str, Any]],
-    region: OptionalText = None,
-    project_id: OptionalText = None,
+    region: str = "",
+    project_id: str = "",
     requested_by: str = "prefect",
-    request_id: OptionalText = None,
+    request_id: str = "",
 ) -> dict[str, Any]:
     """Place a GPU slice and bring its VM up: ``active`` only after the lease and SSH gate.
     Any failure leaves the allocation ``failed`` with a reason, its slots cleanup_blocked.
@@ -180,25 +180,25 @@ def provision_allocation(
     Args:
         sku: The SKU to place (a slice SKU boots a catalog image).
         gpu_count: GPUs in the slice (one of the SKU's allowed counts).
-        image: Catalog image slug (required for a slice SKU).
+        image: Catalog image slug (required for a slice SKU; empty for a baremetal SKU).
         users: Guest users: name and ssh_authorized_keys each.
-        region: Place only in this region.
-        project_id: The tenant project the allocation belongs to.
+        region: Place only in this region (empty: any region).
+        project_id: The tenant project the allocation belongs to (empty: none).
         requested_by: Who asked (recorded on the allocation).
         request_id: Idempotency key: the same id never places twice (default: this run).
     """
     logger = get_run_logger()
     request_id = request_id or current_run() or str(uuid.uuid4())
     try:
-        catalog = resolve_image(image, sku)
+        catalog = resolve_image(given(image), sku)
         if catalog is not None:
             logger.info("image %s for %s: sha256 %s", catalog.slug, sku, catalog.sha256[:12])
         logger.info("placing %s x%d (request %s)", sku, gpu_count, request_id)
         placed = place(
             sku,
             gpu_count,
-            region,
-            project_id,
+            given(region),
+            given(project_id),
             requested_by,
             request_id,
             catalog.slug if catalog else None,

@@ -25,7 +25,6 @@ from controlplane.errors import GpuaasError
 from flows import artifacts
 from flows.fleet import ACTOR, control_plane, current_run
 from flows.hostwork import BENCHMARK, run_host_action
-from flows.parameters import ExtraVars, OptionalText
 from flows.refusals import ended
 
 
@@ -100,12 +99,12 @@ def benchmark_compare(
     candidate: str,
     thresholds: str = benchmarks.DEFAULT_THRESHOLDS,
     candidate_kind: str = "slice-vm",
-    baseline_profile: OptionalText = None,
-    candidate_profile: OptionalText = None,
-    baseline_storage_target: OptionalText = None,
-    candidate_storage_target: OptionalText = None,
-    network_peer: OptionalText = None,
-    extravars: ExtraVars = None,
+    baseline_profile: str = "",
+    candidate_profile: str = "",
+    baseline_storage_target: str = "",
+    candidate_storage_target: str = "",
+    network_peer: str = "",
+    extravars: dict[str, Any] = {},  # noqa: B006 (flows/parameters.py)
 ) -> dict[str, Any] | Any:
     """Capture the baseline host (bare metal), then the candidate, with the same probe set
     (one at a time, so neither perturbs the other), compare them metric by metric against

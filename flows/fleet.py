@@ -30,7 +30,6 @@ from flows.hostwork import (
     HostOutcome,
     run_host_action,
 )
-from flows.parameters import ExtraVars, OptionalIndexes, OptionalNames, OptionalText
 from flows.refusals import ended
 
 ACTOR = "flow"
@@ -44,7 +43,7 @@ def current_run() -> str | None:
     return str(flow_run.id) if flow_run.id else None
 
 
-def no_nodes_matched(hostnames: list[str] | None, region: str | None, intent: str | None) -> str:
+def no_nodes_matched(hostnames: list[str], region: str, intent: str) -> str:
     return (
         "no node matched (hosts: "
         + (", ".join(hostnames) if hostnames else "any")
@@ -53,17 +52,17 @@ def no_nodes_matched(hostnames: list[str] | None, region: str | None, intent: st
 
 
 @task(name="select nodes")
-def select_nodes(
-    hostnames: list[str] | None, region: str | None, profile_intent: str | None
-) -> list[str]:
-    nodes = control_plane().list_nodes(region)
+def select_nodes(hostnames: list[str], region: str, profile_intent: str) -> list[str]:
+    """The nodes named (or all), of the region and profile intent when given (an empty
+    parameter is not given: flows/parameters.py)."""
+    nodes = control_plane().list_nodes(region or None)
     chosen = [
         n.hostname
         for n in nodes
-        if (hostnames is None or n.hostname in hostnames)
-        and (profile_intent is None or n.profile_intent == profile_intent)
+        if (not hostnames or n.hostname in hostnames)
+        and (not profile_intent or n.profile_intent == profile_intent)
     ]
-    missing = sorted(set(hostnames or []) - {n.hostname for n in nodes})
+    missing = sorted(set(hostnames) - {n.hostname for n in nodes})
     if missing:
         raise GpuaasError("node_not_found", f"unknown nodes: {missing}", {"nodes": missing})
     return chosen
@@ -102,9 +101,9 @@ def discover_hosts(hostnames: list[str], extravars: dict[str, Any]) -> dict[str,
 
 @flow(name="discover_topology", log_prints=True)
 def discover_topology(
-    hostnames: OptionalNames = None,
-    region: OptionalText = None,
-    extravars: ExtraVars = None,
+    hostnames: list[str] = [],  # noqa: B006 (flows/parameters.py)
+    region: str = "",
+    extravars: dict[str, Any] = {},  # noqa: B006 (flows/parameters.py)
 ) -> dict[str, Any]:
     """Discover candidate topology on slice nodes and store each map as a node task output.
     Candidates stay disabled: approval is its own explicit step (``approve_slots``).
@@ -160,17 +159,21 @@ def discover_topology(
 
 
 @task(name="approve slots")
-def approve(hostname: str, slots: list[int] | None) -> dict[str, Any]:
-    """The approval, or the refusal with every rejection (a refusal is an answer, not a
-    crash: nothing was written)."""
+def approve(hostname: str, slots: list[int]) -> dict[str, Any]:
+    """The approval (of every candidate slot when ``slots`` is empty), or the refusal with
+    every rejection (a refusal is an answer, not a crash: nothing was written)."""
     try:
-        return {"refused": False, **asdict(control_plane().approve_slots(hostname, slots, ACTOR))}
+        approved = control_plane().approve_slots(hostname, slots or None, ACTOR)
+        return {"refused": False, **asdict(approved)}
     except GpuaasError as refused:
         return {"refused": True, "message": refused.message, **refused.as_dict()}
 
 
 @flow(name="approve_slots")
-def approve_slots(hostname: str, slots: OptionalIndexes = None) -> dict[str, Any]:
+def approve_slots(
+    hostname: str,
+    slots: list[int] = [],  # noqa: B006 (flows/parameters.py)
+) -> dict[str, Any]:
     """Approve a node's candidate slots: every rule re-checked, all or nothing.
 
     Args:
@@ -266,12 +269,12 @@ def apply_verdicts(outcomes: dict[str, HostOutcome]) -> list[dict[str, Any]]:
 
 @flow(name="parity_sweep")
 def parity_sweep(
-    hostnames: OptionalNames = None,
-    region: OptionalText = None,
-    profile_intent: OptionalText = "slice_vm",
+    hostnames: list[str] = [],  # noqa: B006 (flows/parameters.py)
+    region: str = "",
+    profile_intent: str = "slice_vm",
     batch_size: int = 25,
     parallel_batches: int = 4,
-    extravars: ExtraVars = None,
+    extravars: dict[str, Any] = {},  # noqa: B006 (flows/parameters.py)
     fail_on_failures: bool = False,
 ) -> list[dict[str, Any]] | Any:
     """Check parity across the fleet (or a selector). Concurrency is bounded: one runner
@@ -383,9 +386,9 @@ def transition_storage(
 def storage_transition(
     hostname: str,
     devices: list[str],
-    approval: OptionalText = None,
+    approval: str = "",
     apply: bool = False,
-    extravars: ExtraVars = None,
+    extravars: dict[str, Any] = {},  # noqa: B006 (flows/parameters.py)
 ) -> dict[str, Any] | Any:
     """Turn infra-approved host disks into raw slice disks. Plan only unless ``apply``.
 
@@ -509,7 +512,9 @@ def bootstrap(hostname: str, extravars: dict[str, Any]) -> HostOutcome:
 
 @flow(name="bootstrap_host")
 def bootstrap_host(
-    hostname: str, extravars: ExtraVars = None, allow_reboot: bool = False
+    hostname: str,
+    extravars: dict[str, Any] = {},  # noqa: B006 (flows/parameters.py)
+    allow_reboot: bool = False,
 ) -> dict[str, Any]:
     """Host bootstrap and network baseline for the node's profile, proven by parity; the
     parity verdict then decides whether the node is schedulable.

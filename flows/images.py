@@ -20,7 +20,6 @@ from controlplane.errors import GpuaasError
 from flows import artifacts
 from flows.fleet import ACTOR, control_plane, current_run, no_nodes_matched, select_nodes
 from flows.hostwork import IMAGE_CACHE, HostOutcome, run_host_action
-from flows.parameters import ExtraVars, OptionalNames, OptionalText
 from flows.refusals import ended
 
 
@@ -156,10 +155,10 @@ def reverify_image_caches(older_than_seconds: float) -> list[dict[str, Any]]:
 @flow(name="prewarm_image")
 def prewarm_image(
     image: str,
-    hostnames: OptionalNames = None,
-    region: OptionalText = None,
+    hostnames: list[str] = [],  # noqa: B006 (flows/parameters.py)
+    region: str = "",
     parallel: int = 4,
-    extravars: ExtraVars = None,
+    extravars: dict[str, Any] = {},  # noqa: B006 (flows/parameters.py)
 ) -> list[dict[str, Any]] | Any:
     """Fetch the published catalog image ``image`` into the cache of each slice node (or
     the named ones), at most ``parallel`` nodes at once. Each node verifies the sha256

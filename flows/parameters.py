@@ -1,24 +1,17 @@
-"""Flow parameter types as the Prefect run form shows them.
+"""How the flows' optional parameters are written, for the Prefect run form.
 
-Prefect writes an optional parameter (``str | None``) into the deployment's schema as
-``anyOf: [string, null]``, which the run form shows without a type and with a
-"Property is type None" choice. These aliases keep the union for validation and give the
-form the plain type; a field left empty keeps the parameter's default.
+An optional parameter written ``str | None = None`` reaches the deployment's schema as
+``anyOf: [string, null]``, which the run form shows without a type and with a "Property is
+type None" choice; a schema admitting null by a list of types gets no input at all, and a
+plain type with a null default makes the server refuse the form's own null. So optional
+parameters have defaults of their own type: an empty text or list means "not given", and
+extra variables default to an empty object. Those defaults are lists and dicts (``noqa:
+B006``): the flows never change a parameter in place, they build new values from it.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
 
-from pydantic import WithJsonSchema
-
-OptionalText = Annotated[str | None, WithJsonSchema({"type": "string"})]
-OptionalNames = Annotated[
-    list[str] | None, WithJsonSchema({"type": "array", "items": {"type": "string"}})
-]
-OptionalIndexes = Annotated[
-    list[int] | None, WithJsonSchema({"type": "array", "items": {"type": "integer"}})
-]
-ExtraVars = Annotated[
-    dict[str, Any] | None, WithJsonSchema({"type": "object", "additionalProperties": True})
-]
+def given(value: str) -> str | None:
+    """An optional text parameter for the control plane: None when left empty."""
+    return value or None

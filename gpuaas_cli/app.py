@@ -516,7 +516,7 @@ def image_prewarm(
         from flows.images import prewarm_image
         from flows.refusals import found
 
-        state = prewarm_image(slug, hostnames=node or None, parallel=parallel, return_state=True)
+        state = prewarm_image(slug, hostnames=node or [], parallel=parallel, return_state=True)
         rows = found(state)
         if not state.is_completed():
             raise GpuaasError(

@@ -27,12 +27,13 @@ def test_every_parameter_has_a_type_and_a_description(deployment):
     assert not untyped, f"{deployment['name']}: no type for {untyped}"
 
 
-def test_an_optional_parameter_still_takes_none_and_its_type():
-    from pydantic import TypeAdapter
+@pytest.mark.parametrize("deployment", DEPLOYMENTS, ids=lambda d: d["name"])
+def test_no_parameter_defaults_to_null(deployment):
+    """The form would send that null back and the server refuse it (flows/parameters.py)."""
+    from prefect.utilities.callables import parameter_schema
 
-    from flows.parameters import OptionalNames
-
-    names = TypeAdapter(OptionalNames)
-    assert names.validate_python(None) is None
-    assert names.validate_python(["a"]) == ["a"]
-    assert names.json_schema() == {"type": "array", "items": {"type": "string"}}
+    path, name = deployment["entrypoint"].split(":")
+    flow = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)
+    properties = parameter_schema(flow.fn).model_dump()["properties"]
+    nulls = [p for p, spec in properties.items() if "default" in spec and spec["default"] is None]
+    assert not nulls, f"{deployment['name']}: null default for {nulls}"

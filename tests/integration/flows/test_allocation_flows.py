@@ -129,7 +129,7 @@ def test_release_without_wipe_proof_keeps_slots_cleanup_blocked(approved, engine
         # In the shipped catalog, disabled until an operator imports and activates it.
         ("ubuntu-24.04-h200-base", "image_not_active"),
         ("lab-only-image", "image_incompatible"),
-        (None, "image_required"),
+        ("", "image_required"),  # left empty in the run form
     ],
 )
 def test_image_outside_the_catalog_is_refused_before_placement(approved, engine, image, code):
