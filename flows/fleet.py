@@ -110,7 +110,7 @@ def discover_topology(
 
     Args:
         hostnames: Only these nodes (default: every slice node, or every one in the region).
-        region: Only nodes of this region.
+        region: Only nodes of this region (empty: every region).
         extravars: Extra Ansible variables for the run (for example the SSH key path).
     """
     logger = get_run_logger()
@@ -285,7 +285,7 @@ def parity_sweep(
 
     Args:
         hostnames: Only these nodes (default: every node matching region and intent).
-        region: Only nodes of this region.
+        region: Only nodes of this region (empty: every region).
         profile_intent: Only nodes of this profile intent (slice_vm, baremetal; empty: all).
         batch_size: Hosts checked together by one runner job.
         parallel_batches: Runner jobs at once.

@@ -169,7 +169,7 @@ def prewarm_image(
     Args:
         image: A published catalog image slug (gpuaas image publish).
         hostnames: Only these nodes (default: every slice node, or every one in the region).
-        region: Only nodes of this region.
+        region: Only nodes of this region (empty: every region).
         parallel: Nodes fetching at once.
         extravars: Extra Ansible variables (registry headers, the SSH key path).
     """
