@@ -122,6 +122,40 @@ def test_ui_refuses_a_store_without_schema_and_starts_nothing(tmp_path, empty_da
     assert not (tmp_path / "prefect" / "logs" / "server.log").exists()
 
 
+def run_deployment(
+    api: dict[str, str], deployment: str, parameter: str
+) -> tuple[subprocess.CompletedProcess, str]:
+    """A deployment run as an operator starts one from the CLI, watched to its end, and
+    the run's logs."""
+    started = subprocess.run(
+        [
+            prefect_bin(),
+            "deployment",
+            "run",
+            deployment,
+            "--param",
+            parameter,
+            "--watch",
+            "--watch-timeout",
+            "240",
+        ],
+        env=api,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    found = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout)
+    assert found, started.stdout[-3000:] + started.stderr[-3000:]
+    logs = subprocess.run(
+        [prefect_bin(), "flow-run", "logs", found.group(1)],
+        env=api,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    return started, logs
+
+
 @pytest.fixture
 def demo_fleet(pg_cluster, template_database):
     """The demo's database, as `make demo` leaves it, in the embedded cluster: j22u15
@@ -159,63 +193,15 @@ def test_ui_demo_acts_on_the_demo_fleet_logs_each_step_and_stops_on_sigterm(
         children = descendants(ui.process.pid)
         assert len(children) >= 2
         api = {"PREFECT_API_URL": f"http://127.0.0.1:{ui.port}/api", "PATH": os.environ["PATH"]}
-        started = subprocess.run(
-            [
-                prefect_bin(),
-                "deployment",
-                "run",
-                "approve_slots/approve-slots",
-                "--param",
-                "hostname=j22u15",
-                "--watch",
-                "--watch-timeout",
-                "240",
-            ],
-            env=api,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        started, logs = run_deployment(api, "approve_slots/approve-slots", "hostname=j22u15")
         assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
         assert {s.status for s in demo_fleet.list_slots("j22u15")} == {"available"}
-        run_id = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout).group(1)
-        logs = subprocess.run(
-            [prefect_bin(), "flow-run", "logs", run_id],
-            env=api,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        ).stdout
         assert "approving every candidate slot of j22u15" in logs, logs
         assert "j22u15: approved slots [0, 1, 2, 3, 4, 5, 6, 7]" in logs, logs
 
         # A refusal (an unknown node) ends the run Failed with its sentence, no traceback.
-        refused = subprocess.run(
-            [
-                prefect_bin(),
-                "deployment",
-                "run",
-                "parity_sweep/parity-sweep",
-                "--param",
-                'hostnames=["j22u99"]',
-                "--watch",
-                "--watch-timeout",
-                "240",
-            ],
-            env=api,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        refused, logs = run_deployment(api, "parity_sweep/parity-sweep", 'hostnames=["j22u99"]')
         assert "Failed" in refused.stdout, refused.stdout[-3000:] + refused.stderr[-3000:]
-        run_id = re.search(r"UUID: ([0-9a-f-]{36})", refused.stdout).group(1)
-        logs = subprocess.run(
-            [prefect_bin(), "flow-run", "logs", run_id],
-            env=api,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        ).stdout
         assert "node_not_found: unknown nodes: ['j22u99']" in logs, logs
         assert "Traceback" not in logs and "Engine execution exited" not in logs, logs
 
