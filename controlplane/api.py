@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
 from controlplane import db
+from controlplane.deploy_user_data import DeployRequest
 from controlplane.enums import (
     AdminState,
     AllocationState,
@@ -31,6 +32,7 @@ from controlplane.scheduler.placement import Placement, PlacementRequest, Schedu
 from controlplane.services import (
     allocations,
     benchmarks,
+    deploys,
     events,
     evidence_trust,
     host_keys,
@@ -89,6 +91,19 @@ class ControlPlane:
         keys = host_keys.scan(*self._ssh_endpoint(hostname))
         with db.transaction(self.engine) as session:
             return host_keys.pin(session, hostname, keys, HostKeySource.SCAN, actor, reason)
+
+    def issue_deploy_user_data(
+        self,
+        hostname: str,
+        request: DeployRequest,
+        actor: str,
+        reason: str,
+        deliver: Callable[[str], None],
+    ) -> deploys.IssuedDeploy:
+        """The node's deploy user-data with a new SSH host key, pinned only once ``deliver``
+        has taken the text (docs/trust.md, "Host keys issued at deploy")."""
+        with db.transaction(self.engine) as session:
+            return deploys.issue(session, hostname, request, actor, reason, deliver)
 
     def pin_reported_signing_key(
         self, hostname: str, public_key: str, actor: str

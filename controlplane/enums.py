@@ -132,6 +132,7 @@ class HostKeySource(StrEnum):
     OPERATOR = "operator"  # given by an operator from a file they checked
     SCAN = "scan"  # read from the host with ssh-keyscan, on the operator's word
     BOOTSTRAP = "bootstrap"  # reported by the node's bootstrap run over its pinned SSH
+    DEPLOY = "deploy"  # issued by the control plane and seeded in the node's deploy user-data
 
 
 class KeyPurpose(StrEnum):

@@ -152,13 +152,19 @@ def control_path(name: str, pinned: Sequence[HostKey]) -> str:
 
 
 def write_known_hosts(path: Path, text: str) -> None:
-    """Replace the file whole: a concurrent reader sees the old or the new text."""
+    replace_file(path, text, 0o644)
+
+
+def replace_file(path: Path, text: str, mode: int) -> None:
+    """Replace the file whole: a concurrent reader sees the old or the new text, and a file
+    holding a private key is never readable by others, even for a moment (the temporary
+    file is created 0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             handle.write(text)
-        os.chmod(temporary, 0o644)
+        os.chmod(temporary, mode)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

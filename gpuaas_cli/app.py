@@ -22,8 +22,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from controlplane import fleet_picture
+from controlplane.deploy_user_data import DeployRequest
 from controlplane.enums import AdminState, HostKeySource
 from controlplane.errors import GpuaasError, InvalidInput
+from controlplane.hostkeys import replace_file
 from controlplane.scheduler.placement import PlacementRequest, Unavailable
 from controlplane.services.inventory import NodeSpec
 from controlplane.services.requests import PlacedRequest
@@ -277,6 +279,60 @@ def node_rekey(
         )
 
     run(as_json, rekey, render.render_pin)
+
+
+@node_app.command("deploy-user-data")
+def node_deploy_user_data(
+    hostname: Annotated[str, typer.Argument()],
+    collection_url: Annotated[
+        str,
+        typer.Option(
+            "--collection-url",
+            help="Where the host downloads the gpuaas.fleet collection tarball (http(s) URL"
+            " or an absolute path on the host).",
+        ),
+    ],
+    collection_sha256: Annotated[
+        str, typer.Option("--collection-sha256", help="The tarball's sha256 (64 hex digits).")
+    ],
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output", help="Where to write the user-data (mode 0600: it holds a private key)."
+        ),
+    ],
+    reason: ReasonOpt,
+    bootstrap_vars: Annotated[
+        str | None,
+        typer.Option(
+            "--bootstrap-vars", help="A JSON object of role inputs for the bootstrap playbook."
+        ),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Write the node's MAAS deploy user-data with a new SSH host key the control plane
+    pins (the node's old host keys are retired, recorded): the deployed host's first SSH
+    answer is then already checked. Give the file to MAAS as the deploy's user_data."""
+
+    def deliver(text: str) -> None:
+        try:
+            replace_file(output, text, 0o600)
+        except OSError as exc:
+            raise InvalidInput(
+                "output_unwritable",
+                f"cannot write {output}: {exc.strerror}",
+                {"output": str(output)},
+            ) from exc
+
+    def issue() -> Any:
+        request = DeployRequest(
+            collection_url,
+            collection_sha256,
+            {} if bootstrap_vars is None else read_json(bootstrap_vars),
+        )
+        return control_plane().issue_deploy_user_data(hostname, request, actor(), reason, deliver)
+
+    run(as_json, issue, render.render_deploy_user_data)
 
 
 @node_app.command("forget-signing-key")

@@ -58,6 +58,14 @@ def render_pin(result: dict[str, Any]) -> None:
     out.print(f"recorded as evidence {result['evidence_id']}")
 
 
+def render_deploy_user_data(result: dict[str, Any]) -> None:
+    out.print(
+        f"{result['hostname']}: deploy user-data written (profile {result['profile']});"
+        f" its SSH host key {result['fingerprint']} is pinned"
+    )
+    render_pin(result["pin"])
+
+
 def render_nodes(nodes: list[dict[str, Any]]) -> None:
     table(
         "nodes",

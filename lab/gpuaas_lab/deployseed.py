@@ -25,8 +25,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import jinja2
-
+from controlplane import deploy_user_data
+from controlplane.deploy_user_data import DeployRequest
+from controlplane.hostkeys import HostKey, generate_host_key
 from gpuaas_lab import hostlab
 from gpuaas_lab.hostlab import HostLabError, LabHost
 from gpuaas_lab.ports import free_port
@@ -64,19 +65,15 @@ def render_deploy_user_data(
     collection_sha256: str,
     profile: str = "slice-vm",
     bootstrap_vars: Mapping[str, Any] | None = None,
+    host_key: tuple[str, HostKey] | None = None,
 ) -> str:
-    """The template exactly as MAAS would be given it, rendered with plain Jinja2."""
-    template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(
-        TEMPLATE.read_text()
+    """The template exactly as MAAS would be given it, rendered by the control plane."""
+    request = DeployRequest(
+        collection_url,
+        collection_sha256,
+        LAB_BOOTSTRAP_VARS if bootstrap_vars is None else bootstrap_vars,
     )
-    return template.render(
-        gpuaas_profile=profile,
-        gpuaas_collection_url=collection_url,
-        gpuaas_collection_sha256=collection_sha256,
-        gpuaas_bootstrap_vars=dict(
-            LAB_BOOTSTRAP_VARS if bootstrap_vars is None else bootstrap_vars
-        ),
-    )
+    return deploy_user_data.render(request, profile, host_key)
 
 
 @dataclass(frozen=True)
@@ -118,13 +115,21 @@ def serve_directory(directory: Path) -> Iterator[CollectionServer]:
         proc.wait(timeout=30)
 
 
-def deploy_seed(server: CollectionServer, tarball: Path, profile: str = "slice-vm"):
+def deploy_seed(
+    server: CollectionServer,
+    tarball: Path,
+    profile: str = "slice-vm",
+    host_key: tuple[str, HostKey] | None = None,
+):
     """``extra_user_data`` for ``hostlab.up``: the deploy user-data pointing at ``tarball``
-    on ``server`` through the new host's own bridge."""
+    on ``server`` through the new host's own bridge, seeding ``host_key`` when given (the
+    SSH host key the control plane issues at deploy; pass its public half to ``hostlab.up``
+    as ``seeded_host_key``)."""
     digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
 
     def for_host(host: LabHost) -> str:
-        return render_deploy_user_data(server.url_for(host, tarball), digest, profile)
+        url = server.url_for(host, tarball)
+        return render_deploy_user_data(url, digest, profile, host_key=host_key)
 
     return for_host
 
@@ -134,13 +139,16 @@ def up_deployed(
 ) -> LabHost:
     """``hostlab.up`` as MAAS would deploy the host: the deploy user-data in its seed, the
     collection built from this checkout and served until its first boot has finished
-    (cloud-init done, so the bootstrap has run)."""
+    (cloud-init done, so the bootstrap has run). Its SSH host key is one the deploy
+    user-data seeds, as the control plane issues it (docs/trust.md)."""
+    host_key = generate_host_key()
     with tempfile.TemporaryDirectory(prefix="gpuaas-collection-") as directory:
         tarball = build_collection(Path(directory))
         with serve_directory(Path(directory)) as server:
             return hostlab.up(
                 name,
                 nvme=nvme,
-                extra_user_data=deploy_seed(server, tarball, profile),
+                extra_user_data=deploy_seed(server, tarball, profile, host_key),
                 state_dir=state_dir,
+                seeded_host_key=host_key[1],
             )

@@ -57,7 +57,13 @@ from email.mime.text import MIMEText
 from pathlib import Path
 
 from controlplane.errors import GpuaasError
-from controlplane.hostkeys import control_path, known_hosts, parse_public_key, ssh_pin_args
+from controlplane.hostkeys import (
+    HostKey,
+    control_path,
+    known_hosts,
+    parse_public_key,
+    ssh_pin_args,
+)
 from gpuaas_lab.vmguest import default_cache_dir, locked
 
 SUITE = "bookworm"
@@ -792,9 +798,12 @@ def seed_user_data(
     return message.as_string()
 
 
-def _write_seed(host: LabHost, public_key: str, extra_user_data: str | None) -> Path:
+def _write_seed(
+    host: LabHost, public_key: str, extra_user_data: str | None, lab_host_key: bool
+) -> Path:
     """The NoCloud seed as a small FAT volume labelled CIDATA (cloud-init accepts FAT or
-    ISO9660): user-data, meta-data and a static network-config for the lab NIC."""
+    ISO9660): user-data, meta-data and a static network-config for the lab NIC; the lab's
+    part seeds the host key the lab generated unless the extra part seeds one."""
     network = {
         "version": 2,
         "ethernets": {
@@ -806,7 +815,7 @@ def _write_seed(host: LabHost, public_key: str, extra_user_data: str | None) -> 
             }
         },
     }
-    host_key = ((host.path / HOST_KEY).read_text(), host.host_public_key)
+    host_key = ((host.path / HOST_KEY).read_text(), host.host_public_key) if lab_host_key else None
     files = {
         "user-data": seed_user_data(public_key, extra_user_data, host_key),
         "meta-data": f"instance-id: {host.name}-{uuid.uuid4()}\nlocal-hostname: {host.name}\n",
@@ -908,10 +917,14 @@ def up(
     state_dir: Path | None = None,
     cache_dir: Path | None = None,
     wait: bool = True,
+    seeded_host_key: HostKey | None = None,
 ) -> LabHost:
     """Build (or reuse) the image, create and boot a lab host; returns once SSH answers and
     cloud-init is done. ``extra_user_data`` is a second user-data part (a MAAS deploy
-    user-data, say), or a function of the host giving it (for URLs on the lab bridge)."""
+    user-data, say), or a function of the host giving it (for URLs on the lab bridge).
+    ``seeded_host_key``: the extra part seeds the host's SSH host key (a deploy's, issued
+    by the control plane) and this is its public half; the lab then seeds none of its own
+    and connects pinned to this one."""
     _validate_name(name)
     if not 0 <= nvme <= 8:
         raise HostLabError("lab_host_bad_nvme", f"--nvme must be 0-8, not {nvme}")
@@ -959,7 +972,7 @@ def up(
             _teardown(host)
             raise
     try:
-        _create(host, image, nvme, nvme_size_mib, key, extra_user_data)
+        _create(host, image, nvme, nvme_size_mib, key, extra_user_data, seeded_host_key)
         if wait:
             host.boot_seconds = host.wait_until_ready()
             _save(host)
@@ -976,6 +989,7 @@ def _create(
     nvme_size_mib: int,
     key: Path,
     extra_user_data: UserData,
+    seeded_host_key: HostKey | None,
 ) -> None:
     directory = host.path
     _run(
@@ -1009,13 +1023,15 @@ def _create(
                 "by_id": f"/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_{serial}",
             }
         )
-    host_key = directory / HOST_KEY
-    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host.name, "-f", str(host_key)])
-    pinned = parse_public_key(host_key.with_suffix(".pub").read_text())
+    pinned = seeded_host_key
+    if pinned is None:
+        host_key = directory / HOST_KEY
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host.name, "-f", str(host_key)])
+        pinned = parse_public_key(host_key.with_suffix(".pub").read_text())
     host.host_public_key = pinned.public_line()
     host.known_hosts_file.write_text(known_hosts([(host.name, [pinned])]))
     extra = extra_user_data(host) if callable(extra_user_data) else extra_user_data
-    _write_seed(host, key.with_suffix(".pub").read_text().strip(), extra)
+    _write_seed(host, key.with_suffix(".pub").read_text().strip(), extra, seeded_host_key is None)
     _save(host)
     _run(["ip", "tuntap", "add", "dev", host.tap, "mode", "tap"])
     _run(["ip", "link", "set", host.tap, "master", host.bridge])

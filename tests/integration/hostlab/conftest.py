@@ -19,6 +19,7 @@ from sqlalchemy import text
 
 from controlplane.api import ControlPlane
 from controlplane.enums import HostKeySource
+from controlplane.hostkeys import generate_host_key
 from controlplane.services.inventory import NodeSpec
 from gpuaas_lab import deployseed, hostlab
 from tests.integration.ansible_helpers import PlaybookRun, run_playbook
@@ -51,12 +52,24 @@ def lab_hosts(state_dir: Path, collection_server) -> Iterator[dict[str, hostlab.
     server, tarball = collection_server
     suffix = uuid.uuid4().hex[:6]
     names = {"fresh": f"f{suffix}", "deployed": f"d{suffix}"}
-    seeds = {"fresh": None, "deployed": deployseed.deploy_seed(server, tarball)}
+    # The deployed host's SSH host key comes with its deploy user-data, as the control plane
+    # issues it (docs/trust.md, "Host keys issued at deploy"); the fresh one's from the lab.
+    deploy_key = generate_host_key()
+    seeds = {
+        "fresh": None,
+        "deployed": deployseed.deploy_seed(server, tarball, host_key=deploy_key),
+    }
+    seeded = {"fresh": None, "deployed": deploy_key[1]}
     hosts: dict[str, hostlab.LabHost] = {}
     try:
         for role, name in names.items():
             hosts[role] = hostlab.up(
-                name, nvme=NVME[role], extra_user_data=seeds[role], state_dir=state_dir, wait=False
+                name,
+                nvme=NVME[role],
+                extra_user_data=seeds[role],
+                state_dir=state_dir,
+                wait=False,
+                seeded_host_key=seeded[role],
             )
         yield hosts
     finally:
@@ -118,11 +131,13 @@ def ssh_key(host: hostlab.LabHost) -> dict[str, str]:
     return {"ansible_ssh_private_key_file": host.ssh_private_key}
 
 
-def pin_lab_key(cp: ControlPlane, host: hostlab.LabHost) -> None:
-    """The host key the lab generated and seeded, pinned as an operator pins a checked key."""
-    cp.pin_host_keys(
-        host.name, [host.host_public_key], HostKeySource.OPERATOR, "lab", "seeded by the lab"
-    )
+def pin_lab_key(
+    cp: ControlPlane, host: hostlab.LabHost, source: HostKeySource = HostKeySource.OPERATOR
+) -> None:
+    """The host key the host was seeded with, pinned as an operator pins a checked key or,
+    for a deploy's, as ``issue_deploy_user_data`` pins the key it issues (the store of a
+    test begins after the hosts boot)."""
+    cp.pin_host_keys(host.name, [host.host_public_key], source, "lab", "seeded at first boot")
 
 
 @pytest.fixture
@@ -146,7 +161,11 @@ def control_plane(lab_hosts, tmp_path, database_url, monkeypatch, prefect_harnes
                 host_vars=connection,
             )
         )
-        pin_lab_key(cp, host)
+        pin_lab_key(
+            cp,
+            host,
+            HostKeySource.DEPLOY if host is lab_hosts["deployed"] else HostKeySource.OPERATOR,
+        )
     return cp
 
 

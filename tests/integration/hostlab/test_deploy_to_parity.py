@@ -71,6 +71,15 @@ def test_deploy_bootstrap_reboot_and_parity_over_ssh(
     assert all(argument in generated for argument in staged)
     assert "iommu=pt" not in sh(deployed, "cat /proc/cmdline")
     assert sh(deployed, "systemctl is-enabled gpuaas-slice-network-baseline").strip() == "enabled"
+    # Its only SSH host key is the one its deploy user-data carried, pinned before its first
+    # answer (every connection above checked it strictly).
+    assert sh(deployed, "ls /etc/ssh/ | grep '^ssh_host_.*_key$'").split() == [
+        "ssh_host_ed25519_key"
+    ]
+    presented = sh(deployed, "cat /etc/ssh/ssh_host_ed25519_key.pub").split()[:2]
+    assert " ".join(presented) == deployed.host_public_key
+    [pinned] = [k for k in control_plane.host_keys(deployed.name) if k.purpose == "ssh_host"]
+    assert pinned.source == "deploy", pinned
 
     # 2. A parity sweep fans out over both nodes, each judged on its own (the fresh host's
     #    pristine verdicts are test_lab_host.py's; the storage tests have changed it since).
