@@ -24,6 +24,7 @@ from sqlalchemy import text
 
 from controlplane.api import ControlPlane
 from controlplane.enums import AllocationState
+from controlplane.errors import InvalidInput
 from controlplane.scheduler.placement import PlacementRequest
 from controlplane.services.inventory import NodeSpec
 from flows.fleet import approve_slots, discover_topology
@@ -462,3 +463,24 @@ def test_reconcile_wipes_a_released_slot_disk_of_the_lab_host_and_the_store_keep
     assert statement["node"] == fresh.name and statement["disk"].get("serial"), statement
     assert proof["method"] == "nvme_format" and proof["approval"].startswith("reconcile")
     assert sh(fresh, f"head -c 11 {slot.nvme_device} | od -An -c").split() == ["\\0"] * 11
+
+    # The host's own signed proof, replayed after the next tenant's release, or pointed at
+    # another disk of the host, is recorded unverified and the slot stays blocked.
+    placed = cp.place(PlacementRequest(LAB_SKU.slug, 1))
+    assert placed.placed, placed
+    cp.release(uuid.UUID(str(placed.allocation_id)), "test")
+    replayed = cp.record_wipe_proof(fresh.name, slot.slot_index, proof, "test")
+    assert replayed.status == "cleanup_blocked" and not replayed.verified, replayed
+    assert "issued before the slot's release" in replayed.distrust, replayed.distrust
+    other = fresh.nvme[1]
+    with pytest.raises(InvalidInput) as refused:
+        cp.record_wipe_proof(fresh.name, slot.slot_index, {**proof, "device": other["by_id"]}, "t")
+    assert refused.value.code == "proof_device_mismatch"
+    cp.repair_slot(fresh.name, slot.slot_index, "try the proof as another disk's", "test")
+    statement = {**proof["attestation"]["statement"], "disk": {"serial": other["serial"]}}
+    other_disk = {**proof, "attestation": {**proof["attestation"], "statement": statement}}
+    retargeted = cp.record_wipe_proof(fresh.name, slot.slot_index, other_disk, "test")
+    assert retargeted.status == "cleanup_blocked" and not retargeted.verified, retargeted
+    assert "does not verify with" in retargeted.distrust, retargeted.distrust
+    [slot] = cp.list_slots(fresh.name)
+    assert slot.status == "cleanup_blocked", slot
