@@ -25,6 +25,7 @@ lint: setup
 	ruff check .
 	ruff format --check .
 	python scripts/maas/build_commissioning_script.py --check
+	ansible-lint -q
 
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; python $$b || exit 1; done

@@ -70,7 +70,7 @@ def test_baremetal_hosts_get_only_baremetal_safe_parts(grub) -> None:
     )
     assert rc == 0, stderr
     names = task_names(output)
-    assert any("Install the packages of the baremetal profile" in n for n in names)
+    assert any("Install the packages of the host's profile baremetal" in n for n in names)
     assert not any("IOMMU" in n or "libvirt" in n or "parity" in n.lower() for n in names)
     assert target.run("cat", "/etc/default/grub").stdout == GRUB
     assert target.run("ip", "link", "show", "ovsbr0", check=False).returncode != 0
