@@ -1,6 +1,6 @@
-"""An OCI registry on loopback for the image tests and benchmarks: Debian's
-`docker-registry` (the CNCF distribution registry) with its own configuration and storage,
-plain HTTP on 127.0.0.1 only, stopped by its process group."""
+"""An OCI registry for the image tests and benchmarks: Debian's `docker-registry` (the CNCF
+distribution registry) with its own configuration and storage, plain HTTP on one local
+address (loopback, or a lab host's private bridge), stopped by its process group."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import signal
 import subprocess
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpuaas_lab.ports import free_port
@@ -26,15 +26,21 @@ def unavailable_reason() -> str | None:
 
 @dataclass
 class LocalRegistry:
-    """Use as a context manager; ``host`` is ``127.0.0.1:PORT``."""
+    """Use as a context manager; ``host`` is ``ADDRESS:PORT`` (``address`` one of this
+    machine's own: loopback by default, a lab host's bridge gateway for the lab host)."""
 
     root: Path
-    port: int = field(default_factory=free_port)
+    address: str = "127.0.0.1"
+    port: int = 0
     process: subprocess.Popen | None = None
+
+    def __post_init__(self) -> None:
+        if not self.port:
+            self.port = free_port(self.address)
 
     @property
     def host(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.address}:{self.port}"
 
     def __enter__(self) -> LocalRegistry:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,11 @@
 """The lab itself: a real Debian host under QEMU reachable over SSH, the lab's refusals of
-bad input, and parity's verdicts on a host never bootstrapped (the fresh host of
-conftest.py, before test_storage_and_devices.py changes it; the deploy, bootstrap, reboot
-and parity path is in test_deploy_to_parity.py)."""
+bad input, parity's verdicts on a host never bootstrapped and an image prewarmed onto it
+from a registry (the fresh host of conftest.py, before test_storage_and_devices.py changes
+it; the deploy, bootstrap, reboot and parity path is in test_deploy_to_parity.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -16,9 +17,14 @@ import pytest
 from controlplane.api import ControlPlane
 from controlplane.enums import HostKeySource
 from controlplane.hostkeys import parse_public_key
+from controlplane.services.images import NODE_CACHE_DIR
 from flows.fleet import parity_sweep
+from flows.images import prewarm_image
 from gpuaas_lab import hostlab
 from gpuaas_lab.hostlab import console_tail
+from gpuaas_lab.registry import LocalRegistry
+from gpuaas_lab.registry import unavailable_reason as registry_unavailable
+from gpuaas_lab.slicehost import LAB_SKU
 from tests.integration.hostlab.conftest import node_task_outputs, parity_results, sh, ssh_key
 from tests.unit.test_hostkeys import keygen
 
@@ -122,3 +128,39 @@ def test_parity_fails_a_host_never_bootstrapped_with_a_remediation_for_each_chec
         assert checks[check]["remediation"], checks[check]
     [node] = [n for n in control_plane.list_nodes() if n.hostname == fresh.name]
     assert node.admin_state == "unavailable" and "bridge" in node.admin_state_reason, node
+
+
+def test_prewarm_fetches_a_published_image_onto_the_lab_host_over_ssh(
+    fresh: hostlab.LabHost, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """The registry on the host's bridge (its gateway is this machine), the image pushed
+    there as an OCI artifact, the prewarm flow fetching it onto the host over its pinned
+    SSH: verified in place, a second run fetches nothing."""
+    if registry_unavailable():
+        pytest.skip(registry_unavailable())
+    image = tmp_path / "image.raw"
+    image.write_bytes(os.urandom(4 << 20))
+    digest = hashlib.sha256(image.read_bytes()).hexdigest()
+    with LocalRegistry(tmp_path / "registry", address=fresh.gateway) as registry:
+        control_plane.define_sku(LAB_SKU)
+        control_plane.publish_image(
+            "lab-prewarm",
+            image,
+            f"{registry.host}/slices/lab-prewarm:v1",
+            [LAB_SKU.slug],
+            plain_http=True,
+        )
+        extravars = ssh_key(fresh)
+        state = prewarm_image("lab-prewarm", [fresh.name], extravars=extravars, return_state=True)
+        assert state.is_completed(), state.message
+        [row] = state.result()
+        assert (row["node"], row["status"], row["fetched"]) == (fresh.name, "verified", True)
+        cached = f"{NODE_CACHE_DIR}/lab-prewarm.raw"
+        assert sh(fresh, f"sha256sum {cached}").split()[0] == digest
+        assert sh(fresh, f"ls -A {NODE_CACHE_DIR}").split() == ["lab-prewarm.raw"]
+        [copy] = control_plane.image_cache(fresh.name)
+        assert (copy.status, copy.digest_sha256, copy.local_path) == ("verified", digest, cached)
+
+        again = prewarm_image("lab-prewarm", [fresh.name], extravars=extravars, return_state=True)
+        assert again.is_completed(), again.message
+        assert [(r["status"], r["fetched"]) for r in again.result()] == [("verified", False)]
