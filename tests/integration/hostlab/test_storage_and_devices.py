@@ -438,49 +438,77 @@ def test_reconcile_wipes_a_released_slot_disk_of_the_lab_host_and_the_store_keep
     assert "does not verify with" in slot.health_detail, slot.health_detail
 
     # The key the host really holds, pinned as its bootstrap reports it (after the operator
-    # forgets the wrong one); the slot goes back to cleanup and the next wipe is believed.
+    # forgets the wrong one); the slot goes back to cleanup.
     cp.forget_signing_key(fresh.name, "test", "pinned the wrong key")
     cp.pin_reported_signing_key(fresh.name, signing_key, "test")
     cp.repair_slot(fresh.name, slot.slot_index, "wipe again under the right key", "test")
+
+    # The host's own signed proof of that wipe, now under the right key, is not believed
+    # again: recorded once, its nonce is spent; presented as another disk's, its signature
+    # fails; pointed at another device of the host, it is refused outright.
+    [untrusted_proof] = wipe_proofs(engine, fresh.name)
+    replayed = cp.record_wipe_proof(fresh.name, slot.slot_index, untrusted_proof, "test")
+    assert (replayed.status, replayed.verified) == ("cleanup_blocked", False), replayed
+    assert "already used by evidence" in replayed.distrust, replayed.distrust
+    cp.repair_slot(fresh.name, slot.slot_index, "try the proof as another disk's", "test")
+    other = fresh.nvme[1]
+    statement = {**untrusted_proof["attestation"]["statement"], "disk": {"serial": other["serial"]}}
+    as_other = {
+        **untrusted_proof,
+        "attestation": {**untrusted_proof["attestation"], "statement": statement},
+    }
+    retargeted = cp.record_wipe_proof(fresh.name, slot.slot_index, as_other, "test")
+    assert (retargeted.status, retargeted.verified) == ("cleanup_blocked", False), retargeted
+    assert "does not verify with" in retargeted.distrust, retargeted.distrust
+    elsewhere = {**untrusted_proof, "device": other["by_id"]}
+    with pytest.raises(InvalidInput) as refused:
+        cp.record_wipe_proof(fresh.name, slot.slot_index, elsewhere, "test")
+    assert refused.value.code == "proof_device_mismatch"
+    assert cp.list_slots(fresh.name)[0].status == "cleanup_blocked"
+
+    # The honest path: the next wipe, signed for its own nonce, returns the slot.
+    cp.repair_slot(fresh.name, slot.slot_index, "wipe again, honestly", "test")
     result = reconcile(grace_seconds=0, compare_with_hosts=False)
 
     [row] = [r for r in result["slots"] if r["node"] == fresh.name]
     assert row["now"] == "available", row
     [slot] = cp.list_slots(fresh.name)
     assert slot.status == "available" and slot.health_state == "healthy", slot
-    with engine.connect() as conn:
-        proofs = conn.execute(
-            text(
-                "SELECT e.passed, e.payload FROM evidence e JOIN nodes n ON n.id = e.node_id"
-                " WHERE e.kind = 'wipe_proof' AND n.hostname = :hostname ORDER BY e.id"
-            ),
-            {"hostname": fresh.name},
-        ).all()
-    [(refused, _), (passed, proof)] = proofs
-    assert not refused
-    assert passed and proof["verified"] is True and proof["device"] == slot.nvme_device
+    [proof] = wipe_proofs(engine, fresh.name, passed=True)
+    assert len(wipe_proofs(engine, fresh.name, passed=False)) == 3
+    assert proof["verified"] is True and proof["device"] == slot.nvme_device
     statement = proof["attestation"]["statement"]
     assert statement["node"] == fresh.name and statement["disk"].get("serial"), statement
     assert proof["method"] == "nvme_format" and proof["approval"].startswith("reconcile")
     assert sh(fresh, f"head -c 11 {slot.nvme_device} | od -An -c").split() == ["\\0"] * 11
 
-    # The host's own signed proof, replayed after the next tenant's release, or pointed at
-    # another disk of the host, is recorded unverified and the slot stays blocked.
+    # That proof, replayed after the next tenant's release, is refused and the slot stays
+    # in cleanup, waiting for a wipe of its own.
     placed = cp.place(PlacementRequest(LAB_SKU.slug, 1))
     assert placed.placed, placed
-    cp.release(uuid.UUID(str(placed.allocation_id)), "test")
-    replayed = cp.record_wipe_proof(fresh.name, slot.slot_index, proof, "test")
-    assert replayed.status == "cleanup_blocked" and not replayed.verified, replayed
-    assert "issued before the slot's release" in replayed.distrust, replayed.distrust
-    other = fresh.nvme[1]
-    with pytest.raises(InvalidInput) as refused:
-        cp.record_wipe_proof(fresh.name, slot.slot_index, {**proof, "device": other["by_id"]}, "t")
-    assert refused.value.code == "proof_device_mismatch"
-    cp.repair_slot(fresh.name, slot.slot_index, "try the proof as another disk's", "test")
-    statement = {**proof["attestation"]["statement"], "disk": {"serial": other["serial"]}}
-    other_disk = {**proof, "attestation": {**proof["attestation"], "statement": statement}}
-    retargeted = cp.record_wipe_proof(fresh.name, slot.slot_index, other_disk, "test")
-    assert retargeted.status == "cleanup_blocked" and not retargeted.verified, retargeted
-    assert "does not verify with" in retargeted.distrust, retargeted.distrust
-    [slot] = cp.list_slots(fresh.name)
-    assert slot.status == "cleanup_blocked", slot
+    allocation = uuid.UUID(str(placed.allocation_id))
+    cp.transition(allocation, AllocationState.PROVISIONING, "test")
+    cp.transition(allocation, AllocationState.ACTIVE, "test")
+    cp.release(allocation, "test")
+    with pytest.raises(InvalidInput) as replay:
+        cp.record_wipe_proof(fresh.name, slot.slot_index, proof, "test")
+    assert replay.value.code == "proof_predates_release"
+    assert cp.list_slots(fresh.name)[0].status == "cleanup"
+
+
+def wipe_proofs(engine, hostname: str, passed: bool | None = None) -> list[dict]:
+    """The node's wipe proofs on record as the host sent them (the store's verdict, its
+    ``trust`` field, taken off), oldest first; those that passed, or did not."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT e.passed, e.payload FROM evidence e JOIN nodes n ON n.id = e.node_id"
+                " WHERE e.kind = 'wipe_proof' AND n.hostname = :hostname ORDER BY e.id"
+            ),
+            {"hostname": hostname},
+        ).all()
+    return [
+        {key: value for key, value in payload.items() if key != "trust"}
+        for ok, payload in rows
+        if passed is None or ok is passed
+    ]
