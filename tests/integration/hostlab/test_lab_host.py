@@ -221,6 +221,7 @@ def test_benchmark_compare_captures_this_machine_and_a_vm_on_it(
             text(
                 "SELECT e.passed, e.payload->>'verdict' FROM evidence e JOIN nodes n"
                 " ON n.id = e.node_id WHERE e.kind = 'benchmark' AND n.hostname = :h"
+                " AND e.node_task_id IS NULL"
             ),
             {"h": fresh.name},
         ).all()
