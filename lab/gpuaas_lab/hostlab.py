@@ -116,7 +116,10 @@ SLICE_PACKAGES = (
     "driverctl",
     "python3-cryptography",
 )
-PACKAGES = BASE_PACKAGES + SLICE_PACKAGES
+# The benchmark harness's tools (plugins/module_utils/benchmark.py), so a capture of a lab
+# host measures CPU, memory and network instead of skipping them.
+BENCHMARK_PACKAGES = ("sysbench", "fio", "iperf3")
+PACKAGES = BASE_PACKAGES + SLICE_PACKAGES + BENCHMARK_PACKAGES
 BOOTSTRAP_VENV = "/opt/gpuaas/bootstrap/venv"
 # The lab's own kernel arguments (the bootstrap adds the IOMMU ones and keeps these).
 # no_timer_check: under TCG on a busy machine the emulated timer can miss the kernel's

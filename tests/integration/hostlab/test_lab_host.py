@@ -1,7 +1,8 @@
 """The lab itself: a real Debian host under QEMU reachable over SSH, the lab's refusals of
-bad input, parity's verdicts on a host never bootstrapped and an image prewarmed onto it
-from a registry (the fresh host of conftest.py, before test_storage_and_devices.py changes
-it; the deploy, bootstrap, reboot and parity path is in test_deploy_to_parity.py)."""
+bad input, parity's verdicts on a host never bootstrapped, an image prewarmed onto it from a
+registry and the benchmark harness run on it against this machine (the fresh host of
+conftest.py, before test_storage_and_devices.py changes it; the deploy, bootstrap, reboot
+and parity path is in test_deploy_to_parity.py)."""
 
 from __future__ import annotations
 
@@ -10,21 +11,27 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from controlplane.api import ControlPlane
 from controlplane.enums import HostKeySource
 from controlplane.hostkeys import parse_public_key
 from controlplane.services.images import NODE_CACHE_DIR
+from controlplane.services.inventory import NodeSpec
+from flows.benchmarks import benchmark_compare
 from flows.fleet import parity_sweep
 from flows.images import prewarm_image
+from flows.refusals import found
 from gpuaas_lab import hostlab
 from gpuaas_lab.hostlab import console_tail
 from gpuaas_lab.registry import LocalRegistry
 from gpuaas_lab.registry import unavailable_reason as registry_unavailable
 from gpuaas_lab.slicehost import LAB_SKU
+from tests.integration.flows.prefect_reads import table_artifact
 from tests.integration.hostlab.conftest import node_task_outputs, parity_results, sh, ssh_key
 from tests.unit.test_hostkeys import keygen
 
@@ -164,3 +171,58 @@ def test_prewarm_fetches_a_published_image_onto_the_lab_host_over_ssh(
         again = prewarm_image("lab-prewarm", [fresh.name], extravars=extravars, return_state=True)
         assert again.is_completed(), again.message
         assert [(r["status"], r["fetched"]) for r in again.result()] == [("verified", False)]
+
+
+def test_benchmark_compare_captures_this_machine_and_a_vm_on_it(
+    fresh: hostlab.LabHost, control_plane: ControlPlane, engine, tmp_path: Path
+) -> None:
+    """The same probe set on bare metal (this machine, by local connection) and on a VM
+    running on it (the lab host, over SSH), iperf3 to a server on the VM's bridge: every
+    CPU, memory and network probe measured on both sides with its command and tool version,
+    GPU and RDMA skipped with their reason, the deltas, plot and verdict recorded."""
+    control_plane.register_node(
+        NodeSpec(
+            "bm-controller",
+            "region-lab-1",
+            maas_tags=("gpuaas-profile-baremetal",),
+            host_vars={"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
+        )
+    )
+    with open(tmp_path / "iperf3.log", "wb") as log:
+        server = subprocess.Popen(
+            ["iperf3", "-s", "-B", fresh.gateway, "-p", "5201"], stdout=log, stderr=log
+        )
+    try:
+        state = benchmark_compare(
+            "bm-controller",
+            fresh.name,
+            network_peer=fresh.gateway,
+            extravars=ssh_key(fresh),
+            return_state=True,
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=15)
+    result = found(state)
+    assert result["verdict"] in ("pass", "fail"), result
+    rows = {m["metric"]: m for m in result["metrics"]}
+    for metric in ("cpu_events_per_s", "memory_read_mib_s", "memory_write_mib_s", "network_gbit_s"):
+        assert rows[metric]["verdict"] in ("pass", "fail"), rows[metric]
+    assert rows["gpu_count"]["verdict"] == "not compared"
+    assert Path(result["plot"]).read_bytes()[:4] == b"\x89PNG"
+    run_id = state.state_details.flow_run_id
+    for role, host in (("baseline", "bm-controller"), ("candidate", fresh.name)):
+        probes = {r["probe"]: r for r in table_artifact(run_id, f"benchmark-{fresh.name}-{role}")}
+        assert probes["cpu_events_per_s"]["status"] == "ok", (host, probes)
+        assert "sysbench" in probes["cpu_events_per_s"]["command"], probes
+        assert probes["gpu_count"]["status"] == "skipped", probes
+    with engine.connect() as conn:
+        [(passed, verdict)] = conn.execute(
+            text(
+                "SELECT e.passed, e.payload->>'verdict' FROM evidence e JOIN nodes n"
+                " ON n.id = e.node_id WHERE e.kind = 'benchmark' AND n.hostname = :h"
+                " AND e.node_task_id IS NULL"
+            ),
+            {"h": fresh.name},
+        ).all()
+    assert (passed, verdict) == (result["verdict"] == "pass", result["verdict"])
