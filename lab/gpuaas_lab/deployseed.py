@@ -33,7 +33,6 @@ from gpuaas_lab.hostlab import HostLabError, LabHost
 from gpuaas_lab.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE = REPO_ROOT / "scripts" / "maas" / "cloud-init" / "gpuaas-slice-deploy.yaml.j2"
 # The lab image has no route to a package mirror and carries the slice packages already;
 # it has no GPUs or fabric, so parity reports those without failing the deploy.
 LAB_BOOTSTRAP_VARS: Mapping[str, Any] = MappingProxyType(
