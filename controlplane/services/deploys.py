@@ -11,7 +11,6 @@ from sqlalchemy.orm import Session
 from controlplane import deploy_user_data
 from controlplane.deploy_user_data import DeployRequest
 from controlplane.enums import HostKeySource
-from controlplane.errors import InvalidInput
 from controlplane.hostkeys import generate_host_key
 from controlplane.repositories import nodes as node_repo
 from controlplane.services import host_keys
@@ -36,10 +35,9 @@ def issue(
     """Render the node's deploy user-data around a new ed25519 host key, pin the key's
     public half (replacing the node's SSH host keys, recorded) and hand the text to
     ``deliver`` inside the caller's transaction: a key whose user-data could not be
-    delivered is never pinned. The private half exists only in the delivered text."""
-    if not reason.strip():
-        raise InvalidInput("reason_required", "say why the node is (re)deployed", {})
-    request.check()
+    delivered is never pinned. The private half exists only in the delivered text. The
+    request is checked by ``render`` and the reason by ``pin``, both before anything is
+    written."""
     node = node_repo.get_by_hostname(session, hostname, for_update=True)
     node_repo.refuse_retired(node, "be deployed")
     profile = deploy_user_data.profile_of(node.profile_intent, hostname)
