@@ -200,6 +200,21 @@ def _require_usable() -> None:
 
 
 @dataclass(frozen=True)
+class ImageRecipe:
+    """What an image holds. ``cache_name``: its directory under the cache;
+    ``bootstrap_venv``: a virtual environment with this controller's ansible-core."""
+
+    cache_name: str
+    packages: tuple[str, ...]
+    hostname: str
+    disk_size_mib: int
+    bootstrap_venv: bool
+
+
+HOST_RECIPE = ImageRecipe("hostimage", PACKAGES, "lab-host", DISK_SIZE_MIB, True)
+
+
+@dataclass(frozen=True)
 class HostImage:
     path: str
     cache_key: str
@@ -215,47 +230,54 @@ def _ansible_core_version() -> str:
     return version("ansible-core")
 
 
-def image_key(ansible_core: str) -> str:
-    recipe = {
+def image_key(recipe: ImageRecipe, ansible_core: str) -> str:
+    described = {
         "suite": SUITE,
-        "packages": sorted(PACKAGES),
+        **asdict(recipe),
+        "packages": sorted(recipe.packages),
         "ansible_core": ansible_core,
         "kernel_args": KERNEL_ARGS,
         # The recipe is the code that builds the image, not the rest of this file.
         "recipe_sha256": hashlib.sha256(
-            "".join(inspect.getsource(f) for f in (_customize_script, _build_disk)).encode()
+            "".join(
+                inspect.getsource(f)
+                for f in (_customize_script, _bootstrap_venv_script, _build_disk, _download_wheels)
+            ).encode()
         ).hexdigest(),
     }
-    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:20]
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:20]
 
 
 def ensure_host_image(
-    cache_dir: Path | None = None, in_use: frozenset[str] = frozenset()
+    cache_dir: Path | None = None,
+    in_use: frozenset[str] = frozenset(),
+    recipe: ImageRecipe = HOST_RECIPE,
 ) -> HostImage:
-    """The cached host disk image for the current recipe, building it first if needed.
+    """The cached disk image for the current ``recipe``, building it first if needed.
     Images of other recipes are removed unless ``in_use`` (cache keys hosts of this state
     directory boot from), open by a process (a host of another state directory or checkout
     running from it) or used within STALE_IMAGE_SECONDS (another checkout between getting
     its image and booting from it)."""
     _require_usable()
     cache_dir = cache_dir or default_cache_dir()
-    ansible_core = _ansible_core_version()
-    key = image_key(ansible_core)
-    entry = cache_dir / "hostimage" / key
+    ansible_core = _ansible_core_version() if recipe.bootstrap_venv else ""
+    key = image_key(recipe, ansible_core)
+    images = cache_dir / recipe.cache_name
+    entry = images / key
     record = entry / "image.json"
-    with locked(cache_dir / "hostimage" / ".lock"):
+    with locked(images / ".lock"):
         if record.exists():
             record.touch()
             return HostImage(**{**json.loads(record.read_text()), "built_now": False})
-        for stale in (cache_dir / "hostimage").iterdir():
+        for stale in images.iterdir():
             # Each image is about a gigabyte; another recipe's serves only existing hosts.
             if stale.is_dir() and stale.name not in {key, *in_use} and _unused(stale):
                 shutil.rmtree(stale, ignore_errors=True)
         started = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix="build-", dir=cache_dir / "hostimage") as tmp:
+        with tempfile.TemporaryDirectory(prefix="build-", dir=images) as tmp:
             work = Path(tmp)
             root_uuid = str(uuid.uuid4())
-            disk = _build_disk(work, root_uuid, ansible_core)
+            disk = _build_disk(work, root_uuid, recipe, ansible_core)
             entry.mkdir(parents=True, exist_ok=True)
             os.replace(disk, entry / "disk.raw")
         image = HostImage(
@@ -290,7 +312,7 @@ def _unused(entry: Path) -> bool:
     return True
 
 
-def _customize_script(root_uuid: str, esp_uuid: str) -> str:
+def _customize_script(root_uuid: str, esp_uuid: str, recipe: ImageRecipe) -> str:
     """Runs once on the finished root file system (mmdebstrap's customize hook, "$1")."""
     early = (
         "insmod part_gpt\\ninsmod ext2\\n"
@@ -310,7 +332,7 @@ cat > "$root/etc/systemd/system.conf.d/90-gpuaas-lab.conf" <<EOF
 [Manager]
 DefaultTimeoutStartSec=15min
 EOF
-echo lab-host > "$root/etc/hostname"
+echo {recipe.hostname} > "$root/etc/hostname"
 cat > "$root/etc/cloud/cloud.cfg.d/90-gpuaas-lab.cfg" <<EOF
 datasource_list: [NoCloud, None]
 EOF
@@ -351,43 +373,39 @@ EOF
 printf '{early}' > "$root/tmp/early.cfg"
 chroot "$root" grub-mkstandalone -O x86_64-efi -o /boot/lab-BOOTX64.EFI \\
     "boot/grub/grub.cfg=/tmp/early.cfg"
-chroot "$root" python3 -m venv {BOOTSTRAP_VENV}
-chroot "$root" {BOOTSTRAP_VENV}/bin/pip install --quiet --no-index --find-links /tmp/wheels \\
-    ansible-core
-rm -rf "$root/tmp/wheels" "$root/tmp/early.cfg" "$root/var/cache/apt/archives"/*.deb
+{_bootstrap_venv_script() if recipe.bootstrap_venv else ""}
+rm -rf "$root/tmp/early.cfg" "$root/var/cache/apt/archives"/*.deb
 """
 
 
-def _build_disk(work: Path, root_uuid: str, ansible_core: str) -> Path:
+def _bootstrap_venv_script() -> str:
+    """Installs the wheels the build copied to /tmp/wheels into BOOTSTRAP_VENV."""
+    return f"""chroot "$root" python3 -m venv {BOOTSTRAP_VENV}
+chroot "$root" {BOOTSTRAP_VENV}/bin/pip install --quiet --no-index --find-links /tmp/wheels \\
+    ansible-core
+rm -rf "$root/tmp/wheels"
+"""
+
+
+def _build_disk(work: Path, root_uuid: str, recipe: ImageRecipe, ansible_core: str) -> Path:
     wheels = work / "wheels"
-    _run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--only-binary=:all:",
-            "--python-version",
-            "3.11",
-            "-d",
-            str(wheels),
-            f"ansible-core=={ansible_core}",
-        ]
-    )
+    copy_wheels = []
+    if recipe.bootstrap_venv:
+        copy_wheels = [f"--customize-hook=copy-in {wheels} /tmp"]
+        _download_wheels(wheels, ansible_core)
     esp_id = uuid.uuid4().hex[:8].upper()
     esp_uuid = f"{esp_id[:4]}-{esp_id[4:]}"
     script = work / "customize.sh"
-    script.write_text(_customize_script(root_uuid, esp_uuid))
+    script.write_text(_customize_script(root_uuid, esp_uuid, recipe))
     rootfs = work / "rootfs"
     _run(
         [
             "mmdebstrap",
             "--variant=minbase",
             "--mode=root",
-            f"--include={','.join(PACKAGES)}",
+            f"--include={','.join(recipe.packages)}",
             "--aptopt=APT::Install-Recommends false",
-            f"--customize-hook=copy-in {wheels} /tmp",
+            *copy_wheels,
             f'--customize-hook=sh {script} "$1"',
             SUITE,
             str(rootfs),
@@ -416,8 +434,8 @@ def _build_disk(work: Path, root_uuid: str, ansible_core: str) -> Path:
     _run(["mcopy", "-i", str(esp), str(efi), "::/EFI/BOOT/BOOTX64.EFI"])
     disk = work / "disk.raw"
     with open(disk, "wb") as handle:
-        handle.truncate(DISK_SIZE_MIB << 20)
-    last = (DISK_SIZE_MIB << 20) // SECTOR - 34
+        handle.truncate(recipe.disk_size_mib << 20)
+    last = (recipe.disk_size_mib << 20) // SECTOR - 34
     _run(
         [
             "sgdisk",
@@ -456,6 +474,25 @@ def _build_disk(work: Path, root_uuid: str, ansible_core: str) -> Path:
     )
     shutil.rmtree(rootfs)
     return disk
+
+
+def _download_wheels(wheels: Path, ansible_core: str) -> None:
+    """This controller's ansible-core for the image's Python, for an offline install."""
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "-d",
+            str(wheels),
+            f"ansible-core=={ansible_core}",
+        ]
+    )
 
 
 # -- hosts -------------------------------------------------------------------------------
