@@ -35,6 +35,7 @@ from controlplane.services import (
     deploys,
     events,
     evidence_trust,
+    guests,
     host_keys,
     image_cache,
     images,
@@ -424,6 +425,12 @@ class ControlPlane:
         with db.transaction(self.engine) as session:
             return allocations.issue_guest_host_key(session, allocation_id)
 
+    def guest_target(self, allocation_id: uuid.UUID, user: str) -> guests.GuestTarget:
+        """How host actions reach the allocation's slice VM as ``user`` (refused unless it
+        is an active slice VM with an issued host key)."""
+        with db.transaction(self.engine) as session:
+            return guests.guest_target(session, allocation_id, user)
+
     def runtime_spec(self, allocation_id: uuid.UUID) -> allocations.RuntimeSpec:
         with db.transaction(self.engine) as session:
             return allocations.runtime_spec(session, allocation_id)
@@ -538,15 +545,23 @@ class ControlPlane:
                 session, hostname, kind, passed, summary, payload, actor, node_task_id
             )
 
-    def benchmark_storage_target(self, hostname: str, target: str) -> str:
-        """``target`` if a capture on ``hostname`` may read it (an available slot's disk)."""
+    def benchmark_storage_target(self, hostname: str, target: str, in_guest: bool = False) -> str:
+        """``target`` if a capture on ``hostname`` may read it: an available slot's disk,
+        or in its slice VM (``in_guest``) one of the guest's disks."""
+        if in_guest:
+            return guests.storage_target(target)
         with db.transaction(self.engine) as session:
             return benchmarks.storage_target(session, hostname, target)
 
     def record_benchmark_comparison(
-        self, hostname: str, comparison: dict[str, Any], actor: str
+        self,
+        hostname: str,
+        comparison: dict[str, Any],
+        actor: str,
+        allocation_id: uuid.UUID | None = None,
     ) -> int:
-        """The comparison's verdict as ``benchmark`` evidence of the candidate's node."""
+        """The comparison's verdict as ``benchmark`` evidence of the candidate's node (and
+        of its allocation, when the candidate is a slice VM)."""
         with db.transaction(self.engine) as session:
             return tasks.record_evidence(
                 session,
@@ -556,6 +571,7 @@ class ControlPlane:
                 benchmarks.comparison_summary(comparison),
                 comparison,
                 actor,
+                allocation_id=allocation_id,
             )
 
     def in_flight(self, grace_seconds: float) -> list[Any]:

@@ -19,7 +19,9 @@ from typing import Any
 from controlplane.api import ControlPlane
 from controlplane.enums import EvidenceKind, NodeTaskKind
 from controlplane.errors import Conflict
+from controlplane.hostkeys import write_known_hosts
 from controlplane.secrets import redact, secret_values
+from controlplane.services.guests import GuestTarget
 from controlplane.services.tasks import Admission
 from flows.runner import EventObserver, PlaybookRun, RunResult, new_private_dir, run_playbook
 
@@ -111,6 +113,14 @@ def inventory_source(private_dir: Path, hostnames: list[str]) -> Path:
         )
     )
     return source
+
+
+def guest_inventory(private_dir: Path, guest: GuestTarget) -> dict[str, Any]:
+    """The run's inventory when it runs inside a slice VM: the guest alone, checked against
+    the keys its target names (kept with the run, as for nodes)."""
+    known_hosts = private_dir / "known_hosts"
+    write_known_hosts(known_hosts, guest.known_hosts())
+    return {"all": {"hosts": {guest.name: guest.host_variables(str(known_hosts))}}}
 
 
 # What ssh says when strict checking refuses the key a host presents (or has none pinned).
@@ -244,6 +254,7 @@ def run_host_action(
     on_event: EventObserver | None = None,
     on_wait: Callable[[str], None] = log.info,
     wait_for_room: bool = True,
+    guest: GuestTarget | None = None,
 ) -> dict[str, HostOutcome]:
     """Run ``action`` on ``hostnames`` (one playbook run) and record one node task each,
     once every node has room for it (``admit``; ``on_wait`` hears what it waits for).
@@ -253,7 +264,11 @@ def run_host_action(
     ``record`` may take over recording a passing host's result (discovery imports the
     candidate map into the task); otherwise the module result becomes the evidence.
     ``on_event`` sees each runner event as it arrives (progress in the Prefect UI).
+    With ``guest`` the playbook runs inside that slice VM instead; ``hostnames`` is then
+    its node alone, whose node task (on the guest's allocation) records the result.
     """
+    if guest is not None and hostnames != [guest.node]:
+        raise ValueError(f"a run inside {guest.name} records on its node {guest.node} alone")
     parameters = redact(extravars, secret_values(extravars))
     admission, waited = admit(
         lambda: cp.begin_tasks(
@@ -275,17 +290,22 @@ def run_host_action(
     if not task_ids:
         return outcomes
     hostnames = sorted(task_ids)
+    run_as = {h: guest.name if guest else h for h in hostnames}
     try:
         private_dir = new_private_dir(action.playbook)
         result = run_playbook(
             PlaybookRun(
                 playbook=action.playbook,
-                inventory=str(inventory_source(private_dir, hostnames)),
+                inventory=(
+                    guest_inventory(private_dir, guest)
+                    if guest
+                    else str(inventory_source(private_dir, hostnames))
+                ),
                 # Each host's node task id is its nonce for signed evidence (docs/trust.md).
                 extravars={
                     **extravars,
-                    "gpuaas_hosts": ",".join(hostnames),
-                    "gpuaas_node_tasks": {h: str(t) for h, t in task_ids.items()},
+                    "gpuaas_hosts": ",".join(run_as.values()),
+                    "gpuaas_node_tasks": {run_as[h]: str(t) for h, t in task_ids.items()},
                 },
                 database_url=cp.engine.url.render_as_string(hide_password=False),
                 timeout=action.timeout,
@@ -300,7 +320,7 @@ def run_host_action(
     for host, task_id in task_ids.items():
         try:
             outcomes[host] = record_outcome(
-                cp, action, host, task_id, result, record, waited, actor
+                cp, action, host, task_id, result, record, waited, actor, run_as[host]
             )
         except BaseException as exc:
             end_unrecorded(
@@ -319,34 +339,37 @@ def record_outcome(
     record: Callable[[str, uuid.UUID, RunResult], int | None] | None,
     waited: float,
     actor: str,
+    ran_as: str | None = None,
 ) -> HostOutcome:
-    """One host's outcome of the run, its node task ended with the evidence."""
-    failure = failure_of(result, host)
-    if failure is not None and HOST_KEY_REFUSED.search(failure):
+    """One host's outcome of the run, its node task ended with the evidence. ``ran_as``:
+    the inventory host the playbook ran on for the node (its slice VM), if not the node."""
+    ran_as = ran_as or host
+    failure = failure_of(result, ran_as)
+    if failure is not None and ran_as == host and HOST_KEY_REFUSED.search(failure):
         failure = cp.host_key_refusal(host) or failure
-    passed = failure is None and result.host_passed(host)
+    passed = failure is None and result.host_passed(ran_as)
     outcome = HostOutcome(
         hostname=host,
         node_task_id=str(task_id),
         passed=passed,
-        module_result=result.module_result(host, action.module),
+        module_result=result.module_result(ran_as, action.module),
         failure=failure,
         artifact_dir=result.artifact_dir,
         reported={
             module: found
             for module in action.reported
-            if (found := result.module_result(host, module)) is not None
+            if (found := result.module_result(ran_as, module)) is not None
         },
         waited_s=waited,
     )
     if passed and record is not None:
         outcome.evidence_id = record(host, task_id, result)
         return outcome
-    summary = result.hosts.get(host)
+    summary = result.hosts.get(ran_as)
     outcome.evidence_id = cp.complete_task(
         task_id,
         succeeded=passed,
-        output=host_output(result, host, action.module),
+        output=host_output(result, ran_as, action.module),
         summary={
             "ok": summary.ok if summary else 0,
             "changed": summary.changed if summary else 0,

@@ -61,6 +61,10 @@ def profile_intent_from_tags(tags: tuple[str, ...]) -> ProfileIntent:
     return intents.pop() if intents else ProfileIntent.UNKNOWN
 
 
+# How the controller reaches a node's slice network (controlplane/services/guests.py).
+SLICE_PROXY_COMMAND_VAR = "gpuaas_slice_proxy_command"
+
+
 def validate_spec(spec: NodeSpec) -> str | None:
     """Check a registration and return the normalised slice subnet."""
     if not HOSTNAME.match(spec.hostname):
@@ -104,6 +108,14 @@ def validate_spec(spec: NodeSpec) -> str | None:
                 " check the keys the store pins (docs/trust.md, `gpuaas node rekey`)",
                 {"key": key},
             )
+    proxy = spec.host_vars.get(SLICE_PROXY_COMMAND_VAR)
+    if proxy is not None and not (isinstance(proxy, str) and "%h" in proxy and "%p" in proxy):
+        raise InvalidInput(
+            "slice_proxy_command_invalid",
+            f"{SLICE_PROXY_COMMAND_VAR} must be an OpenSSH ProxyCommand that connects to %h "
+            "port %p on the node's slice network",
+            {"value": proxy},
+        )
     if spec.slice_subnet is None:
         return None
     try:

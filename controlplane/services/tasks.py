@@ -260,6 +260,7 @@ def record_evidence(
     payload: dict[str, Any],
     actor: str,
     node_task_id: uuid.UUID | None = None,
+    allocation_id: uuid.UUID | None = None,
 ) -> int:
     """Evidence about a node outside a node task's own result (a flow's verdict)."""
     node = node_repo.get_by_hostname(session, hostname)
@@ -272,4 +273,5 @@ def record_evidence(
         payload=payload,
         node_id=node.id,
         node_task_id=node_task_id,
+        allocation_id=allocation_id,
     ).id

@@ -14,7 +14,8 @@ boots without its GPU and VF hostdevs (their XML is validated in the VM tests in
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+import shlex
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,8 @@ class LabSliceHost:
     disk_mib: int = 64
     slots: int = 1
     host_action_limit: int = NodeSpec.host_action_limit
+    # The image the slots' VMs boot: the busybox guest, or sliceguest's Debian one.
+    guest_image: Callable[[], GuestImage] = ensure_guest_image
     lab: VmLab | None = None
     image: GuestImage | None = None
     host_vars: dict[str, Any] = field(default_factory=dict)
@@ -95,7 +98,7 @@ class LabSliceHost:
 
     def __enter__(self) -> LabSliceHost:
         self.root.mkdir(parents=True, exist_ok=True)
-        self.image = ensure_guest_image()
+        self.image = self.guest_image()
         self.lab = VmLab(self.root / "lab", bridge_type="linux", dev_disk_by_id=True)
         try:
             self.lab.start()
@@ -115,6 +118,11 @@ class LabSliceHost:
                 "ansible_python_interpreter": str(interpreter_in(self.lab.ns, self.root)),
                 "gpuaas_topology_root": str(tree),
                 "gpuaas_node_id": self.hostname,
+                # The slice network is in the lab's namespace: the controller reaches a
+                # slice VM through it (controlplane/services/guests.py).
+                "gpuaas_slice_proxy_command": shlex.join(
+                    [*self.lab.ns.exec_prefix(), "nc", "%h", "%p"]
+                ),
                 "slice_vm_provision_bridge_type": "linux",
                 "slice_vm_provision_emulation": True,
                 "slice_vm_provision_pci_passthrough": False,
