@@ -140,6 +140,8 @@ def up_deployed(
     collection built from this checkout and served until its first boot has finished
     (cloud-init done, so the bootstrap has run). Its SSH host key is one the deploy
     user-data seeds, as the control plane issues it (docs/trust.md)."""
+    # Before building the collection: without root that build is not what fails first.
+    hostlab.require_usable()
     host_key = generate_host_key()
     with tempfile.TemporaryDirectory(prefix="gpuaas-collection-") as directory:
         tarball = build_collection(Path(directory))

@@ -190,7 +190,7 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _require_usable() -> None:
+def require_usable() -> None:
     reason = unavailable_reason()
     if reason:
         raise HostLabError("lab_host_unavailable", reason)
@@ -258,7 +258,7 @@ def ensure_host_image(
     directory boot from), open by a process (a host of another state directory or checkout
     running from it) or used within STALE_IMAGE_SECONDS (another checkout between getting
     its image and booting from it)."""
-    _require_usable()
+    require_usable()
     cache_dir = cache_dir or default_cache_dir()
     ansible_core = _ansible_core_version() if recipe.bootstrap_venv else ""
     key = image_key(recipe, ansible_core)
@@ -968,7 +968,7 @@ def up(
     _validate_name(name)
     if not 0 <= nvme <= 8:
         raise HostLabError("lab_host_bad_nvme", f"--nvme must be 0-8, not {nvme}")
-    _require_usable()
+    require_usable()
     state_dir = state_dir or default_state_dir()
     state_dir.mkdir(parents=True, exist_ok=True)
     in_use = frozenset(
@@ -1145,7 +1145,7 @@ def _teardown(host: LabHost) -> None:
 
 def down(name: str, state_dir: Path | None = None) -> dict:
     """Stop the host and remove everything it made: QEMU, tap, bridge, its directory."""
-    _require_usable()
+    require_usable()
     state_dir = state_dir or default_state_dir()
     with locked(state_dir / ".hosts.lock"):
         host = get_host(name, state_dir)
