@@ -85,11 +85,18 @@ class GuestTarget:
             # A host variable outranks ANSIBLE_HOST_KEY_CHECKING, which ansible-runner
             # sets to False (controlplane/services/ansible_inventory.py).
             "ansible_host_key_checking": True,
-            "ansible_control_path": control_path(self.name, [self.host_key]),
+            # A persisted master connection skips the checks: its path names every pin the
+            # route was checked against, the node's too.
+            "ansible_control_path": control_path(self.name, self.pins()),
             "ansible_ssh_common_args": " ".join(options),
             "gpuaas_node_id": self.node,
             "gpuaas_allocation_id": self.allocation_id,
         }
+
+    def pins(self) -> list[HostKey]:
+        """Every key a connection to the guest is checked against."""
+        jump = list(self.route.keys) if isinstance(self.route, NodeJump) else []
+        return [self.host_key, *jump]
 
     def known_hosts(self) -> str:
         entries: list[tuple[str, list[HostKey]]] = [(self.name, [self.host_key])]

@@ -4,6 +4,7 @@ may read. OpenSSH's own parser (``ssh -G``) reads the options back, as Ansible p
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import subprocess
 
@@ -73,6 +74,14 @@ def test_the_default_route_jumps_through_the_node_under_the_nodes_pins() -> None
         "user ops",
     ):
         assert line in jumped, (line, jumped)
+    # A master connection opened under other node pins is not reused.
+    rekeyed = dataclasses.replace(
+        guest, route=dataclasses.replace(jump, keys=(generate_host_key()[1],))
+    )
+    assert (
+        rekeyed.host_variables(KNOWN_HOSTS)["ansible_control_path"]
+        != guest.host_variables(KNOWN_HOSTS)["ansible_control_path"]
+    )
     assert guest.known_hosts().splitlines() == [
         f"{guest.name} {guest.host_key.public_line()}",
         f"j22u21 {node_key.public_line()}",
