@@ -108,9 +108,12 @@ LOCK_ALLOCATION = "SELECT 1 FROM allocations WHERE state IN ({states}) FOR UPDAT
 # SHARE lets every read through and stops every insert into node_tasks.
 HOLD_NODE_TASKS = "LOCK TABLE node_tasks IN SHARE MODE"
 PAUSE_STATE_CHANGE = "SELECT 1 FROM allocations FOR NO KEY UPDATE"
+# Every claimed slot, whatever its claim's state: the hold may be taken after the run
+# released the claims, and must still pause the proofs (a fresh clone's loaded run took it
+# that late once, and the run recorded its proof before the kill).
 PAUSE_PROOFS = (
     "SELECT 1 FROM node_resource_slots s JOIN allocation_resource_claims c"
-    " ON c.slot_id = s.id WHERE c.state = 'active' FOR KEY SHARE OF s"
+    " ON c.slot_id = s.id FOR KEY SHARE OF s"
 )
 
 PROVISION_STEPS = {
