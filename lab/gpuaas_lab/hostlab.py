@@ -68,36 +68,41 @@ from gpuaas_lab.vmguest import default_cache_dir, locked
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
-# What MAAS's Debian deploy brings, plus the tools the collection's modules call.
-BASE_PACKAGES = (
+# A Debian that boots from its ESP and takes its users, keys and network from cloud-init
+# (the kernel is each image's own choice): what the host and the slice guest share.
+BOOTABLE_PACKAGES = (
     "systemd-sysv",
     "udev",
     "dbus",
     "openssh-server",
     "sudo",
     "python3",
-    "python3-venv",
-    "python3-apt",
     "cloud-init",
     "ifupdown",
-    "linux-image-cloud-amd64",
     "grub-efi-amd64",
     "initramfs-tools",
     "iproute2",
-    "iptables",
     "kmod",
+    "procps",
+    "util-linux",
+)
+# What MAAS's Debian deploy brings, plus the tools the collection's modules call.
+BASE_PACKAGES = (
+    *BOOTABLE_PACKAGES,
+    "python3-venv",
+    "python3-apt",
+    "linux-image-cloud-amd64",
+    "iptables",
     "pciutils",
     "nvme-cli",
     "mdadm",
     "lvm2",
-    "util-linux",
     "e2fsprogs",
     "dosfstools",
     "parted",
     "gdisk",
     "psmisc",
     "lsof",
-    "procps",
     "curl",
     "ca-certificates",
 )

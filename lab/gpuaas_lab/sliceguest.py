@@ -27,23 +27,10 @@ from gpuaas_lab.vmguest import GuestImage
 # no datasource: no users, new host keys, and the readiness gate refuses the guest).
 KERNEL_PACKAGE = "linux-image-amd64"
 PACKAGES = (
-    "systemd-sysv",
-    "udev",
-    "dbus",
-    "openssh-server",
-    "sudo",
-    "python3",
-    "cloud-init",
-    "ifupdown",
+    *hostlab.BOOTABLE_PACKAGES,
     # cloud-init writes a DHCP stanza for the seed's network-config; ifupdown needs a client.
     "isc-dhcp-client",
     KERNEL_PACKAGE,
-    "grub-efi-amd64",
-    "initramfs-tools",
-    "iproute2",
-    "kmod",
-    "procps",
-    "util-linux",
     *hostlab.BENCHMARK_PACKAGES,
 )
 RECIPE = hostlab.ImageRecipe("sliceguest", PACKAGES, "slice-guest", 2048, False)
