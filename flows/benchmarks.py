@@ -82,7 +82,6 @@ def capture_host(
         [hostname],
         {**extravars, "gpuaas_benchmark": settings},
         ACTOR,
-        allocation_id=uuid.UUID(guest.allocation_id) if guest else None,
         flow_run_id=current_run(),
         on_wait=logger.info,
         guest=guest,

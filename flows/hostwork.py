@@ -267,8 +267,10 @@ def run_host_action(
     With ``guest`` the playbook runs inside that slice VM instead; ``hostnames`` is then
     its node alone, whose node task (on the guest's allocation) records the result.
     """
-    if guest is not None and hostnames != [guest.node]:
-        raise ValueError(f"a run inside {guest.name} records on its node {guest.node} alone")
+    if guest is not None:
+        if hostnames != [guest.node]:
+            raise ValueError(f"a run inside {guest.name} records on its node {guest.node} alone")
+        allocation_id = uuid.UUID(guest.allocation_id)
     parameters = redact(extravars, secret_values(extravars))
     admission, waited = admit(
         lambda: cp.begin_tasks(
