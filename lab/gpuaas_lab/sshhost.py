@@ -1,8 +1,11 @@
 """A host reached over real SSH on this machine's loopback, in seconds rather than the
 minutes a lab host VM takes to boot: Dropbear (the SSH server the slice guests run) on
 127.0.0.1 with a host key the lab generates, logging root in with a lab key. It runs in a
-private mount namespace whose /root is an empty tmpfs holding only the lab's
-authorized_keys, so the machine's own root account and SSH setup are never touched.
+mount namespace of its own whose /root is an empty tmpfs holding only the lab's
+authorized_keys, so the machine's own root account and SSH setup are never touched. The
+namespace is a slave of the machine's (loopdev.py says why): a private one would keep
+copies of the mounts other tests make meanwhile, which the storage modules rightly refuse
+to wipe under (other_namespace_mount).
 
 What it proves is the controller's side of SSH: which host key a connection accepts,
 and how a refusal reads. Modules reached through it act on this machine, so only
@@ -97,7 +100,7 @@ class LoopbackSshHost:
                     "unshare",
                     "--mount",
                     "--propagation",
-                    "private",
+                    "slave",
                     "sh",
                     "-c",
                     script,
