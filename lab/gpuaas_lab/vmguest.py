@@ -17,6 +17,10 @@ extracted with `dpkg-deb`; busybox-static, dropbear and the libraries dropbear l
 from the installed Debian packages (scripts/system-packages.txt). The cache key is the
 versions of all those packages plus the hash of this file, so a new kernel or a change
 here rebuilds. Cache: $GPUAAS_CACHE_DIR or ~/.cache/gpuaas, under `vmguest/<key>/`.
+Resolving those versions asks apt and dpkg a dozen questions (seconds on a loaded machine,
+and every lab slice host asks): the answers are kept under `vmguest/inputs/`, keyed by the
+state of the package database they came from (dpkg's status file and apt's package lists),
+so they are asked again only after an install, a removal or an `apt-get update`.
 
     python -m gpuaas_lab.vmguest build [CACHE_DIR]   # prints the image record as JSON
 """
@@ -178,6 +182,34 @@ def _owning_packages(paths: list[Path]) -> dict[str, str]:
     return dict(sorted(versions.items()))
 
 
+# What the answers of resolve_inputs depend on: installed packages and apt's candidates.
+PACKAGE_STATE_FILES = (Path("/var/lib/dpkg/status"),)
+APT_LISTS = Path("/var/lib/apt/lists")
+
+
+def package_state() -> str:
+    """A key of the package database's state: each file's name, size and modification
+    time (dpkg and apt replace these files whenever what they describe changes)."""
+    files = [*PACKAGE_STATE_FILES, *sorted(APT_LISTS.glob("*_Packages*"))]
+    described = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.exists()]
+    builder = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    return hashlib.sha256(json.dumps([builder, described]).encode()).hexdigest()[:20]
+
+
+def recorded_inputs(cache_dir: Path) -> GuestInputs:
+    """resolve_inputs' answers for the current package state, asked once per state."""
+    record = cache_dir / "vmguest" / "inputs" / f"{package_state()}.json"
+    if record.exists():
+        return GuestInputs(**json.loads(record.read_text()))
+    inputs = resolve_inputs()
+    record.parent.mkdir(parents=True, exist_ok=True)
+    # Two test workers may resolve at once: each writes its own file, then renames it.
+    partial = record.with_name(f"{record.name}.{os.getpid()}")
+    partial.write_text(json.dumps(asdict(inputs), indent=2))
+    os.replace(partial, record)
+    return inputs
+
+
 def resolve_inputs() -> GuestInputs:
     kernel_package, kernel_version = _kernel_package()
     host_files = [BUSYBOX, DROPBEAR, *_shared_libraries(DROPBEAR)]
@@ -214,7 +246,7 @@ def file_sha256(path: Path) -> str:
 def ensure_guest_image(cache_dir: Path | None = None) -> GuestImage:
     """The cached guest image for the current inputs, building it first if needed."""
     cache_dir = cache_dir or default_cache_dir()
-    inputs = resolve_inputs()
+    inputs = recorded_inputs(cache_dir)
     key = inputs.cache_key()
     entry = cache_dir / "vmguest" / key
     record_path = entry / "image.json"
