@@ -4,7 +4,7 @@ VENV := $(CURDIR)/.venv
 export PATH := $(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup demo test lint sanity maas-script bench clean
+.PHONY: setup demo test test-lab lint sanity maas-script bench clean
 
 setup:
 	@scripts/setup.sh
@@ -12,8 +12,12 @@ setup:
 demo: setup
 	gpuaas demo
 
-test: setup lint
-	scripts/run-tests.sh
+# The two test tiers (README, "Test tiers"): what every change passes, and the lab proofs.
+test: setup
+	scripts/run-tests.sh test
+
+test-lab: setup
+	scripts/run-tests.sh lab
 
 sanity: setup
 	scripts/sanity.sh
@@ -22,10 +26,7 @@ maas-script: setup
 	python scripts/maas/build_commissioning_script.py
 
 lint: setup
-	ruff check .
-	ruff format --check .
-	python scripts/maas/build_commissioning_script.py --check
-	ansible-lint -q
+	scripts/lint.sh
 
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; python $$b || exit 1; done

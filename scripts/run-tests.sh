@@ -1,29 +1,114 @@
 #!/usr/bin/env bash
-# The tests CI runs: unit and integration tests (real PostgreSQL, loop devices, namespaces,
-# libvirt/QEMU), ansible-test sanity, and the Molecule scenarios (all but lab_host, which
-# runs by name: scripts/molecule.sh).
+# The two test tiers (README, "Test tiers"); pytest markers decide where a test runs
+# (tests/tiers.py), the scenario's name where a Molecule scenario runs (scripts/molecule.sh).
 #
-# The lab-host tests (Debian hosts under QEMU, tests/integration/hostlab) run after the rest,
-# side by side with Molecule's scenarios one at a time: at most three TCG guests then share
-# the machine, which slow down far more than in proportion when its cores are oversubscribed
-# (docs/slice-host.md, "Lab hosts under load").
+#   scripts/run-tests.sh test   make test, what CI runs: lint, unit and integration tests,
+#                               ansible-test sanity, the Molecule scenarios that need no lab
+#                               host, and the lab-host smoke (a deployed host to parity over
+#                               SSH), which runs beside the others from the start: its host's
+#                               first boot is the longest wait of the tier.
+#   scripts/run-tests.sh lab    make test-lab: the tests marked `lab` (the other lab-host
+#                               tests, large labs) and Molecule's lab_* scenarios, side by
+#                               side.
+#
+# Every phase runs even when one before it failed, so one run shows every failure. The tier
+# ends with a table of its phases, slowest tests and xdist workers (scripts/test_report.py),
+# from what it recorded in build/test-report/<tier>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 export ANSIBLE_CONFIG="$PWD/ansible.cfg"
 
-phase() { echo "== $1 (at $((SECONDS / 60)) min)"; }
+tier=${1:-test}
+case $tier in
+  test) target="make test" ;;
+  lab) target="make test-lab" ;;
+  *) echo "usage: scripts/run-tests.sh test|lab" >&2; exit 2 ;;
+esac
+report=$PWD/build/test-report/$tier
+rm -rf "$report"
+mkdir -p "$report"
+export GPUAAS_TEST_REPORT=$report
+workers=${GPUAAS_TEST_WORKERS:-2}
+hz=$(getconf CLK_TCK)
+began=$SECONDS
+tier_start=$EPOCHREALTIME
 
-phase "unit and integration tests"
-pytest -n "${GPUAAS_TEST_WORKERS:-2}" --dist loadgroup --ignore=tests/integration/hostlab tests
-phase "ansible-test sanity"
-scripts/sanity.sh
-phase "lab-host tests and Molecule"
-GPUAAS_MOLECULE_WORKERS=${GPUAAS_MOLECULE_WORKERS:-1} scripts/molecule.sh &
-molecule=$!
-lab=0
-pytest tests/integration/hostlab || lab=$?
-scenarios=0
-wait "$molecule" || scenarios=$?
-phase "done: lab-host tests rc=$lab, Molecule rc=$scenarios"
-[ "$lab" -eq 0 ] && [ "$scenarios" -eq 0 ]
+# Busy CPU time of the whole machine so far, in clock ticks (user, nice, system, irq,
+# softirq, steal).
+busy_ticks() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
+
+# record NAME START TICKS RC: one row of the report's phase table (ticks: busy_ticks at START).
+record() {
+  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$EPOCHREALTIME" \
+    "$(awk -v t="$(($(busy_ticks) - $3))" -v hz="$hz" 'BEGIN{print t / hz}')" "$4" \
+    >>"$report/phases.tsv"
+}
+tier_ticks=$(busy_ticks)
+
+# run_phase NAME COMMAND...: runs and times one phase, recording it for the report.
+run_phase() {
+  local name=$1 start=$EPOCHREALTIME ticks rc=0
+  shift
+  ticks=$(busy_ticks)
+  echo "== $name (at $(((SECONDS - began) / 60)) min)"
+  "$@" || rc=$?
+  record "$name" "$start" "$ticks" "$rc"
+  echo "== $name: exit $rc (at $(((SECONDS - began) / 60)) min)"
+  return "$rc"
+}
+
+# in_background NAME COMMAND...: a phase beside the others, its output kept in its own log
+# (printed when it is waited for) so it does not interleave with theirs.
+in_background() {
+  local name=$1
+  shift
+  echo "== $name: started beside the others (output: $report/${name// /-}.log)"
+  "$@" >"$report/${name// /-}.log" 2>&1 &
+}
+
+# waited NAME PID: the background phase's exit code, once its output is shown.
+waited() {
+  local rc=0
+  wait "$2" || rc=$?
+  echo "== output of $1"
+  cat "$report/${1// /-}.log"
+  return "$rc"
+}
+
+# pytest_phase NAME PYTEST-ARGS...: a pytest phase whose test timings go to the report.
+pytest_phase() {
+  local name=$1
+  shift
+  run_phase "$name" pytest -p no:cacheprovider --timings "$report/${name// /-}.jsonl" "$@"
+}
+
+failed=()
+if [ "$tier" = test ]; then
+  in_background "lab-host smoke" pytest_phase "lab-host smoke" -m "labhost and smoke" \
+    tests/integration/hostlab
+  smoke=$!
+  run_phase "lint" scripts/lint.sh || failed+=("lint")
+  pytest_phase "unit and integration tests" -n "$workers" --dist loadgroup \
+    -m "not lab and not labhost" tests || failed+=("unit and integration tests")
+  run_phase "ansible-test sanity" scripts/sanity.sh || failed+=("ansible-test sanity")
+  run_phase "Molecule" scripts/molecule.sh --tier test || failed+=("Molecule")
+  waited "lab-host smoke" "$smoke" || failed+=("lab-host smoke")
+else
+  in_background "Molecule lab scenarios" run_phase "Molecule lab scenarios" \
+    scripts/molecule.sh --tier lab
+  molecule=$!
+  pytest_phase "lab-host tests" -m "labhost and lab" tests/integration/hostlab \
+    || failed+=("lab-host tests")
+  waited "Molecule lab scenarios" "$molecule" || failed+=("Molecule lab scenarios")
+  pytest_phase "large lab tests" -n "$workers" --dist loadgroup -m "lab and not labhost" tests \
+    || failed+=("large lab tests")
+fi
+record "total" "$tier_start" "$tier_ticks" "${#failed[@]}"
+
+python scripts/test_report.py "$report"
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "$target failed: ${failed[*]}" >&2
+  exit 1
+fi
+echo "$target: every phase passed"

@@ -7,6 +7,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -15,6 +16,9 @@ from sqlalchemy import Engine, create_engine
 
 from controlplane import migrate
 from controlplane.embedded import EmbeddedPostgres
+
+# The tiers' markers and the timings both tiers report (tests/tiers.py).
+pytest_plugins = ["tests.tiers"]
 
 TEMPLATE_DB = "gpuaas_template"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -61,15 +65,30 @@ def empty_database_url(pg_cluster: EmbeddedPostgres) -> Iterator[str]:
         conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
+@contextmanager
+def migrated_database(cluster: EmbeddedPostgres, template: str) -> Iterator[str]:
+    """A new database cloned from the migrated template, dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with _admin_connect(cluster) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    yield cluster.url(name)
+    with _admin_connect(cluster) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
 @pytest.fixture
 def database_url(pg_cluster: EmbeddedPostgres, template_database: str) -> Iterator[str]:
     """A fresh migrated database for one test."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with _admin_connect(pg_cluster) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
-    yield pg_cluster.url(name)
-    with _admin_connect(pg_cluster) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with migrated_database(pg_cluster, template_database) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def module_database_url(pg_cluster: EmbeddedPostgres, template_database: str) -> Iterator[str]:
+    """A migrated database the tests of one module share (for a costly state they only
+    read, such as a filled fleet)."""
+    with migrated_database(pg_cluster, template_database) as url:
+        yield url
 
 
 @pytest.fixture

@@ -57,6 +57,8 @@ def debian_slice_node(tmp_path, database_url, monkeypatch, prefect_harness):
         yield cp, host
 
 
+# A large lab (make test-lab): a Debian guest built from packages and booted under TCG.
+@pytest.mark.lab
 def test_a_slice_vm_made_by_the_flow_judged_against_its_node(debian_slice_node, engine, tmp_path):
     cp, host = debian_slice_node
     discover_topology(hostnames=[host.hostname])

@@ -31,7 +31,8 @@ from flows.serve import prefect_database_url, prefect_stack
 from gpuaas_lab.ports import free_port
 from gpuaas_lab.slicehost import LAB_SKU, LabSliceHost, unavailable_reason
 
-pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.vm]
+# A large lab (make test-lab): eight emulated guests at once, a Prefect server and workers.
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.vm, pytest.mark.lab]
 
 PROVISION = "provision_allocation/provision-allocation"
 RELEASE = "release_allocation/release-allocation"

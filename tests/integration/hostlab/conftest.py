@@ -1,10 +1,13 @@
-"""Two real Debian hosts under QEMU for the whole test session (one per xdist worker that
-needs them): ``fresh``, booted with only the lab's user-data, and ``deployed``, booted with
-the project's MAAS deploy user-data as well, which bootstraps it on first boot. Both start
-at once; each fixture waits only for its own host, and the tests that need ``deployed`` run
-last, so the tests of the fresh host run while the deployed one is still bootstrapping (its
-first boot is the longest wait of the suite). They are removed at the end whatever
-happened, with the HTTP server that served the collection to the deployed one.
+"""Real Debian hosts under QEMU for the whole test session (one per xdist worker that
+needs them), booted only if a selected test uses them, all at once, each fixture waiting
+only for its own host: ``fresh``, booted with only the lab's user-data, and ``deployed``,
+booted with the project's MAAS deploy user-data as well, which bootstraps it on first boot
+(the longest wait of the suite: its tests run last, so the others run meanwhile). They are
+removed at the end whatever happened, with the HTTP server that served the collection to
+the deployed one.
+
+Every test here says its tier (tests/tiers.py): ``smoke`` (test_deploy_smoke.py, in make
+test) or ``lab`` (make test-lab).
 """
 
 from __future__ import annotations
@@ -47,29 +50,32 @@ def collection_server(tmp_path_factory) -> Iterator[tuple[deployseed.CollectionS
 
 
 @pytest.fixture(scope="session")
-def lab_hosts(state_dir: Path, collection_server) -> Iterator[dict[str, hostlab.LabHost]]:
-    """Both hosts, started and not waited for (see ``ready``)."""
-    server, tarball = collection_server
+def lab_hosts(request, state_dir: Path) -> Iterator[dict[str, hostlab.LabHost]]:
+    """The hosts the session's selected tests use, started and not waited for (see
+    ``ready``)."""
+    wanted = [
+        role for role in NVME if any(role in item.fixturenames for item in request.session.items)
+    ]
     suffix = uuid.uuid4().hex[:6]
-    names = {"fresh": f"f{suffix}", "deployed": f"d{suffix}"}
-    # The deployed host's SSH host key comes with its deploy user-data, as the control plane
-    # issues it (docs/trust.md, "Host keys issued at deploy"); the fresh one's from the lab.
-    deploy_key = generate_host_key()
-    seeds = {
-        "fresh": None,
-        "deployed": deployseed.deploy_seed(server, tarball, host_key=deploy_key),
-    }
-    seeded = {"fresh": None, "deployed": deploy_key[1]}
+    names = {role: f"{role[0]}{suffix}" for role in wanted}
     hosts: dict[str, hostlab.LabHost] = {}
     try:
         for role, name in names.items():
+            seed, seeded = None, None
+            if role == "deployed":
+                # Its SSH host key comes with its deploy user-data, as the control plane
+                # issues it (docs/trust.md, "Host keys issued at deploy").
+                server, tarball = request.getfixturevalue("collection_server")
+                deploy_key = generate_host_key()
+                seed = deployseed.deploy_seed(server, tarball, host_key=deploy_key)
+                seeded = deploy_key[1]
             hosts[role] = hostlab.up(
                 name,
                 nvme=NVME[role],
-                extra_user_data=seeds[role],
+                extra_user_data=seed,
                 state_dir=state_dir,
                 wait=False,
-                seeded_host_key=seeded[role],
+                seeded_host_key=seeded,
             )
         yield hosts
     finally:
@@ -142,8 +148,9 @@ def pin_lab_key(
 
 @pytest.fixture
 def control_plane(lab_hosts, tmp_path, database_url, monkeypatch, prefect_harness):
-    """The store, with both lab hosts registered as slice nodes reached over SSH and their
-    host keys pinned (their addresses and keys are known before they finish booting)."""
+    """The store, with the session's lab hosts registered as slice nodes reached over SSH
+    and their host keys pinned (their addresses and keys are known before they finish
+    booting)."""
     monkeypatch.setenv("GPUAAS_DATABASE_URL", database_url)
     monkeypatch.setenv("GPUAAS_RUNS_DIR", str(tmp_path / "runs"))
     cp = ControlPlane.from_environment()
@@ -164,7 +171,7 @@ def control_plane(lab_hosts, tmp_path, database_url, monkeypatch, prefect_harnes
         pin_lab_key(
             cp,
             host,
-            HostKeySource.DEPLOY if host is lab_hosts["deployed"] else HostKeySource.OPERATOR,
+            HostKeySource.DEPLOY if host is lab_hosts.get("deployed") else HostKeySource.OPERATOR,
         )
     return cp
 

@@ -1,10 +1,10 @@
-"""The host path of a GPU slice host, for real, on two lab hosts over SSH: MAAS deploy
-user-data bootstraps a host on first boot; parity (the sweep flow, fanned out over both
-hosts) judges each; the ``bootstrap_host`` flow runs the roles again over SSH (nothing
+"""The host path of a GPU slice host, for real, on two lab hosts over SSH (make test-lab;
+make test's smoke, test_deploy_smoke.py, takes the deployed host to parity alone): MAAS
+deploy user-data bootstraps a host on first boot; parity (the sweep flow, fanned out over
+both hosts) judges each; the ``bootstrap_host`` flow runs the roles again over SSH (nothing
 changes) and, allowed to reboot, reboots the deployed host through GRUB and systemd and
 proves it with parity; topology discovery reads the live kernel. ``bootstrap.yml`` by
-``ansible-playbook`` over SSH on a host never bootstrapped is Molecule's lab_host scenario
-(run by name: ``scripts/molecule.sh lab_host``).
+``ansible-playbook`` over SSH on a host never bootstrapped is Molecule's lab_host scenario.
 
 One scenario in one test: pytest-xdist may run other modules' tests in between steps. It
 runs last among the lab host tests (conftest.py), once the deployed host's first boot ends.
@@ -33,7 +33,13 @@ from tests.integration.hostlab.conftest import (
     ssh_key,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("labhost")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.root,
+    pytest.mark.labhost,
+    pytest.mark.lab,
+    pytest.mark.xdist_group("labhost"),
+]
 
 BRIDGE = "ovsbr0"
 RECORD = "/run/gpuaas/reboot-required.json"

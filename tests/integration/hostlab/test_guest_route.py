@@ -26,7 +26,13 @@ from flows.hostwork import guest_inventory
 from gpuaas_lab import hostlab
 from tests.integration.ansible_helpers import PlaybookRun, ansible_environment, run_playbook
 
-pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("labhost")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.root,
+    pytest.mark.labhost,
+    pytest.mark.lab,
+    pytest.mark.xdist_group("labhost"),
+]
 
 WHOAMI = [
     {

@@ -35,7 +35,13 @@ from tests.integration.flows.prefect_reads import table_artifact
 from tests.integration.hostlab.conftest import node_task_outputs, parity_results, sh, ssh_key
 from tests.unit.test_hostkeys import keygen
 
-pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("labhost")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.root,
+    pytest.mark.labhost,
+    pytest.mark.lab,
+    pytest.mark.xdist_group("labhost"),
+]
 
 
 def lab_links() -> set[str]:

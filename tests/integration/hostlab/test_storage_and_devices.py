@@ -36,7 +36,13 @@ from tests.integration.ansible_helpers import PlaybookRun
 from tests.integration.hostlab.conftest import pin_lab_key, run_tasks, sh
 from tests.integration.wipe_proofs import node_key
 
-pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("labhost")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.root,
+    pytest.mark.labhost,
+    pytest.mark.lab,
+    pytest.mark.xdist_group("labhost"),
+]
 
 APPROVAL = "INFRA-1842: lab host disks"
 MD_ARRAY = "/dev/md/glmirror"
