@@ -37,12 +37,13 @@ PARAMS = {
 }
 
 
-@pytest.fixture
-def filled(database_url: str) -> Iterator[Engine]:
+@pytest.fixture(scope="module")
+def filled(module_database_url: str) -> Iterator[Engine]:
     """The issue's fleet (1,000 nodes, 800 sliceable x 8), analyzed while empty, then
     filled by placements (8-GPU slices until refused, then 1-GPU, then whole nodes) with
-    no ANALYZE afterwards; autovacuum is off for the database so none sneaks in."""
-    engine = db.create(database_url)
+    no ANALYZE afterwards; autovacuum is off for the database so none sneaks in. Shared by
+    the module's tests: they only read it (plans, and a refusal that writes nothing)."""
+    engine = db.create(module_database_url)
     create_fleet(engine, FleetSpec(nodes=1000, baremetal_nodes=200, prefix="f"))
     with engine.connect() as conn:
         conn.execute(text("ANALYZE"))
