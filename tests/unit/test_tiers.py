@@ -94,7 +94,9 @@ def test_timings_under_xdist_name_the_worker(suite: Path) -> None:
     assert workers and workers <= {"gw0", "gw1"}, workers
 
 
-@pytest.mark.parametrize("markers", ["", "@pytest.mark.lab\n@pytest.mark.smoke\n"])
+@pytest.mark.parametrize(
+    "markers", ["", "@pytest.mark.lab\n@pytest.mark.smoke\n"], ids=["no tier", "both tiers"]
+)
 def test_a_lab_host_test_without_exactly_one_tier_is_refused(suite: Path, markers: str) -> None:
     (suite / "test_unplaced.py").write_text(
         f"import pytest\n\n\n@pytest.mark.labhost\n{markers}def test_where():\n    pass\n"
