@@ -7,10 +7,10 @@
 # Usage: scripts/molecule.sh [--tier test|lab] [scenario ...]
 #   --tier test   every scenario that needs no lab host (make test; the default)
 #   --tier lab    the lab_* scenarios, each on a lab host (make test-lab)
-# Scenarios run GPUAAS_MOLECULE_WORKERS at a time (default 2), longest first; each one's
-# output goes to build/molecule/<scenario>.log and a failing one's tail is printed. Each
-# action's start and end go to $GPUAAS_TEST_REPORT/molecule-<scenario>.tsv (default
-# build/molecule), for scripts/test_report.py.
+# Scenarios run GPUAAS_MOLECULE_WORKERS at a time (default 2, 1 for --tier lab), longest
+# first; each one's output goes to build/molecule/<scenario>.log and a failing one's tail is
+# printed. Each action's start and end go to $GPUAAS_TEST_REPORT/molecule-<scenario>.tsv
+# (default build/molecule), for scripts/test_report.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -54,7 +54,10 @@ for name in "${all[@]}"; do
   else [ "$tier" = test ] && tiered+=("$name"); fi
 done
 scenarios=("${@:-${tiered[@]}}")
-workers=${GPUAAS_MOLECULE_WORKERS:-2}
+# A lab scenario's TCG guest wants a core of its own (make test-lab runs two lab hosts
+# beside them): one lab scenario at a time, two of the others.
+if [ "$tier" = lab ]; then default_workers=1; else default_workers=2; fi
+workers=${GPUAAS_MOLECULE_WORKERS:-$default_workers}
 logs=$root/build/molecule
 timings=${GPUAAS_TEST_REPORT:-$logs}
 mkdir -p "$logs" "$timings"
