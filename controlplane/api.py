@@ -22,6 +22,7 @@ from controlplane.enums import (
     HostKeySource,
     KeyPurpose,
     NodeTaskKind,
+    SweepKind,
 )
 from controlplane.errors import GpuaasError
 from controlplane.fleet_picture import FleetPicture
@@ -44,6 +45,7 @@ from controlplane.services import (
     reconcile,
     requests,
     retirement,
+    sweeps,
     tasks,
     wipes,
 )
@@ -593,6 +595,33 @@ class ControlPlane:
     def abandon_tasks(self, task_ids: list[str], reason: str) -> list[str]:
         with db.transaction(self.engine) as session:
             return tasks.abandon(session, task_ids, reason)
+
+    def batch_outcomes(
+        self, kind: NodeTaskKind, flow_run_ids: list[str], hostnames: list[str]
+    ) -> dict[str, sweeps.TaskOutcome]:
+        with db.transaction(self.engine) as session:
+            return sweeps.batch_outcomes(session, kind, flow_run_ids, hostnames)
+
+    def abandon_run_tasks(self, flow_run_id: str, reason: str) -> list[str]:
+        with db.transaction(self.engine) as session:
+            return sweeps.abandon_run_tasks(session, flow_run_id, reason)
+
+    def judge_sweep(
+        self,
+        sweep_run_id: str,
+        kind: SweepKind,
+        hostname: str,
+        outcome: sweeps.TaskOutcome | None,
+        batch: int,
+        actor: str,
+    ) -> sweeps.Verdict:
+        """The sweep's one verdict on the node (a second judgment returns the first)."""
+        with db.transaction(self.engine) as session:
+            return sweeps.judge(session, sweep_run_id, kind, hostname, outcome, batch, actor)
+
+    def sweep_verdicts(self, sweep_run_id: str) -> list[sweeps.Verdict]:
+        with db.transaction(self.engine) as session:
+            return sweeps.verdicts(session, sweep_run_id)
 
     def define_sku(self, spec: inventory.SkuSpec) -> bool:
         with db.transaction(self.engine) as session:

@@ -104,6 +104,13 @@ class NodeTaskKind(StrEnum):
     HOST_BENCHMARK = "host.benchmark"
 
 
+class SweepKind(StrEnum):
+    """The host actions a fleet sweep judges (the node task kinds of the same names)."""
+
+    DISCOVERY = "slice.topology_discover"
+    PARITY = "host.parity"
+
+
 class NodeTaskState(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"

@@ -65,6 +65,7 @@ from controlplane.enums import (
     ProfileIntent,
     SharingMechanism,
     SlotStatus,
+    SweepKind,
 )
 
 NAMING_CONVENTION = {
@@ -536,6 +537,36 @@ class Evidence(Base):
     __table_args__ = (
         Index("ix_evidence_slot_kind", "slot_id", "kind"),
         Index("ix_evidence_node_kind", "node_id", "kind"),
+    )
+
+
+class SweepVerdict(Base):
+    """One fleet sweep's judgment of one node: which node task it judged and what it
+    decided. Written once per sweep, node and kind (the unique key), so a batch run twice
+    because its worker died cannot judge a node twice (docs/operations.md, "Fleet
+    sweeps")."""
+
+    __tablename__ = "sweep_verdicts"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    # The sweep's own (parent) flow run.
+    sweep_run_id: Mapped[str] = mapped_column(String(64))
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
+    kind: Mapped[SweepKind] = mapped_column(checked_enum(SweepKind, "sweep_kind"))
+    node_task_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("node_tasks.id", ondelete="RESTRICT")
+    )
+    batch: Mapped[int] = mapped_column(Integer)
+    passed: Mapped[bool] = mapped_column(Boolean)
+    failed_checks: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
+    detail: Mapped[str | None] = mapped_column(Text)
+    admin_state_changed: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    judged_by: Mapped[str] = mapped_column(String(200))
+    judged_at: Mapped[dt.datetime] = utcnow_column()
+
+    __table_args__ = (
+        UniqueConstraint("sweep_run_id", "node_id", "kind"),
+        CheckConstraint("batch >= 0", name="batch_nonnegative"),
     )
 
 

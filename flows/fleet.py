@@ -13,19 +13,15 @@ from dataclasses import asdict
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.futures import as_completed
 from prefect.runtime import flow_run
 from prefect.states import Completed
-from prefect.task_runners import ThreadPoolTaskRunner
 
 from controlplane.api import ControlPlane
 from controlplane.enums import EvidenceKind
 from controlplane.errors import Conflict, GpuaasError
-from flows import artifacts
+from flows import artifacts, sweeps
 from flows.hostwork import (
     BOOTSTRAP,
-    DISCOVER,
-    PARITY,
     STORAGE_TRANSITION,
     HostOutcome,
     run_host_action,
@@ -68,58 +64,46 @@ def select_nodes(hostnames: list[str], region: str, profile_intent: str) -> list
     return chosen
 
 
-@task(name="discover topology on hosts", retries=2, retry_delay_seconds=5)
-def discover_hosts(hostnames: list[str], extravars: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    cp = control_plane()
-    imports: dict[str, dict[str, Any]] = {}
-
-    def record(host: str, task_id: uuid.UUID, result) -> None:
-        topology = result.module_result(host, DISCOVER.module)["topology"]
-        imports[host] = asdict(cp.import_topology(host, topology, ACTOR, node_task_id=task_id))
-
-    outcomes = run_host_action(
-        cp,
-        DISCOVER,
-        hostnames,
-        extravars,
-        ACTOR,
-        flow_run_id=current_run(),
-        record=record,
-        on_event=artifacts.TaskLog(every_task=len(hostnames) == 1),
-        on_wait=get_run_logger().info,
-    )
-    return {
-        host: {
-            "passed": o.passed,
-            "failure": o.failure,
-            "node_task_id": o.node_task_id,
-            "import": imports.get(host),
-        }
-        for host, o in outcomes.items()
-    }
-
-
 @flow(name="discover_topology", log_prints=True)
 def discover_topology(
     hostnames: list[str] = [],  # noqa: B006 (flows/parameters.py)
     region: str = "",
     extravars: dict[str, Any] = {},  # noqa: B006 (flows/parameters.py)
+    batch_size: int = 25,
+    parallel_batches: int = 4,
 ) -> dict[str, Any]:
     """Discover candidate topology on slice nodes and store each map as a node task output.
     Candidates stay disabled: approval is its own explicit step (``approve_slots``).
+    Started from its deployment, the batches go to the work pool, so every worker shares
+    the sweep (docs/operations.md, "Fleet sweeps").
 
     Args:
         hostnames: Only these nodes (default: every slice node, or every one in the region).
         region: Only nodes of this region (empty: every region).
         extravars: Extra Ansible variables for the run (for example the SSH key path).
+        batch_size: Nodes discovered together by one runner job.
+        parallel_batches: Batches running at once.
     """
+    if batch_size < 1 or parallel_batches < 1:
+        return ended("batch_size and parallel_batches must be at least 1")
     logger = get_run_logger()
     hosts = select_nodes(hostnames, region, "slice_vm")
     if not hosts:
         logger.warning(no_nodes_matched(hostnames, region, "slice_vm"))
         return {}
-    logger.info("discovering topology on %d node(s): %s", len(hosts), ", ".join(hosts))
-    results = discover_hosts(hosts, extravars or {})
+    logger.info("discovering topology on %d node(s): %s", len(hosts), shorten(hosts))
+    swept = sweeps.sweep(
+        "discovery", hosts, batch_size, parallel_batches, extravars or {}, "discovery-progress"
+    )
+    results = {}
+    for verdict in swept.verdicts:
+        outcome = swept.outcomes[verdict.hostname]
+        results[verdict.hostname] = {
+            "passed": verdict.passed,
+            "failure": None if verdict.passed else verdict.detail,
+            "node_task_id": verdict.node_task_id,
+            "import": outcome.summary.get("import") if outcome and outcome.succeeded else None,
+        }
     for host, r in sorted(results.items()):
         imported = r["import"] or {}
         if r["passed"]:
@@ -149,13 +133,27 @@ def discover_topology(
     summary = (
         f"topology of {len(results)} node(s): {len(results) - len(failed)} discovered, "
         f"{len(failed)} failed"
-        + (f" ({', '.join(failed)})" if failed else "")
+        + (f" ({shorten(failed)})" if failed else "")
         + f"; {sum(row['approvable slots'] for row in rows)} slot(s) approvable"
+        + rerun_note(swept)
     )
     logger.log(logging.WARNING if failed else logging.INFO, summary)
     if failed:
         return ended(summary, results)
     return Completed(message=summary, data=results)
+
+
+def shorten(hosts: list[str], limit: int = 20) -> str:
+    """Node names for a log line or message: the first ``limit``, then how many more."""
+    shown = ", ".join(hosts[:limit])
+    return shown + (f" and {len(hosts) - limit} more" if len(hosts) > limit else "")
+
+
+def rerun_note(swept: sweeps.SweepResult) -> str:
+    """What a summary says about batches run more than once (their worker died)."""
+    if not swept.rerun:
+        return ""
+    return f"; batch(es) run again after their worker died: {', '.join(map(str, swept.rerun))}"
 
 
 @task(name="approve slots")
@@ -203,24 +201,49 @@ def approve_slots(
     return ended(result["message"], result)
 
 
-@task(name="check parity on a batch of hosts", retries=2, retry_delay_seconds=5)
-def parity_batch(hostnames: list[str], extravars: dict[str, Any]) -> dict[str, HostOutcome]:
-    return run_host_action(
-        control_plane(),
-        PARITY,
-        hostnames,
-        extravars,
-        ACTOR,
-        flow_run_id=current_run(),
-        on_event=artifacts.TaskLog(every_task=len(hostnames) == 1),
-        on_wait=get_run_logger().info,
+def verdict_row(
+    host: str,
+    failed: list[str],
+    why: str | None,
+    result: dict[str, Any] | None,
+    admin_state: str,
+    changed: bool,
+) -> dict[str, Any]:
+    """A node's line in the verdict table, with why each failed check failed."""
+    by_check = {item.get("check"): item for item in (result or {}).get("results") or []}
+    return {
+        "node": host,
+        "failures": len(failed),
+        "failed checks": ", ".join(failed),
+        "admin state": admin_state,
+        "changed": changed,
+        "checks": [
+            {
+                "node": host,
+                "check": check,
+                "why": (by_check.get(check) or {}).get("detail") or why or "",
+                "remediation": (by_check.get(check) or {}).get("remediation") or "",
+            }
+            for check in failed
+        ],
+    }
+
+
+def log_verdict(host: str, failed: list[str], admin_state: str, changed: bool) -> None:
+    get_run_logger().log(
+        logging.WARNING if failed else logging.INFO,
+        "%s: parity %s; admin state %s%s",
+        host,
+        f"FAILED ({', '.join(failed)})" if failed else "passed",
+        admin_state,
+        " (changed)" if changed else "",
     )
 
 
 @task(name="apply parity verdicts")
 def apply_verdicts(outcomes: dict[str, HostOutcome]) -> list[dict[str, Any]]:
+    """Verdicts outside a sweep (a bootstrap's own parity)."""
     cp = control_plane()
-    logger = get_run_logger()
     rows = []
     for host, outcome in sorted(outcomes.items()):
         failed, distrust = cp.parity_failures(
@@ -230,39 +253,18 @@ def apply_verdicts(outcomes: dict[str, HostOutcome]) -> list[dict[str, Any]]:
             uuid.UUID(outcome.node_task_id),
         )
         if distrust:
-            logger.warning("%s: parity result not trusted: %s", host, distrust)
+            get_run_logger().warning("%s: parity result not trusted: %s", host, distrust)
         verdict = cp.apply_parity(host, failed, ACTOR)
-        logger.log(
-            logging.WARNING if failed else logging.INFO,
-            "%s: parity %s; admin state %s%s",
-            host,
-            f"FAILED ({', '.join(failed)})" if failed else "passed",
-            verdict.admin_state,
-            " (changed)" if verdict.changed else "",
-        )
-        by_check = {
-            item.get("check"): item for item in (outcome.module_result or {}).get("results") or []
-        }
+        log_verdict(host, failed, verdict.admin_state, verdict.changed)
         rows.append(
-            {
-                "node": host,
-                "failures": len(failed),
-                "failed checks": ", ".join(failed),
-                "admin state": verdict.admin_state,
-                "changed": verdict.changed,
-                "checks": [
-                    {
-                        "node": host,
-                        "check": check,
-                        "why": (by_check.get(check) or {}).get("detail")
-                        or distrust
-                        or outcome.failure
-                        or "",
-                        "remediation": (by_check.get(check) or {}).get("remediation") or "",
-                    }
-                    for check in failed
-                ],
-            }
+            verdict_row(
+                host,
+                failed,
+                distrust or outcome.failure,
+                outcome.module_result,
+                verdict.admin_state,
+                verdict.changed,
+            )
         )
     return rows
 
@@ -279,16 +281,18 @@ def parity_sweep(
 ) -> list[dict[str, Any]] | Any:
     """Check parity across the fleet (or a selector). Concurrency is bounded: one runner
     job per batch of ``batch_size`` hosts (checked together, one fork each), at most
-    ``parallel_batches`` jobs at once, a new one starting as soon as one finishes. Failing
-    nodes become unavailable with the reason; nodes parity had made unavailable return
-    when they pass.
+    ``parallel_batches`` batches at once, a new one starting as soon as one finishes.
+    Started from its deployment, the batches go to the work pool, so every worker shares
+    the sweep, and a batch whose worker died runs again elsewhere (docs/operations.md,
+    "Fleet sweeps"). Each node is judged once: failing nodes become unavailable with the
+    reason; nodes parity had made unavailable return when they pass.
 
     Args:
         hostnames: Only these nodes (default: every node matching region and intent).
         region: Only nodes of this region (empty: every region).
         profile_intent: Only nodes of this profile intent (slice_vm, baremetal; empty: all).
         batch_size: Hosts checked together by one runner job.
-        parallel_batches: Runner jobs at once.
+        parallel_batches: Batches running at once.
         extravars: Extra Ansible variables (slice_parity_* role inputs, the SSH key path).
         fail_on_failures: End the run Failed when any node fails parity (default: the run
             ends Completed, named NodesFailed, with the nodes in its message).
@@ -300,26 +304,30 @@ def parity_sweep(
     if not hosts:
         logger.warning(no_nodes_matched(hostnames, region, profile_intent))
         return []
-    batches = [hosts[i : i + batch_size] for i in range(0, len(hosts), batch_size)]
-    logger.info(
-        "parity sweep over %d node(s) in %d batch(es) of up to %d, %d at once",
-        len(hosts),
-        len(batches),
-        batch_size,
-        parallel_batches,
+    swept = sweeps.sweep(
+        "parity", hosts, batch_size, parallel_batches, extravars or {}, "parity-sweep-progress"
     )
-    progress = artifacts.progress("parity-sweep-progress", f"Parity sweep over {len(hosts)} nodes")
-    rows: list[dict[str, Any]] = []
-    with ThreadPoolTaskRunner(max_workers=parallel_batches) as runner:
-        futures = [
-            runner.submit(parity_batch, {"hostnames": batch, "extravars": extravars or {}})
-            for batch in batches
-        ]
-        for done, future in enumerate(as_completed(futures), start=1):
-            rows.extend(apply_verdicts(future.result()))
-            progress.update(100.0 * done / len(batches))
-            logger.info("parity batch %d/%d done", done, len(batches))
-    rows.sort(key=lambda row: row["node"])
+    rows = []
+    for verdict in sorted(swept.verdicts, key=lambda v: v.hostname):
+        outcome = swept.outcomes[verdict.hostname]
+        if verdict.detail and "attestation" in verdict.failed_checks:
+            logger.warning("%s: parity result not trusted: %s", verdict.hostname, verdict.detail)
+        log_verdict(
+            verdict.hostname,
+            verdict.failed_checks,
+            verdict.admin_state,
+            verdict.admin_state_changed,
+        )
+        rows.append(
+            verdict_row(
+                verdict.hostname,
+                verdict.failed_checks,
+                verdict.detail,
+                outcome.result if outcome else None,
+                verdict.admin_state,
+                verdict.admin_state_changed,
+            )
+        )
     checks = [check for row in rows for check in row.pop("checks")]
     artifacts.table("parity-sweep", "Parity verdict per node", rows)
     artifacts.table(
@@ -328,7 +336,7 @@ def parity_sweep(
     failing = [row["node"] for row in rows if row["failures"]]
     summary = (
         f"parity of {len(rows)} node(s): {len(rows) - len(failing)} passed, "
-        f"{len(failing)} failed" + (f" ({', '.join(failing)})" if failing else "")
+        f"{len(failing)} failed" + (f" ({shorten(failing)})" if failing else "") + rerun_note(swept)
     )
     logger.log(logging.WARNING if failing else logging.INFO, summary)
     if failing and fail_on_failures:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -341,6 +341,8 @@ def import_topology(
             node_id=node.id,
             node_task_id=task.id,
         )
+    # What the import did stays with its task: a sweep judges the node from the store.
+    task.summary = {**summary, "import": asdict(result)}
     return result
 
 

@@ -84,7 +84,10 @@ def test_parity_sweep_marks_failing_nodes_unavailable_without_overriding_a_drain
     swept = parity_sweep(batch_size=2, return_state=True)
     verdicts = {r["node"]: r for r in swept.result()}
     logged = flow_run_logs(swept.state_details.flow_run_id)
-    assert "parity sweep over 3 node(s) in 2 batch(es) of up to 2, 4 at once" in logged
+    assert (
+        "parity sweep over 3 node(s) in 2 batch(es) of up to 2, 4 at once, in this process"
+        in logged
+    )
     assert any(line.startswith("j22u11: parity FAILED (") for line in logged), logged
     assert set(verdicts) == {"j22u05", "j22u11", "j22u15"}
     # No dnsmasq or libvirt runs in these namespaces: parity must fail honestly.
@@ -104,6 +107,14 @@ def test_parity_sweep_marks_failing_nodes_unavailable_without_overriding_a_drain
     assert swept.is_completed() and swept.name == "NodesFailed"
     summary = "parity of 3 node(s): 0 passed, 3 failed (j22u05, j22u11, j22u15)"
     assert swept.message == summary and summary in logged
+    # One verdict per node, recorded once for the sweep.
+    judged = rows(
+        engine,
+        "SELECT n.hostname, v.passed, v.batch FROM sweep_verdicts v"
+        " JOIN nodes n ON n.id = v.node_id WHERE v.sweep_run_id = :run ORDER BY 1",
+        run=str(swept.state_details.flow_run_id),
+    )
+    assert judged == [("j22u05", False, 0), ("j22u11", False, 0), ("j22u15", False, 1)]
     checks = table_artifact(swept.state_details.flow_run_id, "parity-sweep-failed-checks")
     nat = next(r for r in checks if (r["node"], r["check"]) == ("j22u11", "nat"))
     assert nat["why"] and nat["remediation"], nat

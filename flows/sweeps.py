@@ -1,0 +1,358 @@
+"""Fleet sweeps on Prefect's engine: a sweep's nodes are split into batches, and each
+batch is a run of the ``sweep-batch`` deployment that any worker of the pool may take,
+so every worker shares one sweep (docs/operations.md, "Fleet sweeps").
+
+A batch runs its host action on its nodes as one runner job and records each node task
+and its evidence in the store; it judges nothing. The sweep's own run submits the
+batches (``parallel_batches`` at once), follows them, and judges every node once, from the
+store, as its batch ends (``sweep_verdicts``: a second judgment is a no-op). A batch whose
+run crashed (its worker died: the ``gpuaas-crash-silent-runs`` automation marks a run
+whose heartbeats stopped) has the node tasks it left running ended, so they stop holding
+their nodes, and runs again, on whichever worker takes it.
+
+A sweep started in process (tests, a script), where no worker would take its batches,
+runs them in its own process as tasks, judged the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.client.schemas.objects import StateType
+from prefect.deployments import run_deployment
+from prefect.futures import as_completed
+from prefect.runtime import deployment, flow_run
+from prefect.states import Completed
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from controlplane.api import ControlPlane
+from controlplane.enums import SweepKind
+from controlplane.services.sweeps import TaskOutcome, Verdict
+from flows import artifacts
+from flows.hostwork import DISCOVER, PARITY, HostAction, run_host_action
+
+ACTOR = "flow"
+SWEEP_BATCH = "sweep_batch/sweep-batch"
+ACTIONS: dict[str, tuple[HostAction, SweepKind]] = {
+    "discovery": (DISCOVER, SweepKind.DISCOVERY),
+    "parity": (PARITY, SweepKind.PARITY),
+}
+# A batch crashed this often (three workers lost under it) is left unjudged.
+MAX_ATTEMPTS = 3
+POLL_SECONDS = 2.0
+
+
+def control_plane() -> ControlPlane:
+    return ControlPlane.from_environment()
+
+
+def current_run() -> str | None:
+    return str(flow_run.id) if flow_run.id else None
+
+
+def import_discovered(cp: ControlPlane) -> Callable[[str, uuid.UUID, Any], None]:
+    """Discovery records a passing host by importing its map (which ends its task)."""
+
+    def record(host: str, task_id: uuid.UUID, result: Any) -> None:
+        topology = result.module_result(host, DISCOVER.module)["topology"]
+        cp.import_topology(host, topology, ACTOR, node_task_id=task_id)
+
+    return record
+
+
+@task(name="run the batch's host action", retries=2, retry_delay_seconds=5)
+def run_batch(action: str, hostnames: list[str], extravars: dict[str, Any]) -> dict[str, Any]:
+    cp = control_plane()
+    host_action, kind = ACTIONS[action]
+    outcomes = run_host_action(
+        cp,
+        host_action,
+        hostnames,
+        extravars,
+        ACTOR,
+        flow_run_id=current_run(),
+        record=import_discovered(cp) if kind == SweepKind.DISCOVERY else None,
+        on_event=artifacts.TaskLog(every_task=len(hostnames) == 1),
+        on_wait=get_run_logger().info,
+    )
+    return {host: {"passed": o.passed, "failure": o.failure} for host, o in outcomes.items()}
+
+
+@flow(name="sweep_batch")
+def sweep_batch(
+    action: str,
+    hostnames: list[str],
+    extravars: dict[str, Any] = {},  # noqa: B006 (flows/parameters.py)
+    sweep: str = "",
+    batch: int = 0,
+) -> Any:
+    """One batch of a fleet sweep: the action on these nodes as one runner job, each
+    node's task and evidence recorded in the store; the sweep judges them from there.
+
+    Args:
+        action: discovery or parity.
+        hostnames: The batch's nodes.
+        extravars: Extra Ansible variables for the run.
+        sweep: The sweep's run id (for the logs).
+        batch: The batch's index in its sweep.
+    """
+    logger = get_run_logger()
+    if action not in ACTIONS:
+        raise ValueError(f"unknown sweep action {action!r}; one of {sorted(ACTIONS)}")
+    logger.info(
+        "batch %d of sweep %s: %s on %d node(s), on worker %s",
+        batch,
+        sweep or "(none)",
+        action,
+        len(hostnames),
+        os.environ.get("PREFECT__WORKER_NAME", "(none: in process)"),
+    )
+    results = run_batch(action, hostnames, extravars or {})
+    failed = sorted(host for host, r in results.items() if not r["passed"])
+    summary = f"batch {batch}: {action} on {len(results)} node(s), {len(failed)} failed"
+    logger.info(summary + (f" ({', '.join(failed)})" if failed else ""))
+    return Completed(message=summary, data=results)
+
+
+@dataclass
+class Attempt:
+    run_id: str
+    worker: str = ""
+    state: str = "Scheduled"
+    message: str = ""
+
+
+@dataclass
+class Batch:
+    index: int
+    hostnames: list[str]
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def run_ids(self) -> list[str]:
+        return [attempt.run_id for attempt in self.attempts]
+
+    def report(self) -> dict[str, Any]:
+        last = self.attempts[-1] if self.attempts else Attempt("")
+        return {
+            "batch": self.index,
+            "nodes": len(self.hostnames),
+            "runs": len(self.attempts),
+            "workers": ", ".join(dict.fromkeys(a.worker or "-" for a in self.attempts)),
+            "state": last.state,
+            "why run again": " | ".join(a.message for a in self.attempts[:-1]),
+        }
+
+
+@dataclass
+class SweepResult:
+    """Every node's verdict, the outcome it was judged from (None: not checked), and the
+    batches as they ran."""
+
+    verdicts: list[Verdict]
+    outcomes: dict[str, TaskOutcome | None]
+    batches: list[Batch]
+    on_pool: bool
+
+    @property
+    def rerun(self) -> list[int]:
+        return [b.index for b in self.batches if len(b.attempts) > 1]
+
+
+def split(hosts: list[str], batch_size: int) -> list[Batch]:
+    return [
+        Batch(index, hosts[start : start + batch_size])
+        for index, start in enumerate(range(0, len(hosts), batch_size))
+    ]
+
+
+def pool_available() -> bool:
+    """Whether this sweep runs from a deployment, so workers of its pool can take its
+    batches, and the batch deployment exists."""
+    if not deployment.id:
+        return False
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_deployment_by_name(SWEEP_BATCH)
+        except Exception:  # not deployed: the sweep runs its batches itself
+            return False
+    return True
+
+
+def sweep(
+    action: str,
+    hosts: list[str],
+    batch_size: int,
+    parallel_batches: int,
+    extravars: dict[str, Any],
+    progress_key: str,
+) -> SweepResult:
+    """Run the action over ``hosts`` in batches and judge each node once."""
+    logger = get_run_logger()
+    cp = control_plane()
+    _, kind = ACTIONS[action]
+    sweep_id = current_run() or str(uuid.uuid4())
+    batches = split(hosts, batch_size)
+    on_pool = pool_available()
+    logger.info(
+        "%s sweep over %d node(s) in %d batch(es) of up to %d, %d at once, %s",
+        action,
+        len(hosts),
+        len(batches),
+        batch_size,
+        parallel_batches,
+        "on the work pool (any worker)" if on_pool else "in this process",
+    )
+    progress = artifacts.progress(
+        progress_key, f"{action.capitalize()} sweep over {len(hosts)} nodes"
+    )
+    verdicts: list[Verdict] = []
+    judged_from: dict[str, TaskOutcome | None] = {}
+
+    def judge(batch: Batch) -> None:
+        outcomes = cp.batch_outcomes(kind, batch.run_ids, batch.hostnames)
+        for host in batch.hostnames:
+            judged_from[host] = outcomes.get(host)
+            verdicts.append(
+                cp.judge_sweep(sweep_id, kind, host, outcomes.get(host), batch.index, ACTOR)
+            )
+        done = sum(1 for b in batches if b.attempts and b.attempts[-1].state in FINAL_NAMES)
+        progress.update(100.0 * done / len(batches))
+        failed = [v.hostname for v in verdicts[-len(batch.hostnames) :] if not v.passed]
+        logger.info(
+            "batch %d/%d judged (%s): %d node(s), %d failed%s",
+            batch.index + 1,
+            len(batches),
+            batch.attempts[-1].state,
+            len(batch.hostnames),
+            len(failed),
+            f" ({', '.join(failed)})" if failed else "",
+        )
+
+    if on_pool:
+        run_on_pool(cp, batches, action, extravars, parallel_batches, sweep_id, judge)
+    else:
+        run_in_process(batches, action, extravars, parallel_batches, sweep_id, judge)
+    artifacts.table(
+        f"{progress_key.removesuffix('-progress')}-batches",
+        "Batches: how often each ran, and where",
+        [b.report() for b in batches],
+    )
+    return SweepResult(verdicts, judged_from, batches, on_pool)
+
+
+FINAL_NAMES = frozenset({"Completed", "Failed", "Crashed", "Cancelled", "NodesFailed"})
+
+
+def run_in_process(
+    batches: list[Batch],
+    action: str,
+    extravars: dict[str, Any],
+    parallel_batches: int,
+    sweep_id: str,
+    judge: Callable[[Batch], None],
+) -> None:
+    """The batches as tasks of this run (their node tasks carry this run's id)."""
+    with ThreadPoolTaskRunner(max_workers=parallel_batches) as runner:
+        futures = {}
+        for batch in batches:
+            batch.attempts.append(Attempt(sweep_id, worker="(this run)", state="Running"))
+            futures[
+                runner.submit(
+                    run_batch,
+                    {"action": action, "hostnames": batch.hostnames, "extravars": extravars},
+                )
+            ] = batch
+        for future in as_completed(list(futures)):
+            batch = futures[future]
+            future.wait()
+            batch.attempts[-1].state = "Completed" if future.state.is_completed() else "Failed"
+            judge(batch)
+
+
+def run_on_pool(
+    cp: ControlPlane,
+    batches: list[Batch],
+    action: str,
+    extravars: dict[str, Any],
+    parallel_batches: int,
+    sweep_id: str,
+    judge: Callable[[Batch], None],
+) -> None:
+    """Each batch a run of the batch deployment, at most ``parallel_batches`` at once;
+    a crashed one runs again (up to MAX_ATTEMPTS runs), judged once it ends."""
+    logger = get_run_logger()
+    waiting = deque(batches)
+    running: dict[str, Batch] = {}
+    while waiting or running:
+        while waiting and len(running) < parallel_batches:
+            batch = waiting.popleft()
+            run = run_deployment(
+                SWEEP_BATCH,
+                parameters={
+                    "action": action,
+                    "hostnames": batch.hostnames,
+                    "extravars": extravars,
+                    "sweep": sweep_id,
+                    "batch": batch.index,
+                },
+                timeout=0,
+                as_subflow=True,
+            )
+            batch.attempts.append(Attempt(str(run.id)))
+            running[str(run.id)] = batch
+            logger.info(
+                "batch %d (%d node(s)) handed to the pool as run %s%s",
+                batch.index,
+                len(batch.hostnames),
+                run.name,
+                f" (run {len(batch.attempts)} of it)" if len(batch.attempts) > 1 else "",
+            )
+        time.sleep(POLL_SECONDS)
+        with get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(running)))
+            )
+        for run in runs:
+            batch = running[str(run.id)]
+            attempt = batch.attempts[-1]
+            attempt.worker = (run.labels or {}).get("prefect.worker.name", attempt.worker)
+            state = run.state
+            if state is None or not state.is_final():
+                attempt.state = state.name if state else attempt.state
+                continue
+            del running[str(run.id)]
+            attempt.state, attempt.message = state.name, state.message or ""
+            if state.type == StateType.CRASHED and len(batch.attempts) < MAX_ATTEMPTS:
+                ended = cp.abandon_run_tasks(
+                    str(run.id),
+                    f"its sweep batch run crashed ({attempt.message}); the batch runs again",
+                )
+                logger.warning(
+                    "batch %d crashed on worker %s (%s); %d node task(s) it left running "
+                    "ended; running it again",
+                    batch.index,
+                    attempt.worker or "(unknown)",
+                    attempt.message,
+                    len(ended),
+                )
+                waiting.appendleft(batch)
+                continue
+            if state.type != StateType.COMPLETED:
+                logger.warning(
+                    "batch %d ended %s on worker %s: %s",
+                    batch.index,
+                    state.name,
+                    attempt.worker or "(unknown)",
+                    attempt.message,
+                )
+            judge(batch)
