@@ -1,7 +1,8 @@
 """`gpuaas ui`: a Prefect server and process worker on loopback, with every deployment of
-prefect.yaml registered. The worker's flows use the store they are given (passed to them as
-GPUAAS_DATABASE_URL); the server keeps its own data in PostgreSQL when given a database
-for it, else in Prefect's SQLite under PREFECT_HOME.
+prefect.yaml registered and the automations of automations.yaml installed. The worker's
+flows use the store they are given (passed to them as GPUAAS_DATABASE_URL); the server
+keeps its own data in PostgreSQL when given a database for it, else in Prefect's SQLite
+under PREFECT_HOME.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from controlplane.paths import data_dir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORK_POOL = "gpuaas-process"
+AUTOMATIONS = REPO_ROOT / "automations.yaml"
 
 
 @dataclass
@@ -110,6 +112,26 @@ def wait_healthy(api_url: str, timeout: float) -> None:
     raise GpuaasError("prefect_server_unhealthy", f"the Prefect server at {api_url} did not start")
 
 
+def install_automations(api_url: str) -> list[str]:
+    """The automations of automations.yaml on the server at ``api_url``, each replacing
+    any automation of its name (so a restarted stack keeps one of each)."""
+    import yaml
+    from prefect.client.orchestration import get_client
+    from prefect.events.schemas.automations import AutomationCore
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    wanted = [
+        AutomationCore.model_validate(item)
+        for item in yaml.safe_load(AUTOMATIONS.read_text())["automations"]
+    ]
+    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        for automation in wanted:
+            for existing in client.read_automations_by_name(automation.name):
+                client.delete_automation(existing.id)
+            client.create_automation(automation)
+    return [automation.name for automation in wanted]
+
+
 def stop(process: subprocess.Popen) -> None:
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGTERM)
@@ -161,6 +183,7 @@ def prefect_stack(
         wait_healthy(api_url, startup_timeout)
         prefect_cli(env, "work-pool", "create", WORK_POOL, "--type", "process", "--overwrite")
         prefect_cli(env, "--no-prompt", "deploy", "--all")
+        install_automations(api_url)
         stack = PrefectStack(
             api_url=api_url,
             ui_url=f"http://127.0.0.1:{port}",

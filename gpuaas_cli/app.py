@@ -61,6 +61,11 @@ lab_host_app = typer.Typer(
     no_args_is_help=True, help="Debian lab hosts under QEMU, managed over SSH (root only)."
 )
 lab_app.add_typer(lab_host_app, name="host")
+lab_fleet_app = typer.Typer(
+    no_args_is_help=True,
+    help="Fleets of simulated hosts reached over real SSH, registered as nodes (root only).",
+)
+lab_app.add_typer(lab_fleet_app, name="fleet")
 app.add_typer(lab_app, name="lab")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
@@ -874,6 +879,48 @@ def lab_host_down(name: Annotated[str, typer.Argument(help="Host name.")]) -> No
 def lab_host_list() -> None:
     """Lab hosts of this machine, running or not, as JSON."""
     run(True, lambda: lab.import_lab("hostlab").list_hosts(), json_only)
+
+
+@lab_fleet_app.command("up")
+def lab_fleet_up(
+    hosts: Annotated[int, typer.Option("--hosts", help="How many hosts.")] = 10,
+    name: Annotated[
+        str, typer.Option("--name", help="Fleet name; hosts are NAME-0001, NAME-0002...")
+    ] = "fleet",
+    region: Annotated[str, typer.Option("--region", help="Region the nodes join.")] = (
+        "region-lab-fleet"
+    ),
+) -> None:
+    """Start the fleet's hosts (one SSH server, namespace and host tree each) and register
+    them as slice nodes with their SSH host keys pinned; prints JSON."""
+
+    def start() -> dict:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        sshfleet = lab.import_lab("sshfleet")
+        fleet = sshfleet.up(hosts, name)
+        try:
+            fleet.register(control_plane(), region)
+        except BaseException:
+            sshfleet.down(name)
+            raise
+        return {**fleet.describe(), "extravars": fleet.extravars()}
+
+    run(True, start, json_only)
+
+
+@lab_fleet_app.command("down")
+def lab_fleet_down(
+    name: Annotated[str, typer.Option("--name", help="Fleet name.")] = "fleet",
+) -> None:
+    """Stop every host of the fleet and remove what it made (processes, namespaces,
+    bridge, files). Its nodes stay in the store (retire them with gpuaas node retire)."""
+    run(True, lambda: lab.import_lab("sshfleet").down(name), json_only)
+
+
+@lab_fleet_app.command("list")
+def lab_fleet_list() -> None:
+    """Lab fleets of this machine, as JSON."""
+    run(True, lambda: lab.import_lab("sshfleet").list_fleets(), json_only)
 
 
 def usage_error(exc: typer.TyperException, argv: list[str]) -> int:

@@ -22,6 +22,7 @@ def test_prefect_yaml_declares_every_flow_on_one_process_pool():
         "flows/fleet.py:discover_topology",
         "flows/fleet.py:approve_slots",
         "flows/fleet.py:parity_sweep",
+        "flows/sweeps.py:sweep_batch",
         "flows/fleet.py:storage_transition",
         "flows/fleet.py:bootstrap_host",
         "flows/allocation.py:provision_allocation",
@@ -56,6 +57,10 @@ def test_stack_serves_deployments_and_the_worker_runs_them(tmp_path, monkeypatch
             timeout=60,
         )
         assert "'limit': 16" in inspected.stdout and "ENQUEUE" in inspected.stdout
+        automations = subprocess.run(
+            [prefect_bin(), "automation", "ls"], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert "gpuaas-crash-silent-sweep-batches" in automations.stdout
         started = subprocess.run(
             [
                 prefect_bin(),
