@@ -15,7 +15,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
@@ -43,12 +43,20 @@ class PrefectStack:
     def pids(self) -> tuple[int, ...]:
         return tuple(p.pid for p in self.processes)
 
-    def start_worker(self) -> subprocess.Popen:
-        """A process worker on the work pool: one more, or one replacing a worker that
-        died (its runs stay Running until ``reconcile`` finds them dead)."""
-        with open(Path(self.env["PREFECT_HOME"]) / "logs" / "worker.log", "ab") as log:
+    workers: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def start_worker(self, name: str | None = None, limit: int | None = None) -> subprocess.Popen:
+        """A process worker on the work pool (``gpuaas-worker-N`` unless named), taking
+        at most ``limit`` runs at once when given: one more, or one replacing a worker
+        that died (its runs stay Running until the automations or ``reconcile`` find
+        them dead)."""
+        name = name or f"gpuaas-worker-{len(self.workers) + 1}"
+        argv = [prefect_bin(), "worker", "start", "--pool", WORK_POOL, "--name", name]
+        if limit is not None:
+            argv += ["--limit", str(limit)]
+        with open(Path(self.env["PREFECT_HOME"]) / "logs" / f"{name}.log", "ab") as log:
             worker = subprocess.Popen(
-                [prefect_bin(), "worker", "start", "--pool", WORK_POOL],
+                argv,
                 env=self.env,
                 cwd=REPO_ROOT,
                 stdout=log,
@@ -56,7 +64,13 @@ class PrefectStack:
                 start_new_session=True,
             )
         self.processes.append(worker)
+        self.workers[name] = worker
         return worker
+
+    def stop_worker(self, *names: str) -> None:
+        """Stop these workers as a service manager would (SIGTERM, then SIGKILL)."""
+        for name in names:
+            stop(self.workers.pop(name))
 
 
 def prefect_home() -> Path:
