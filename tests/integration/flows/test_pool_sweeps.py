@@ -144,7 +144,7 @@ def test_one_sweep_is_shared_by_every_worker_and_judges_each_node_once(pool):
 def test_a_batch_whose_worker_died_runs_again_elsewhere_and_is_judged_once(pool):
     cp, fleet, stack, engine = pool
     run_id = sweep("parity_sweep/parity-sweep", fleet)
-    victim = wait_for_a_worker_running_a_batch(stack, spare=sweep_worker(run_id))
+    victim = wait_for_a_batch_at_work(stack, engine, spare=sweep_worker(run_id))
     killed = kill_tree(stack.workers[victim].pid)
     assert len(killed) > 1  # the worker and the batch it ran
 
@@ -185,15 +185,26 @@ def sweep_worker(run_id: uuid.UUID, timeout: float = 300.0) -> str:
     raise AssertionError("no worker took the sweep")
 
 
-def wait_for_a_worker_running_a_batch(
-    stack: PrefectStack, spare: str, timeout: float = 600.0
+def wait_for_a_batch_at_work(
+    stack: PrefectStack, engine, spare: str, timeout: float = 600.0
 ) -> str:
-    """A worker other than ``spare`` running a batch now (the sweep is under way)."""
+    """A worker other than ``spare`` whose batch has begun its node tasks (it holds its
+    nodes in the store now): the worker to kill."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for run in running_batches():
             name = (run.labels or {}).get("prefect.worker.name")
-            if name in stack.workers and name != spare:
+            if name not in stack.workers or name == spare:
+                continue
+            with engine.connect() as conn:
+                holding = conn.execute(
+                    text(
+                        "SELECT count(*) FROM node_tasks"
+                        " WHERE flow_run_id = :run AND state = 'running'"
+                    ),
+                    {"run": str(run.id)},
+                ).scalar_one()
+            if holding:
                 return name
-        time.sleep(1)
-    raise AssertionError("no batch started running on another worker than the sweep's")
+        time.sleep(0.5)
+    raise AssertionError("no batch began its node tasks on another worker than the sweep's")
