@@ -6,9 +6,10 @@ A batch runs its host action on its nodes as one runner job and records each nod
 and its evidence in the store; it judges nothing. The sweep's own run submits the
 batches (``parallel_batches`` at once), follows them, and judges every node once, from the
 store, as its batch ends (``sweep_verdicts``: a second judgment is a no-op). A batch whose
-run crashed (its worker died: the ``gpuaas-crash-silent-runs`` automation marks a run
-whose heartbeats stopped) has the node tasks it left running ended, so they stop holding
-their nodes, and runs again, on whichever worker takes it.
+run crashed (its worker died: the ``gpuaas-crash-silent-sweep-batches`` automation marks a
+run that went silent, and the sweep itself one that outlived its host action's limit) has
+the node tasks it left running ended, so they stop holding their nodes, and runs again,
+on whichever worker takes it.
 
 A sweep started in process (tests, a script), where no worker would take its batches,
 runs them in its own process as tasks, judged the same way.
@@ -16,6 +17,7 @@ runs them in its own process as tasks, judged the same way.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import time
 import uuid
@@ -31,7 +33,7 @@ from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
 from prefect.futures import as_completed
 from prefect.runtime import deployment, flow_run
-from prefect.states import Completed
+from prefect.states import Completed, Crashed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from controlplane.api import ControlPlane
@@ -49,6 +51,9 @@ ACTIONS: dict[str, tuple[HostAction, SweepKind]] = {
 # A batch crashed this often (three workers lost under it) is left unjudged.
 MAX_ATTEMPTS = 3
 POLL_SECONDS = 2.0
+# A batch still running this long past its host action's own limit is presumed lost even
+# if nothing marked it Crashed (the automation not installed, say).
+OVERDUE_SECONDS = 300.0
 
 
 def control_plane() -> ControlPlane:
@@ -279,6 +284,22 @@ def run_in_process(
             judge(batch)
 
 
+def overdue(run: Any, action: str) -> bool:
+    if run.state.type != StateType.RUNNING or run.start_time is None:
+        return False
+    limit = ACTIONS[action][0].timeout + OVERDUE_SECONDS
+    return (dt.datetime.now(dt.UTC) - run.start_time).total_seconds() > limit
+
+
+def crash_overdue(run: Any, action: str) -> Any:
+    """Mark a batch run that outlived its host action's limit Crashed; the new state."""
+    limit = ACTIONS[action][0].timeout + OVERDUE_SECONDS
+    state = Crashed(message=f"still running after {limit:.0f} s, its worker presumed lost")
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run.id, state, force=True)
+    return state
+
+
 def run_on_pool(
     cp: ControlPlane,
     batches: list[Batch],
@@ -327,6 +348,8 @@ def run_on_pool(
             attempt = batch.attempts[-1]
             attempt.worker = (run.labels or {}).get("prefect.worker.name", attempt.worker)
             state = run.state
+            if state is not None and not state.is_final() and overdue(run, action):
+                state = crash_overdue(run, action)
             if state is None or not state.is_final():
                 attempt.state = state.name if state else attempt.state
                 continue
