@@ -1,0 +1,457 @@
+"""Fleet sweep benchmark: discovery then parity over lab fleets of SSH hosts, run from their
+deployments with one Prefect worker and with three, and placement latency while the
+largest sweep writes its evidence.
+
+Root only. Everything lives in a temporary directory and is removed at the end: its own
+durable PostgreSQL (the store, and Prefect's database), a Prefect server with the
+deployments of prefect.yaml and the automations of automations.yaml, a lab fleet of
+max(--sizes) SSH hosts (gpuaas_lab.sshfleet: one namespace, Dropbear server and host tree
+each, registered with their keys pinned), and two synthetic placement fleets of --nodes
+nodes in regions of their own.
+
+CPU comes from cgroups (gpuaas_lab.cpugroups): the Prefect workers and everything they
+start (flow runs, ansible-playbook and its forks, SSH clients and masters) are the
+controller; the fleet's SSH servers and what they run (sudo, the modules) are the hosts;
+PostgreSQL and the Prefect server are each their own. The controller's CPU is split by
+process kind from samples of its processes every 0.2 s; what lived too briefly to be
+sampled (SSH session clients, mostly) is 'short-lived'.
+
+For each worker count (--workers, default 1 3) and size (--sizes, default 100 250 500):
+the wall time of discovery then parity (batches of --batch-size on the pool,
+--parallel-batches at once), CPU-seconds per host of controller, hosts, store and server,
+hosts per second and evidence rows written per second. Then placement: Poisson arrivals
+at --rate per second on one synthetic region with no sweep running, and on the other
+while the largest sweep with the most workers runs (same process, same store): p50/p99.
+
+Goals: 500 hosts discovered and checked in <= 600 s with one worker; controller <= 0.5
+CPU-s per host; placement p99 <= 50 ms at 100/s during the sweep.
+
+    .venv/bin/python bench/fleet_sweep.py [--sizes 100 250 500] [--workers 1 3]
+        [--batch-size 25] [--parallel-batches 4] [--rate 100] [--arrivals 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from prefect.client.orchestration import get_client  # noqa: E402
+from prefect.deployments import run_deployment  # noqa: E402
+from prefect.settings import PREFECT_API_URL, temporary_settings  # noqa: E402
+from sqlalchemy import text  # noqa: E402
+
+from controlplane import db, migrate  # noqa: E402
+from controlplane.api import ControlPlane  # noqa: E402
+from controlplane.embedded import EmbeddedPostgres  # noqa: E402
+from controlplane.scheduler.placement import PlacementRequest, Scheduler  # noqa: E402
+from flows.serve import PrefectStack, prefect_database_url, prefect_stack  # noqa: E402
+from gpuaas_lab import cpugroups, sshfleet  # noqa: E402
+from gpuaas_lab.ports import free_port  # noqa: E402
+from gpuaas_lab.synthetic import FleetSpec, create_fleet  # noqa: E402
+
+SLICE_SKU = "h200-sxm-slice"
+PLACEMENT_SIZES = (1, 1, 2)
+PLACEMENT_THREADS = 64
+PLACEMENT_POOL = 32
+WARMUP_REGION = "bench-warmup-nowhere"
+SWEEP_TIMEOUT = 3600.0
+GOAL_WALL_500 = 600.0
+GOAL_CONTROLLER_PER_HOST = 0.5
+GOAL_P99_MS = 50.0
+
+
+def mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+def pss(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def kind_of(name: str, parent_name: str, cmdline: str) -> str:
+    """What a controller process is there for."""
+    if name == "ssh":
+        return "ssh (connections, module transfer)"
+    if name.startswith("ansible-playboo"):
+        if parent_name.startswith("ansible-playboo"):
+            return "ansible forks (per-host task: template, module build, result)"
+        return "ansible-playbook main (strategy, callbacks, results)"
+    if "prefect" in cmdline and "worker" in cmdline:
+        return "prefect worker"
+    if "python" in name or "prefect" in cmdline:
+        return "flow runs (runner events, store writes, judging)"
+    return f"other ({name})"
+
+
+class Sampler:
+    """Per process kind, the CPU the controller group's processes used (sampled)."""
+
+    def __init__(self, group: cpugroups.CpuGroup, interval: float = 0.2) -> None:
+        self.group = group
+        self.interval = interval
+        self.seen: dict[int, tuple[str, float]] = {}
+        self.start: dict[int, float] = {}
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.interval):
+            self.sample()
+
+    def sample(self) -> None:
+        for pid in self.group.pids():
+            found = cpugroups.process_cpu(pid)
+            if found is None:
+                continue
+            name, parent, seconds = found
+            if pid not in self.seen:
+                parent_found = cpugroups.process_cpu(parent)
+                with contextlib.suppress(OSError):
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                    kind = kind_of(name, parent_found[0] if parent_found else "", cmdline.decode())
+                    self.seen[pid] = (kind, seconds)
+                    self.start.setdefault(pid, 0.0)
+            else:
+                self.seen[pid] = (self.seen[pid][0], seconds)
+
+    def reset(self) -> None:
+        self.sample()
+        self.start = {pid: seconds for pid, (_, seconds) in self.seen.items()}
+
+    def by_kind(self) -> dict[str, float]:
+        self.sample()
+        totals: dict[str, float] = defaultdict(float)
+        for pid, (kind, seconds) in self.seen.items():
+            totals[kind] += seconds - self.start.get(pid, 0.0)
+        return dict(totals)
+
+    def __enter__(self) -> Sampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stopping.set()
+        self.thread.join()
+
+
+@dataclass
+class Measured:
+    workers: int
+    hosts: int
+    wall: dict[str, float] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)
+    kinds: dict[str, float] = field(default_factory=dict)
+    evidence: int = 0
+
+
+def evidence_rows(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT count(*) FROM evidence")).scalar_one()
+
+
+def run_sweep(deployment: str, parameters: dict[str, Any]) -> tuple[float, Any]:
+    started = time.perf_counter()
+    run_id = run_deployment(deployment, parameters=parameters, timeout=0).id
+    deadline = time.monotonic() + SWEEP_TIMEOUT
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(run_id)
+            if run.state and run.state.is_final():
+                return time.perf_counter() - started, run
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{deployment} did not finish in {SWEEP_TIMEOUT:.0f} s")
+            time.sleep(1)
+
+
+def set_workers(stack: PrefectStack, count: int, controller: cpugroups.CpuGroup) -> None:
+    """Exactly ``count`` workers, each counted in the controller group."""
+    while len(stack.workers) > count:
+        stack.stop_worker(sorted(stack.workers)[-1])
+    while len(stack.workers) < count:
+        worker = stack.start_worker(limit=None if count == 1 else 3)
+        controller.add(worker.pid)
+    for worker in stack.workers.values():
+        controller.add(worker.pid)
+    time.sleep(5)  # the workers have polled the pool once
+
+
+def measure(
+    args: argparse.Namespace,
+    stack: PrefectStack,
+    fleet: sshfleet.SshFleet,
+    engine,
+    groups: dict[str, cpugroups.CpuGroup],
+    sampler: Sampler,
+    workers: int,
+    size: int,
+    during: Any = None,
+) -> Measured:
+    hosts = [host.hostname for host in fleet.hosts[:size]]
+    parameters = {
+        "hostnames": hosts,
+        "batch_size": args.batch_size,
+        "parallel_batches": args.parallel_batches,
+        "extravars": {
+            **fleet.extravars(),
+            "slice_parity_checks": list(sshfleet.PARITY_CHECKS),
+        },
+    }
+    measured = Measured(workers, size)
+    before = {name: group.seconds() for name, group in groups.items()}
+    rows = evidence_rows(engine)
+    sampler.reset()
+    started = time.perf_counter()
+    for label, deployment in (
+        ("discovery", "discover_topology/discover-topology"),
+        ("parity", "parity_sweep/parity-sweep"),
+    ):
+        if label == "parity" and during is not None:
+            during.start()
+        wall, run = run_sweep(deployment, parameters)
+        if not run.state.is_completed():
+            raise RuntimeError(
+                f"{label} over {size} hosts ended {run.state.name}: {run.state.message}"
+            )
+        measured.wall[label] = wall
+    measured.wall["total"] = time.perf_counter() - started
+    measured.cpu = {name: group.seconds() - before[name] for name, group in groups.items()}
+    measured.kinds = sampler.by_kind()
+    measured.evidence = evidence_rows(engine) - rows
+    return measured
+
+
+def report(measured: Measured) -> None:
+    hosts, wall = measured.hosts, measured.wall["total"]
+    per_host = {name: seconds / hosts for name, seconds in measured.cpu.items()}
+    print(
+        f"{measured.workers:>7} {hosts:>5} {measured.wall['discovery']:>9.1f} "
+        f"{measured.wall['parity']:>8.1f} {wall:>8.1f} {hosts / wall:>8.2f} "
+        f"{per_host['controller']:>10.3f} {per_host['hosts']:>7.3f} {per_host['store']:>7.3f} "
+        f"{per_host['server']:>7.3f} {measured.evidence / wall:>10.1f}"
+    )
+
+
+def breakdown(measured: Measured) -> None:
+    total = measured.cpu["controller"]
+    sampled = sum(measured.kinds.values())
+    print(
+        f"\nwhere a host's controller time goes ({measured.workers} worker(s), "
+        f"{measured.hosts} hosts, discovery + parity; {total / measured.hosts:.3f} CPU-s per host):"
+    )
+    rows = sorted(measured.kinds.items(), key=lambda item: -item[1])
+    rows.append(("short-lived processes (ssh session clients, not sampled)", total - sampled))
+    for kind, seconds in rows:
+        print(f"  {seconds / measured.hosts:>7.3f} s/host {100 * seconds / total:>5.1f}%  {kind}")
+
+
+def open_loop(scheduler: Scheduler, region: str, rate: float, arrivals: int, seed: int) -> dict:
+    """Poisson arrivals at ``rate``/s; latency from each request's arrival."""
+    rng = random.Random(seed)
+    schedule = [(rng.expovariate(rate), rng.choice(PLACEMENT_SIZES)) for _ in range(arrivals)]
+
+    def one(arrival: float, gpus: int) -> tuple[float, bool]:
+        placed = scheduler.place(
+            PlacementRequest(SLICE_SKU, gpus, region=region, requested_by="bench")
+        )
+        return time.perf_counter() - arrival, placed.placed
+
+    with concurrent.futures.ThreadPoolExecutor(PLACEMENT_THREADS) as pool:
+        # Untimed: every pooled connection past psycopg's prepare threshold, as in
+        # bench/placement.py, so the figures are a warm service's.
+        warm = [
+            pool.submit(scheduler.place, PlacementRequest(SLICE_SKU, 1, region=WARMUP_REGION))
+            for _ in range(PLACEMENT_POOL * 6)
+        ]
+        concurrent.futures.wait(warm)
+        futures = []
+        arrival = time.perf_counter()
+        for gap, gpus in schedule:
+            arrival += gap
+            delay = arrival - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            futures.append(pool.submit(one, arrival, gpus))
+        done = [f.result() for f in futures]
+    latencies = sorted(seconds * 1000 for seconds, _ in done)
+    return {
+        "placed": sum(placed for _, placed in done),
+        "p50": statistics.median(latencies),
+        "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+    }
+
+
+class Placing(threading.Thread):
+    """The placement open loop in the background, started when the sweep writes."""
+
+    def __init__(self, scheduler: Scheduler, region: str, args: argparse.Namespace) -> None:
+        super().__init__(daemon=True)
+        self.scheduler, self.region, self.args = scheduler, region, args
+        self.result: dict | None = None
+
+    def run(self) -> None:
+        self.result = open_loop(
+            self.scheduler, self.region, self.args.rate, self.args.arrivals, self.args.seed + 1
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 250, 500])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 3])
+    parser.add_argument("--batch-size", type=int, default=25)
+    parser.add_argument("--parallel-batches", type=int, default=4)
+    parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument("--arrivals", type=int, default=3000)
+    parser.add_argument("--nodes", type=int, default=500, help="per placement region")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    for reason in (sshfleet.unavailable_reason(), cpugroups.unavailable_reason()):
+        if reason:
+            sys.exit(f"fleet_sweep needs: {reason}")
+
+    base = Path(tempfile.mkdtemp(prefix="gpuaas-fleet-bench-"))
+    base.chmod(0o755)
+    tag = uuid.uuid4().hex[:6]
+    os.environ["PREFECT_HOME"] = str(base / "prefect")
+    os.environ["GPUAAS_RUNS_DIR"] = str(base / "runs")
+    pg = EmbeddedPostgres(data_dir=base / "pg", durable=True)
+    try:
+        pg.start()
+        run(args, base, tag, pg)
+    finally:
+        with contextlib.suppress(Exception):
+            pg.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, base: Path, tag: str, pg: EmbeddedPostgres) -> None:
+    url = pg.url()
+    os.environ["GPUAAS_DATABASE_URL"] = url
+    engine = db.create(url, pool_size=PLACEMENT_POOL, max_overflow=0)
+    migrate.upgrade(engine)
+    cp = ControlPlane(engine)
+    for number, region in enumerate(("bench-quiet", "bench-sweeping")):
+        create_fleet(
+            engine,
+            FleetSpec(
+                nodes=args.nodes, prefix=f"pl{number}", region=region, mac_base=number * 10**6
+            ),
+        )
+    names = [f"gpuaas-bench-{tag}-{name}" for name in ("controller", "hosts", "store", "server")]
+    with cpugroups.groups(*names) as made:
+        groups = dict(zip(("controller", "hosts", "store", "server"), made, strict=True))
+        groups["store"].add(int((base / "pg" / "postmaster.pid").read_text().split()[0]))
+        free_before = mem_available()
+        up_started = time.perf_counter()
+        with sshfleet.lab_fleet(max(args.sizes), f"b{tag}", base / "fleets") as fleet:
+            up_seconds = time.perf_counter() - up_started
+            for host in fleet.hosts:
+                groups["hosts"].add(host.pid)
+            per_host_memory = (free_before - mem_available()) / len(fleet.hosts)
+            servers_pss = sum(pss(host.pid) for host in fleet.hosts) / len(fleet.hosts)
+            registered = time.perf_counter()
+            fleet.register(cp)
+            print(
+                f"lab fleet: {len(fleet.hosts)} SSH hosts up in {up_seconds:.1f} s, registered "
+                f"in {time.perf_counter() - registered:.1f} s; each host costs the machine "
+                f"{per_host_memory / 2**20:.2f} MiB (MemAvailable before/after; its SSH "
+                f"server's own PSS {servers_pss / 2**20:.2f} MiB)"
+            )
+            with (
+                prefect_stack(url, free_port(), prefect_database_url(url)) as stack,
+                temporary_settings({PREFECT_API_URL: stack.api_url}),
+                Sampler(groups["controller"]) as sampler,
+            ):
+                groups["server"].add(stack.processes[0].pid)
+                sweeps(args, stack, fleet, engine, groups, sampler)
+    engine.dispose()
+
+
+def sweeps(
+    args: argparse.Namespace,
+    stack: PrefectStack,
+    fleet: sshfleet.SshFleet,
+    engine,
+    groups: dict[str, cpugroups.CpuGroup],
+    sampler: Sampler,
+) -> None:
+    scheduler = Scheduler(engine, candidate_nodes=16)
+    baseline = open_loop(scheduler, "bench-quiet", args.rate, args.arrivals, args.seed)
+    print(
+        f"\nsweeps: batches of {args.batch_size}, {args.parallel_batches} at once; "
+        "discovery then parity from their deployments; CPU-s per host by cgroup"
+    )
+    print(
+        f"{'workers':>7} {'hosts':>5} {'discovery':>9} {'parity':>8} {'wall s':>8} "
+        f"{'hosts/s':>8} {'controller':>10} {'hosts':>7} {'store':>7} {'server':>7} "
+        f"{'evidence/s':>10}"
+    )
+    results = []
+    placing = None
+    for workers in args.workers:
+        set_workers(stack, workers, groups["controller"])
+        for size in args.sizes:
+            last = workers == max(args.workers) and size == max(args.sizes)
+            if last:
+                placing = Placing(scheduler, "bench-sweeping", args)
+            measured = measure(
+                args, stack, fleet, engine, groups, sampler, workers, size, during=placing
+            )
+            results.append(measured)
+            report(measured)
+    for measured in results:
+        if measured.hosts == max(args.sizes):
+            breakdown(measured)
+    if placing is not None:
+        placing.join()
+        during = placing.result or {}
+        print(
+            f"\nplacement at {args.rate:.0f}/s ({args.arrivals} arrivals, sizes "
+            f"{PLACEMENT_SIZES}, {args.nodes} nodes per region): no sweep p50 "
+            f"{baseline['p50']:.1f} ms p99 {baseline['p99']:.1f} ms; during the "
+            f"{max(args.sizes)}-host parity sweep p50 {during.get('p50', float('nan')):.1f} ms "
+            f"p99 {during.get('p99', float('nan')):.1f} ms "
+            f"(x{during.get('p99', float('nan')) / baseline['p99']:.2f} at p99)"
+        )
+    one = [m for m in results if m.workers == 1 and m.hosts == max(args.sizes)]
+    print("\ngoals:")
+    if one:
+        print(
+            f"  {one[0].hosts} hosts with one worker: {one[0].wall['total']:.0f} s "
+            f"(goal <= {GOAL_WALL_500:.0f} s)"
+        )
+    worst = max(m.cpu["controller"] / m.hosts for m in results)
+    print(f"  controller CPU per host: worst {worst:.3f} s (goal <= {GOAL_CONTROLLER_PER_HOST})")
+    if placing is not None and placing.result:
+        print(
+            f"  placement p99 during the sweep: {placing.result['p99']:.1f} ms "
+            f"(goal <= {GOAL_P99_MS:.0f} ms)"
+        )
+
+
+if __name__ == "__main__":
+    main()
