@@ -233,6 +233,19 @@ def measure(
             during.start()
         wall, run = run_sweep(deployment, parameters)
         if not run.state.is_completed():
+            with engine.connect() as conn:
+                why = (
+                    conn.execute(
+                        text(
+                            "SELECT DISTINCT left(detail, 300) FROM sweep_verdicts"
+                            " WHERE sweep_run_id = :run AND NOT passed LIMIT 5"
+                        ),
+                        {"run": str(run.id)},
+                    )
+                    .scalars()
+                    .all()
+                )
+            print("failures:", *why, sep="\n  ")
             raise RuntimeError(
                 f"{label} over {size} hosts ended {run.state.name}: {run.state.message}"
             )

@@ -18,7 +18,7 @@ from typing import Any
 
 from controlplane.api import ControlPlane
 from controlplane.enums import EvidenceKind, NodeTaskKind
-from controlplane.errors import Conflict
+from controlplane.errors import Conflict, GpuaasError
 from controlplane.hostkeys import write_known_hosts
 from controlplane.secrets import redact, secret_values
 from controlplane.services.guests import GuestTarget
@@ -365,8 +365,15 @@ def record_outcome(
         waited_s=waited,
     )
     if passed and record is not None:
-        outcome.evidence_id = record(host, task_id, result)
-        return outcome
+        try:
+            outcome.evidence_id = record(host, task_id, result)
+            return outcome
+        except GpuaasError as refused:
+            # The store refused what the host reported (an answer, not a crash): this
+            # host's task fails with the refusal, and the run's other hosts are recorded.
+            failure = f"{refused.code}: {refused.message}"[:2000]
+            passed = outcome.passed = False
+            outcome.failure = failure
     summary = result.hosts.get(ran_as)
     outcome.evidence_id = cp.complete_task(
         task_id,

@@ -269,3 +269,30 @@ def test_parity_sweep_that_matches_no_node_says_so(simulated_fleet):
         "no node matched (hosts: any, region: region-nowhere, profile intent: slice_vm); "
         "nothing to do"
     ) in logged
+
+
+def test_a_map_the_store_refuses_fails_that_node_alone(simulated_fleet, engine):
+    """j22u01 answers with j22u15's identity: the store refuses its map (an answer, not a
+    crash), its task fails with the refusal, and the batch's other node is recorded."""
+    [impostor] = [n for n in simulated_fleet.list_nodes() if n.hostname == "j22u15"]
+    simulated_fleet.register_node(
+        NodeSpec(
+            "j22u01",
+            "region-maas-1",
+            maas_tags=SLICE_TAGS,
+            slice_subnet="10.100.0.0/24",
+            host_vars=impostor.host_vars,
+        )
+    )
+    state = discover_topology(hostnames=["j22u01", "j22u15"], return_state=True)
+    results = found(state)
+    assert results["j22u15"]["passed"] and results["j22u15"]["import"]["approvable"]
+    assert not results["j22u01"]["passed"]
+    assert results["j22u01"]["failure"].startswith("topology_node_mismatch: "), results
+    tasks = rows(
+        engine,
+        "SELECT n.hostname, t.state FROM node_tasks t JOIN nodes n ON n.id = t.node_id"
+        " WHERE t.kind = 'slice.topology_discover' ORDER BY 1",
+    )
+    # One run each: the refusal did not make the batch run again.
+    assert tasks == [("j22u01", "failed"), ("j22u15", "succeeded")]
