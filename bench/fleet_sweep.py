@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO / ".collections"), str(REPO)]
 
 from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.deployments import run_deployment  # noqa: E402
@@ -380,7 +380,8 @@ def run(args: argparse.Namespace, base: Path, tag: str, pg: EmbeddedPostgres) ->
         groups["store"].add(int((base / "pg" / "postmaster.pid").read_text().split()[0]))
         free_before = mem_available()
         up_started = time.perf_counter()
-        with sshfleet.lab_fleet(max(args.sizes), f"b{tag}", base / "fleets") as fleet:
+        name = sshfleet.collision_free_name(f"b{tag}", max(args.sizes))
+        with sshfleet.lab_fleet(max(args.sizes), name, base / "fleets") as fleet:
             up_seconds = time.perf_counter() - up_started
             for host in fleet.hosts:
                 groups["hosts"].add(host.pid)
