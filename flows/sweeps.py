@@ -284,16 +284,21 @@ def run_in_process(
             judge(batch)
 
 
+def overdue_after(action: str) -> float:
+    """Seconds of running after which a batch of ``action`` is presumed lost."""
+    return ACTIONS[action][0].timeout + OVERDUE_SECONDS
+
+
 def overdue(run: Any, action: str) -> bool:
     if run.state.type != StateType.RUNNING or run.start_time is None:
         return False
-    limit = ACTIONS[action][0].timeout + OVERDUE_SECONDS
+    limit = overdue_after(action)
     return (dt.datetime.now(dt.UTC) - run.start_time).total_seconds() > limit
 
 
 def crash_overdue(run: Any, action: str) -> Any:
     """Mark a batch run that outlived its host action's limit Crashed; the new state."""
-    limit = ACTIONS[action][0].timeout + OVERDUE_SECONDS
+    limit = overdue_after(action)
     state = Crashed(message=f"still running after {limit:.0f} s, its worker presumed lost")
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(run.id, state, force=True)
