@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import pytest
 from sqlalchemy import text
@@ -46,17 +47,16 @@ IMAGE = "crash-image"
 
 @dataclass(frozen=True)
 class Step:
-    """``reached``: SQL true once the run is at the step. ``hold``: a row lock the test
-    takes once ``arm`` is true (default: ``reached``), so that the run pauses at the
-    step's end. For a step that lasts microseconds, ``freeze`` is taken before the run
-    starts and stops it inside its previous transaction; the hold is then queued behind
-    that transaction's row locks and the freeze released, so the hold is granted the
-    moment the transaction commits. A freeze without a hold is kept until the kill: it
-    stops the run at the step's end, where the run's next write waits on it."""
+    """``reached``: SQL true once the run is at the step; the test kills the run then.
+    ``freeze``: a lock taken before the run starts; the run waits on it at a write before
+    the step, so it cannot pass the step between two polls. Without a ``hold`` the freeze
+    is kept until the kill: it stops the run at the step's end. With one, the hold is
+    taken once the run waits on the freeze (granted at once, or queued behind row locks
+    the waiting transaction holds, granted the moment it commits) and the freeze
+    released: the hold then pauses the run at the step's end."""
 
     reached: str
     hold: str | None = None
-    arm: str | None = None
     freeze: str | None = None
 
 
@@ -99,18 +99,14 @@ HOST_ACTION_DONE = "'failed', 'succeeded'"
 HOST_ACTION_SUCCEEDED = "'succeeded'"
 
 
-# FOR UPDATE on the allocation also stops the run's node task insert (its foreign key
-# check takes KEY SHARE); FOR NO KEY UPDATE lets the host action record its result but
+# FOR NO KEY UPDATE on the allocation lets the host action record its result but
 # stops the next state change (which locks the allocation FOR UPDATE); FOR KEY SHARE on
 # the slots lets release() update them but stops the proof step and the transition to
 # provisioning (which lock them FOR UPDATE). Placement's insert checks its SKU row's key.
-LOCK_ALLOCATION = "SELECT 1 FROM allocations WHERE state IN ({states}) FOR UPDATE"
-# SHARE lets every read through and stops every insert into node_tasks.
+# SHARE on node_tasks lets every read through and stops every insert.
 HOLD_NODE_TASKS = "LOCK TABLE node_tasks IN SHARE MODE"
 PAUSE_STATE_CHANGE = "SELECT 1 FROM allocations FOR NO KEY UPDATE"
-# Every claimed slot, whatever its claim's state: the hold may be taken after the run
-# released the claims, and must still pause the proofs (a fresh clone's loaded run took it
-# that late once, and the run recorded its proof before the kill).
+# Every claimed slot, whatever its claim's state.
 PAUSE_PROOFS = (
     "SELECT 1 FROM node_resource_slots s JOIN allocation_resource_claims c"
     " ON c.slot_id = s.id FOR KEY SHARE OF s"
@@ -136,13 +132,13 @@ PROVISION_STEPS = {
         reached=f"{task_sql('slice.vm_provision', HOST_ACTION_DONE)}"
         f" AND {allocation_sql('provisioning')}",
         hold=PAUSE_STATE_CHANGE,
-        arm=task_sql("slice.vm_provision", "'running'"),
+        freeze=HOLD_NODE_TASKS,
     ),
 }
 RELEASE_STEPS = {
     "releasing": Step(
         reached=f"{allocation_sql('releasing')} AND {no_task_sql('slice.vm_release')}",
-        hold=LOCK_ALLOCATION.format(states="'releasing'"),
+        freeze=HOLD_NODE_TASKS,
     ),
     "host_action": Step(reached=task_sql("slice.vm_release", "'running'")),
     # The host action recorded its result; the claims were not released.
@@ -150,13 +146,14 @@ RELEASE_STEPS = {
         reached=f"{task_sql('slice.vm_release', HOST_ACTION_DONE)}"
         f" AND {allocation_sql('releasing')}",
         hold=PAUSE_STATE_CHANGE,
-        arm=task_sql("slice.vm_release", "'running'"),
+        freeze=HOLD_NODE_TASKS,
     ),
-    # Claims released, the proofs not recorded.
+    # Claims released, the proofs not recorded. Arming on the running host action was too
+    # late once on a loaded fresh clone: the run recorded its proofs between two polls.
     "claims_released": Step(
         reached=allocation_sql("released"),
         hold=PAUSE_PROOFS,
-        arm=task_sql("slice.vm_release", "'running'"),
+        freeze=HOLD_NODE_TASKS,
     ),
 }
 
@@ -172,6 +169,10 @@ def lock_waiters(engine) -> int:
         "SELECT count(*) FROM pg_stat_activity"
         " WHERE datname = current_database() AND wait_event_type = 'Lock'",
     )
+
+
+def granted_or_queued(engine, hold: Hold) -> bool:
+    return hold.granted.is_set() or lock_waiters(engine) == 2
 
 
 def wait_for(predicate, what: str, timeout: float = 120) -> None:
@@ -202,17 +203,12 @@ def run_and_kill(engine, script: str, args: list[str], step: Step, timeout: floa
         while time.monotonic() < deadline and proc.poll() is None:
             if freeze and step.hold and hold is None and lock_waiters(engine) == 1:
                 hold = Hold(engine, step.hold)
-                wait_for(lambda: lock_waiters(engine) == 2, "the hold to queue")
+                wait_for(
+                    partial(granted_or_queued, engine, hold),
+                    "the hold to be granted or queue",
+                )
                 freeze.release()
                 assert hold.granted.wait(120), "the frozen transaction never committed"
-            elif (
-                step.hold
-                and not freeze
-                and hold is None
-                and scalar(engine, f"SELECT {step.arm or step.reached}")
-            ):
-                hold = Hold(engine, step.hold)
-                assert hold.granted.wait(120)
             if scalar(engine, f"SELECT {step.reached}"):
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -372,7 +368,7 @@ def test_kill_after_a_real_provision_then_reconcile_releases_the_vm(lab_node, en
         reached=f"{task_sql('slice.vm_provision', HOST_ACTION_SUCCEEDED)}"
         f" AND {allocation_sql('provisioning')}",
         hold=PAUSE_STATE_CHANGE,
-        arm=task_sql("slice.vm_provision", "'running'"),
+        freeze=HOLD_NODE_TASKS,
     )
     assert run_and_kill(engine, PROVISION, [LAB_SKU.slug, "lab-guest"], step, timeout=900)
     allocation_id, _, _ = allocation_row(engine)
