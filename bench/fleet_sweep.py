@@ -380,8 +380,7 @@ def run(args: argparse.Namespace, base: Path, tag: str, pg: EmbeddedPostgres) ->
         groups["store"].add(int((base / "pg" / "postmaster.pid").read_text().split()[0]))
         free_before = mem_available()
         up_started = time.perf_counter()
-        name = sshfleet.collision_free_name(f"b{tag}", max(args.sizes))
-        with sshfleet.lab_fleet(max(args.sizes), name, base / "fleets") as fleet:
+        with sshfleet.lab_fleet(max(args.sizes), f"b{tag}", base / "fleets") as fleet:
             up_seconds = time.perf_counter() - up_started
             for host in fleet.hosts:
                 groups["hosts"].add(host.pid)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controlplane.errors import InvalidInput
@@ -103,6 +104,16 @@ class TopologyMap:
             if stable_path is not None and device.stable_path == stable_path:
                 return device
         return None
+
+    def with_macs(self, macs: Mapping[int, str]) -> TopologyMap:
+        """This map with each slot in ``macs`` holding that MAC instead of its own."""
+        return replace(
+            self,
+            candidate_slots=tuple(
+                replace(s, mac_address=macs[s.slot_index]) if s.slot_index in macs else s
+                for s in self.candidate_slots
+            ),
+        )
 
 
 def _expect(condition: bool, field_name: str, message: str) -> None:

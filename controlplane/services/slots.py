@@ -104,6 +104,8 @@ class ImportResult:
     updated: list[int] = field(default_factory=list)
     unchanged: list[int] = field(default_factory=list)
     withdrawn: list[int] = field(default_factory=list)
+    # Slots whose MAC the store kept although discovery suggested another.
+    kept_macs: list[int] = field(default_factory=list)
     drift: list[dict[str, Any]] = field(default_factory=list)
     approvable: list[int] = field(default_factory=list)
     not_approvable: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
@@ -190,6 +192,16 @@ def import_topology(
             {"map_node": topo.node, "node": node.hostname},
         )
     rows = list(slot_repo.for_node(session, node.id, for_update=True))
+    # A slot keeps the MAC it was first given: guests, leases and upstream filters know
+    # it, and the discovery's scheme may change between releases.
+    kept = {r.slot_index: str(r.mac_address) for r in rows if r.mac_address is not None}
+    kept_macs = [
+        c.slot_index
+        for c in topo.candidate_slots
+        if c.slot_index in kept
+        and approval.normalize_mac(c.mac_address or "") != kept[c.slot_index]
+    ]
+    topo = topo.with_macs(kept)
     fleet = _fleet_facts(session, node, rows)
     refused = approval.storable_rejections(topo, fleet)
     if refused:
@@ -227,6 +239,7 @@ def import_topology(
         hostname=hostname,
         node_task_id=str(task.id),
         collected_at=topo.collected_at.isoformat(),
+        kept_macs=kept_macs,
         blockers=[
             {"code": b.code, "detail": b.detail, "slot_index": b.slot_index} for b in topo.blockers
         ],

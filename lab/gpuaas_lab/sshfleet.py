@@ -129,31 +129,6 @@ def fabric_address(index: int) -> str:
     return f"{FABRIC_SUBNET[index + 2]}/{FABRIC_SUBNET.prefixlen}"
 
 
-def colliding_macs(name: str, hosts: int, slots: int = 8) -> int:
-    """How many slot MACs of a fleet named ``name`` collide across its hosts. Discovery
-    derives each slot's MAC from 24 bits of a hash of node and slot, so a fleet of a few
-    hundred hosts has a fair chance of two equal ones, which the store refuses (the second
-    host fails discovery). Tests and benchmarks that are not about that pick a name with
-    none (needs the collection on sys.path, as tests and benchmarks have it)."""
-    from ansible_collections.gpuaas.fleet.plugins.module_utils.topology import slot_mac
-
-    macs = [
-        slot_mac(f"{name}-{index:04d}", slot)
-        for index in range(1, hosts + 1)
-        for slot in range(slots)
-    ]
-    return len(macs) - len(set(macs))
-
-
-def collision_free_name(prefix: str, hosts: int) -> str:
-    """The first of ``prefix``, ``prefix``a, ``prefix``b... whose fleet has no colliding
-    slot MACs (colliding_macs)."""
-    for suffix in ("", *"abcdefghijklmnopqrstuvwxyz"):
-        if colliding_macs(prefix + suffix, hosts) == 0:
-            return prefix + suffix
-    raise RuntimeError(f"every name from {prefix} to {prefix}z has colliding slot MACs")
-
-
 def unavailable_reason() -> str | None:
     """Why a lab fleet cannot run here, or None when it can."""
     if os.geteuid() != 0:

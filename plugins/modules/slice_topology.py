@@ -18,8 +18,9 @@ description:
     mounts and filesystem signatures, and host virtualization state (KVM, IOMMU, VFIO,
     hugepages, pending reboot) under O(root).
   - Pairs each GPU with a raw NVMe disk and a fabric VF by NUMA locality,
-    deterministically, and suggests a MAC (52:54:00 + 3 bytes of sha256 of
-    C(<node>:<slot_index>)) and a private IP (.10 + slot index of O(slice_subnet)) per slot.
+    deterministically, and suggests a MAC (locally administered unicast, 46 bits of
+    sha256 of C(<node>:<slot_index>)) and a private IP (.10 + slot index of
+    O(slice_subnet)) per slot. The control plane keeps the MAC it first stored for a slot.
   - Collects slice network evidence (bridge, IPv4 forwarding, NAT MASQUERADE rule, default
     route uplink, tmfifo) from the live network namespace the module runs in.
   - Reports blockers with machine-readable codes. Candidate slots are advisory; the control

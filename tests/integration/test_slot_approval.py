@@ -119,6 +119,31 @@ def test_mac_collision_with_another_node_refuses_the_import(cp, engine):
     assert table_counts(engine) == before
 
 
+def test_a_slot_keeps_its_first_mac_when_discovery_suggests_another(cp, engine):
+    """Discovery's MAC scheme changed between releases (24 to 46 bits): approved slots keep
+    the MAC their guests and leases know, stay available, and the change is reported."""
+    cp.import_topology("j22u15", recorded("j22u15"), "test")
+    cp.approve_slots("j22u15", None, "test")
+    before = {s.slot_index: (s.mac_address, s.generation) for s in cp.list_slots("j22u15")}
+    doc = recorded("j22u15")
+    doc["collected_at"] = "2026-11-27T09:00:00Z"
+    doc["candidate_slots"][2]["mac_address"] = "02:00:00:00:00:02"
+    # Slot 4's suggestion is slot 5's MAC: the store checks the MACs it keeps, so no
+    # duplicate refuses the map.
+    doc["candidate_slots"][4]["mac_address"] = recorded("j22u15")["candidate_slots"][5][
+        "mac_address"
+    ]
+    result = cp.import_topology("j22u15", doc, "test")
+    assert result.kept_macs == [2, 4] and result.unchanged == list(range(8))
+    slots = cp.list_slots("j22u15")
+    assert {s.status for s in slots} == {"available"}
+    assert {s.slot_index: (s.mac_address, s.generation) for s in slots} == before
+    cp.import_topology("j22u16", as_node(recorded("j22u16"), "j22u16"), "test")
+    assert (
+        cp.import_topology("j22u16", as_node(recorded("j22u16"), "j22u16"), "test").kept_macs == []
+    )
+
+
 def test_map_for_another_host_is_refused(cp):
     with pytest.raises(GpuaasError) as excinfo:
         cp.import_topology("j22u16", recorded("j22u15"), "test")

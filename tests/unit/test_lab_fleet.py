@@ -47,11 +47,3 @@ def test_fleet_addresses_come_from_their_own_range():
     assert sshfleet.fabric_address(0) == "172.16.0.2/16"
     assert sshfleet.fabric_address(300) == "172.16.1.46/16"
     assert sshfleet.FLEET_RANGE.num_addresses // 2**12 == 256  # /20 fleets
-
-
-def test_slot_macs_of_a_few_hundred_hosts_can_collide_and_a_clean_name_is_found():
-    """Discovery's slot MACs are 24-bit hashes: the 100-host fleet `bc1b9b3` has two equal
-    ones (seen in bench/fleet_sweep.py: the store refused the second host's map)."""
-    assert sshfleet.colliding_macs("bc1b9b3", 100) == 1
-    name = sshfleet.collision_free_name("bc1b9b3", 100)
-    assert name != "bc1b9b3" and sshfleet.colliding_macs(name, 100) == 0

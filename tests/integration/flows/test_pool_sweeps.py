@@ -57,10 +57,7 @@ def pool(module_database_url, tmp_path_factory) -> Iterator[tuple[Any, ...]]:
         cp = ControlPlane.from_environment()
         store_url = module_database_url
         with (
-            # Not about slot MAC collisions (sshfleet.colliding_macs): a name without any.
-            sshfleet.lab_fleet(
-                HOSTS, sshfleet.collision_free_name(f"p{os.getpid()}", HOSTS), base / "fleets"
-            ) as fleet,
+            sshfleet.lab_fleet(HOSTS, f"p{os.getpid()}", base / "fleets") as fleet,
             prefect_stack(store_url, free_port(), prefect_database_url(store_url)) as stack,
             temporary_settings({PREFECT_API_URL: stack.api_url}),
         ):

@@ -146,14 +146,21 @@ def test_slots_pair_gpu_disk_and_vf_on_the_same_numa_node(host_tree, discover_of
     assert len({s["nvme_device"] for s in slots}) == 8
 
 
-def test_mac_is_52_54_00_plus_sha256_of_node_and_slot(host_tree, discover_offline):
+def test_mac_is_locally_administered_unicast_with_46_bits_of_sha256(host_tree, discover_offline):
     found = discover_offline(host_tree("clean", "j22u15"))
     assert len(found["candidate_slots"]) == 8
     assert len({s["mac_address"] for s in found["candidate_slots"]}) == 8
     for slot in found["candidate_slots"]:
-        digest = hashlib.sha256(f"j22u15:{slot['slot_index']}".encode()).hexdigest()
-        expected = "52:54:00:" + ":".join(digest[i : i + 2] for i in (0, 2, 4))
-        assert slot["mac_address"] == expected
+        digest = hashlib.sha256(f"j22u15:{slot['slot_index']}".encode()).digest()
+        octets = [int(o, 16) for o in slot["mac_address"].split(":")]
+        assert octets[0] & 0x03 == 0x02, "locally administered, unicast"
+        assert octets[0] >> 2 == digest[0] >> 2 and bytes(octets[1:]) == digest[1:6]
+
+
+def test_slot_macs_of_a_thousand_hosts_do_not_collide():
+    # The 24-bit scheme this replaced had a collision in about 38% of 500-host fleets.
+    macs = {topology.slot_mac(f"gpu-{host:04d}", slot) for host in range(1000) for slot in range(8)}
+    assert len(macs) == 8000
 
 
 def test_macs_are_unique_across_hosts(host_tree, discover_offline):
