@@ -17,17 +17,18 @@ process kind from samples of its processes every 0.2 s; what lived too briefly t
 sampled (SSH session clients, mostly) is 'short-lived'.
 
 For each worker count (--workers, default 1 3) and size (--sizes, default 100 250 500):
-the wall time of discovery then parity (batches of --batch-size on the pool,
---parallel-batches at once), CPU-seconds per host of controller, hosts, store and server,
-hosts per second and evidence rows written per second. Then placement: Poisson arrivals
-at --rate per second on one synthetic region with no sweep running, and on the other
-while the largest sweep with the most workers runs (same process, same store): p50/p99.
+the wall time of discovery then parity (batches of each of --batch-sizes on the pool,
+--parallel-batches at once; ratios against the first batch size), CPU-seconds per host
+of controller, hosts, store and server, hosts per second and evidence rows written per
+second. Then placement: Poisson arrivals at --rate per second on one synthetic region
+with no sweep running, and on the other while the largest sweep with the most workers
+and the last batch size runs (same process, same store): p50/p99.
 
 Goals: 500 hosts discovered and checked in <= 600 s with one worker; controller <= 0.5
 CPU-s per host; placement p99 <= 50 ms at 100/s during the sweep.
 
     .venv/bin/python bench/fleet_sweep.py [--sizes 100 250 500] [--workers 1 3]
-        [--batch-size 25] [--parallel-batches 4] [--rate 100] [--arrivals 3000]
+        [--batch-sizes 25 100] [--parallel-batches 4] [--rate 100] [--arrivals 3000]
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ class Sampler:
 class Measured:
     workers: int
     hosts: int
+    batch_size: int
     wall: dict[str, float] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)
     kinds: dict[str, float] = field(default_factory=dict)
@@ -208,19 +210,20 @@ def measure(
     sampler: Sampler,
     workers: int,
     size: int,
+    batch_size: int,
     during: Any = None,
 ) -> Measured:
     hosts = [host.hostname for host in fleet.hosts[:size]]
     parameters = {
         "hostnames": hosts,
-        "batch_size": args.batch_size,
+        "batch_size": batch_size,
         "parallel_batches": args.parallel_batches,
         "extravars": {
             **fleet.extravars(),
             "slice_parity_checks": list(sshfleet.PARITY_CHECKS),
         },
     }
-    measured = Measured(workers, size)
+    measured = Measured(workers, size, batch_size)
     before = {name: group.seconds() for name, group in groups.items()}
     rows = evidence_rows(engine)
     sampler.reset()
@@ -257,14 +260,18 @@ def measure(
     return measured
 
 
-def report(measured: Measured) -> None:
+def report(measured: Measured, baseline: Measured) -> None:
+    """One row; the ratios are against ``baseline`` (same workers and hosts, the first
+    batch size)."""
     hosts, wall = measured.hosts, measured.wall["total"]
     per_host = {name: seconds / hosts for name, seconds in measured.cpu.items()}
+    controller_ratio = measured.cpu["controller"] / baseline.cpu["controller"]
     print(
-        f"{measured.workers:>7} {hosts:>5} {measured.wall['discovery']:>9.1f} "
-        f"{measured.wall['parity']:>8.1f} {wall:>8.1f} {hosts / wall:>8.2f} "
-        f"{per_host['controller']:>10.3f} {per_host['hosts']:>7.3f} {per_host['store']:>7.3f} "
-        f"{per_host['server']:>7.3f} {measured.evidence / wall:>10.1f}"
+        f"{measured.workers:>7} {hosts:>5} {measured.batch_size:>5} "
+        f"{measured.wall['discovery']:>9.1f} {measured.wall['parity']:>8.1f} {wall:>8.1f} "
+        f"{hosts / wall:>8.2f} {per_host['controller']:>10.3f} {per_host['hosts']:>7.3f} "
+        f"{per_host['store']:>7.3f} {per_host['server']:>7.3f} {measured.evidence / wall:>10.1f} "
+        f"{wall / baseline.wall['total']:>6.2f} {controller_ratio:>6.2f}"
     )
 
 
@@ -273,7 +280,8 @@ def breakdown(measured: Measured) -> None:
     sampled = sum(measured.kinds.values())
     print(
         f"\nwhere a host's controller time goes ({measured.workers} worker(s), "
-        f"{measured.hosts} hosts, discovery + parity; {total / measured.hosts:.3f} CPU-s per host):"
+        f"{measured.hosts} hosts, batches of {measured.batch_size}, discovery + parity; "
+        f"{total / measured.hosts:.3f} CPU-s per host):"
     )
     rows = sorted(measured.kinds.items(), key=lambda item: -item[1])
     rows.append(("short-lived processes (ssh session clients, not sampled)", total - sampled))
@@ -335,7 +343,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 250, 500])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 3])
-    parser.add_argument("--batch-size", type=int, default=25)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[25, 100])
     parser.add_argument("--parallel-batches", type=int, default=4)
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--arrivals", type=int, default=3000)
@@ -415,27 +423,45 @@ def sweeps(
     scheduler = Scheduler(engine, candidate_nodes=16)
     baseline = open_loop(scheduler, "bench-quiet", args.rate, args.arrivals, args.seed)
     print(
-        f"\nsweeps: batches of {args.batch_size}, {args.parallel_batches} at once; "
-        "discovery then parity from their deployments; CPU-s per host by cgroup"
+        f"\nsweeps: batches of {' or '.join(map(str, args.batch_sizes))}, "
+        f"{args.parallel_batches} at once; discovery then parity from their deployments; "
+        f"CPU-s per host by cgroup; wall and controller CPU as ratios to batches of "
+        f"{args.batch_sizes[0]}"
     )
     print(
-        f"{'workers':>7} {'hosts':>5} {'discovery':>9} {'parity':>8} {'wall s':>8} "
+        f"{'workers':>7} {'hosts':>5} {'batch':>5} {'discovery':>9} {'parity':>8} {'wall s':>8} "
         f"{'hosts/s':>8} {'controller':>10} {'hosts':>7} {'store':>7} {'server':>7} "
-        f"{'evidence/s':>10}"
+        f"{'evidence/s':>10} {'wall x':>6} {'ctl x':>6}"
     )
     results = []
     placing = None
     for workers in args.workers:
         set_workers(stack, workers, groups["controller"])
         for size in args.sizes:
-            last = workers == max(args.workers) and size == max(args.sizes)
-            if last:
-                placing = Placing(scheduler, "bench-sweeping", args)
-            measured = measure(
-                args, stack, fleet, engine, groups, sampler, workers, size, during=placing
-            )
-            results.append(measured)
-            report(measured)
+            baseline_run = None
+            for batch_size in args.batch_sizes:
+                last = (
+                    workers == max(args.workers)
+                    and size == max(args.sizes)
+                    and batch_size == args.batch_sizes[-1]
+                )
+                if last:
+                    placing = Placing(scheduler, "bench-sweeping", args)
+                measured = measure(
+                    args,
+                    stack,
+                    fleet,
+                    engine,
+                    groups,
+                    sampler,
+                    workers,
+                    size,
+                    batch_size,
+                    during=placing,
+                )
+                baseline_run = baseline_run or measured
+                results.append(measured)
+                report(measured, baseline_run)
     for measured in results:
         if measured.hosts == max(args.sizes):
             breakdown(measured)
@@ -446,19 +472,25 @@ def sweeps(
             f"\nplacement at {args.rate:.0f}/s ({args.arrivals} arrivals, sizes "
             f"{PLACEMENT_SIZES}, {args.nodes} nodes per region): no sweep p50 "
             f"{baseline['p50']:.1f} ms p99 {baseline['p99']:.1f} ms; during the "
-            f"{max(args.sizes)}-host parity sweep p50 {during.get('p50', float('nan')):.1f} ms "
+            f"{max(args.sizes)}-host parity sweep (batches of {args.batch_sizes[-1]}) "
+            f"p50 {during.get('p50', float('nan')):.1f} ms "
             f"p99 {during.get('p99', float('nan')):.1f} ms "
             f"(x{during.get('p99', float('nan')) / baseline['p99']:.2f} at p99)"
         )
-    one = [m for m in results if m.workers == 1 and m.hosts == max(args.sizes)]
     print("\ngoals:")
-    if one:
+    for batch_size in args.batch_sizes:
+        runs = [m for m in results if m.batch_size == batch_size]
+        one = [m for m in runs if m.workers == 1 and m.hosts == max(args.sizes)]
+        if one:
+            print(
+                f"  batches of {batch_size}: {one[0].hosts} hosts with one worker "
+                f"{one[0].wall['total']:.0f} s (goal <= {GOAL_WALL_500:.0f} s)"
+            )
+        worst = max(m.cpu["controller"] / m.hosts for m in runs)
         print(
-            f"  {one[0].hosts} hosts with one worker: {one[0].wall['total']:.0f} s "
-            f"(goal <= {GOAL_WALL_500:.0f} s)"
+            f"  batches of {batch_size}: controller CPU per host worst {worst:.3f} s "
+            f"(goal <= {GOAL_CONTROLLER_PER_HOST})"
         )
-    worst = max(m.cpu["controller"] / m.hosts for m in results)
-    print(f"  controller CPU per host: worst {worst:.3f} s (goal <= {GOAL_CONTROLLER_PER_HOST})")
     if placing is not None and placing.result:
         print(
             f"  placement p99 during the sweep: {placing.result['p99']:.1f} ms "
