@@ -604,7 +604,7 @@ class ControlPlane:
 
     def abandon_run_tasks(self, flow_run_id: str, reason: str) -> list[str]:
         with db.transaction(self.engine) as session:
-            return sweeps.abandon_run_tasks(session, flow_run_id, reason)
+            return tasks.abandon_run(session, flow_run_id, reason)
 
     def judge_sweep(
         self,

@@ -69,19 +69,6 @@ def batch_outcomes(
     }
 
 
-def abandon_run_tasks(session: Session, flow_run_id: str, reason: str) -> list[str]:
-    """The node tasks a dead run left ``running``, ended ``failed`` with the reason, so
-    they stop holding their nodes' room (per-node admission) for the batch's next run."""
-    rows = session.execute(
-        text(
-            "UPDATE node_tasks SET state = 'failed', error = :reason, finished_at = now()"
-            " WHERE state = 'running' AND flow_run_id = :run RETURNING id"
-        ),
-        {"reason": reason, "run": flow_run_id},
-    ).scalars()
-    return [str(r) for r in rows]
-
-
 @dataclass(frozen=True)
 class Verdict:
     """A node's verdict in a sweep. ``judged`` is False when the sweep had judged the node

@@ -220,6 +220,17 @@ def abandon(session: Session, task_ids: list[str], reason: str) -> list[str]:
     return [str(r) for r in rows]
 
 
+def abandon_run(session: Session, flow_run_id: str, reason: str) -> list[str]:
+    """The tasks a dead run left ``running`` (a crashed sweep batch): ``failed`` with the
+    reason, so they stop holding their nodes' room for the batch's next run."""
+    left = session.scalars(
+        select(NodeTask.id).where(
+            NodeTask.state == NodeTaskState.RUNNING, NodeTask.flow_run_id == flow_run_id
+        )
+    )
+    return abandon(session, [str(task_id) for task_id in left], reason)
+
+
 @dataclass(frozen=True)
 class EvidenceEntry:
     id: int
