@@ -34,12 +34,9 @@ CPU-s per host; placement p99 <= 50 ms at 100/s during the sweep.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import contextlib
 import os
-import random
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
@@ -58,20 +55,18 @@ from prefect.deployments import run_deployment  # noqa: E402
 from prefect.settings import PREFECT_API_URL, temporary_settings  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
+from bench.placement import open_loop  # noqa: E402
 from controlplane import db, migrate  # noqa: E402
 from controlplane.api import ControlPlane  # noqa: E402
 from controlplane.embedded import EmbeddedPostgres  # noqa: E402
-from controlplane.scheduler.placement import PlacementRequest, Scheduler  # noqa: E402
+from controlplane.scheduler.placement import Scheduler  # noqa: E402
 from flows.serve import PrefectStack, prefect_database_url, prefect_stack  # noqa: E402
 from gpuaas_lab import cpugroups, sshfleet  # noqa: E402
 from gpuaas_lab.ports import free_port  # noqa: E402
 from gpuaas_lab.synthetic import FleetSpec, create_fleet  # noqa: E402
 
-SLICE_SKU = "h200-sxm-slice"
 PLACEMENT_SIZES = (1, 1, 2)
-PLACEMENT_THREADS = 64
 PLACEMENT_POOL = 32
-WARMUP_REGION = "bench-warmup-nowhere"
 SWEEP_TIMEOUT = 3600.0
 GOAL_WALL_500 = 600.0
 GOAL_CONTROLLER_PER_HOST = 0.5
@@ -290,42 +285,6 @@ def breakdown(measured: Measured) -> None:
         print(f"  {seconds / measured.hosts:>7.3f} s/host {100 * seconds / total:>5.1f}%  {kind}")
 
 
-def open_loop(scheduler: Scheduler, region: str, rate: float, arrivals: int, seed: int) -> dict:
-    """Poisson arrivals at ``rate``/s; latency from each request's arrival."""
-    rng = random.Random(seed)
-    schedule = [(rng.expovariate(rate), rng.choice(PLACEMENT_SIZES)) for _ in range(arrivals)]
-
-    def one(arrival: float, gpus: int) -> tuple[float, bool]:
-        placed = scheduler.place(
-            PlacementRequest(SLICE_SKU, gpus, region=region, requested_by="bench")
-        )
-        return time.perf_counter() - arrival, placed.placed
-
-    with concurrent.futures.ThreadPoolExecutor(PLACEMENT_THREADS) as pool:
-        # Untimed: every pooled connection past psycopg's prepare threshold, as in
-        # bench/placement.py, so the figures are a warm service's.
-        warm = [
-            pool.submit(scheduler.place, PlacementRequest(SLICE_SKU, 1, region=WARMUP_REGION))
-            for _ in range(PLACEMENT_POOL * 6)
-        ]
-        concurrent.futures.wait(warm)
-        futures = []
-        arrival = time.perf_counter()
-        for gap, gpus in schedule:
-            arrival += gap
-            delay = arrival - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            futures.append(pool.submit(one, arrival, gpus))
-        done = [f.result() for f in futures]
-    latencies = sorted(seconds * 1000 for seconds, _ in done)
-    return {
-        "placed": sum(placed for _, placed in done),
-        "p50": statistics.median(latencies),
-        "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
-    }
-
-
 class Placing(threading.Thread):
     """The placement open loop in the background, started when the sweep writes."""
 
@@ -336,7 +295,12 @@ class Placing(threading.Thread):
 
     def run(self) -> None:
         self.result = open_loop(
-            self.scheduler, self.region, self.args.rate, self.args.arrivals, self.args.seed + 1
+            self.scheduler,
+            self.args.rate,
+            self.args.arrivals,
+            self.args.seed + 1,
+            PLACEMENT_SIZES,
+            self.region,
         )
 
 
@@ -472,7 +436,9 @@ def sweeps(
         # met a stack still registering deployments (p99 107.8 ms, against 69.9 during
         # a sweep).
         time.sleep(SETTLE_SECONDS)
-        baseline = open_loop(scheduler, "bench-quiet", args.rate, args.arrivals, args.seed)
+        baseline = open_loop(
+            scheduler, args.rate, args.arrivals, args.seed, PLACEMENT_SIZES, "bench-quiet"
+        )
         print(
             f"\nplacement at {args.rate:.0f}/s ({args.arrivals} arrivals, sizes "
             f"{PLACEMENT_SIZES}, {args.nodes} nodes per region): no sweep p50 "

@@ -793,14 +793,24 @@ def bulk_fill(scheduler: Scheduler, fraction: float, slice_gpus: int) -> int:
     return placed
 
 
-def open_loop(scheduler: Scheduler, rate: float, arrivals: int, seed: int) -> dict:
+def open_loop(
+    scheduler: Scheduler,
+    rate: float,
+    arrivals: int,
+    seed: int,
+    sizes: tuple[int, ...] = OPEN_LOOP_SIZES,
+    region: str | None = None,
+) -> dict:
     """Poisson arrivals at ``rate``/s served by a pool of client threads; each latency runs
-    from the request's arrival, so time spent queued for a thread or a connection counts."""
+    from the request's arrival, so time spent queued for a thread or a connection counts.
+    Untimed first: every pooled connection past psycopg's prepare threshold."""
     rng = random.Random(seed)
-    schedule = [(rng.expovariate(rate), rng.choice(OPEN_LOOP_SIZES)) for _ in range(arrivals)]
+    schedule = [(rng.expovariate(rate), rng.choice(sizes)) for _ in range(arrivals)]
 
     def one(arrival: float, gpus: int) -> tuple[float, bool]:
-        placed = scheduler.place(PlacementRequest(SLICE, gpus, requested_by="open-loop"))
+        placed = scheduler.place(
+            PlacementRequest(SLICE, gpus, region=region, requested_by="open-loop")
+        )
         return time.perf_counter() - arrival, placed.placed
 
     with concurrent.futures.ThreadPoolExecutor(OPEN_LOOP_THREADS) as pool:
