@@ -20,7 +20,8 @@ For each worker count (--workers, default 1 3) and size (--sizes, default 100 25
 the wall time of discovery then parity (batches of each of --batch-sizes on the pool,
 --parallel-batches at once; ratios against the first batch size), CPU-seconds per host
 of controller, hosts, store and server, hosts per second and evidence rows written per
-second. Then placement: Poisson arrivals at --rate per second on one synthetic region
+second. Then placement (in a process of its own, start-up objects frozen as a placing
+service's are): Poisson arrivals at --rate per second on one synthetic region
 while the largest sweep with the most workers and the last batch size runs, and on the
 other with no sweep running, after the sweeps (same process, same store): p50/p99.
 
@@ -35,6 +36,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
+import multiprocessing
 import os
 import shutil
 import sys
@@ -285,23 +288,51 @@ def breakdown(measured: Measured) -> None:
         print(f"  {seconds / measured.hosts:>7.3f} s/host {100 * seconds / total:>5.1f}%  {kind}")
 
 
+def serve_placement(conn: Any, url: str, rate: float, arrivals: int) -> None:
+    """The placing process: one scheduler, start-up objects frozen as docs/operations.md
+    says a placing service should; runs the open loop on each (region, seed) it is sent."""
+    engine = db.create(url, pool_size=PLACEMENT_POOL, max_overflow=0)
+    scheduler = Scheduler(engine, candidate_nodes=16)
+    gc.collect()
+    gc.freeze()
+    while (job := conn.recv()) is not None:
+        region, seed = job
+        conn.send(open_loop(scheduler, rate, arrivals, seed, PLACEMENT_SIZES, region))
+    engine.dispose()
+
+
+class PlacementProcess:
+    """Placement in a process of its own, both open loops in that one process: in the
+    bench's process, its sampler walking /proc every 0.2 s would hold the GIL that every
+    placing thread needs, which no placing service shares."""
+
+    def __init__(self, url: str, args: argparse.Namespace) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
+            target=serve_placement, args=(child, url, args.rate, args.arrivals), daemon=True
+        )
+        self.process.start()
+
+    def open_loop(self, region: str, seed: int) -> dict:
+        self.conn.send((region, seed))
+        return self.conn.recv()
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.process.join(timeout=60)
+
+
 class Placing(threading.Thread):
     """The placement open loop in the background, started when the sweep writes."""
 
-    def __init__(self, scheduler: Scheduler, region: str, args: argparse.Namespace) -> None:
+    def __init__(self, placement: PlacementProcess, region: str, seed: int) -> None:
         super().__init__(daemon=True)
-        self.scheduler, self.region, self.args = scheduler, region, args
+        self.placement, self.region, self.seed = placement, region, seed
         self.result: dict | None = None
 
     def run(self) -> None:
-        self.result = open_loop(
-            self.scheduler,
-            self.args.rate,
-            self.args.arrivals,
-            self.args.seed + 1,
-            PLACEMENT_SIZES,
-            self.region,
-        )
+        self.result = self.placement.open_loop(self.region, self.seed)
 
 
 def main() -> None:
@@ -371,9 +402,10 @@ def run(args: argparse.Namespace, base: Path, tag: str, pg: EmbeddedPostgres) ->
                 prefect_stack(url, free_port(), prefect_database_url(url)) as stack,
                 temporary_settings({PREFECT_API_URL: stack.api_url}),
                 Sampler(groups["controller"]) as sampler,
+                contextlib.closing(PlacementProcess(url, args)) as placement,
             ):
                 groups["server"].add(stack.processes[0].pid)
-                sweeps(args, stack, fleet, engine, groups, sampler)
+                sweeps(args, stack, fleet, engine, groups, sampler, placement)
     engine.dispose()
 
 
@@ -384,8 +416,8 @@ def sweeps(
     engine,
     groups: dict[str, cpugroups.CpuGroup],
     sampler: Sampler,
+    placement: PlacementProcess,
 ) -> None:
-    scheduler = Scheduler(engine, candidate_nodes=16)
     print(
         f"\nsweeps: batches of {' or '.join(map(str, args.batch_sizes))}, "
         f"{args.parallel_batches} at once; discovery then parity from their deployments; "
@@ -410,7 +442,7 @@ def sweeps(
                     and batch_size == args.batch_sizes[-1]
                 )
                 if last:
-                    placing = Placing(scheduler, "bench-sweeping", args)
+                    placing = Placing(placement, "bench-sweeping", args.seed + 1)
                 measured = measure(
                     args,
                     stack,
@@ -436,9 +468,7 @@ def sweeps(
         # met a stack still registering deployments (p99 107.8 ms, against 69.9 during
         # a sweep).
         time.sleep(SETTLE_SECONDS)
-        baseline = open_loop(
-            scheduler, args.rate, args.arrivals, args.seed, PLACEMENT_SIZES, "bench-quiet"
-        )
+        baseline = placement.open_loop("bench-quiet", args.seed)
         print(
             f"\nplacement at {args.rate:.0f}/s ({args.arrivals} arrivals, sizes "
             f"{PLACEMENT_SIZES}, {args.nodes} nodes per region): no sweep p50 "
