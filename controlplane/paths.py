@@ -28,3 +28,10 @@ def data_dir(name: str, override_env: str) -> Path:
 
 def state_dir(name: str, override_env: str) -> Path:
     return user_dir(name, override_env, "XDG_STATE_HOME", ".local/state")
+
+
+def prefect_home() -> Path:
+    """Prefect's data next to the embedded PostgreSQL's (per user), created if missing."""
+    home = data_dir("prefect", "PREFECT_HOME")
+    home.mkdir(parents=True, exist_ok=True)
+    return home

@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 
 from controlplane.db import DATABASE_URL_ENV, normalize_url
 from controlplane.errors import GpuaasError
-from controlplane.paths import data_dir
+from controlplane.paths import prefect_home
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORK_POOL = "gpuaas-process"
@@ -71,13 +71,6 @@ class PrefectStack:
         """Stop these workers as a service manager would (SIGTERM, then SIGKILL)."""
         for name in names:
             stop(self.workers.pop(name))
-
-
-def prefect_home() -> Path:
-    """Prefect's data next to the embedded PostgreSQL's (per user), created if missing."""
-    home = data_dir("prefect", "PREFECT_HOME")
-    home.mkdir(parents=True, exist_ok=True)
-    return home
 
 
 def prefect_database_url(store_url: str) -> str | None:

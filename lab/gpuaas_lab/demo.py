@@ -28,6 +28,7 @@ from rich.rule import Rule
 from controlplane import db
 from controlplane.api import ControlPlane
 from controlplane.embedded import EmbeddedPostgres
+from controlplane.paths import prefect_home
 from controlplane.scheduler.placement import Placement, PlacementRequest
 from controlplane.services.inventory import NodeSpec
 from gpuaas_cli import render
@@ -181,16 +182,22 @@ def render_trail(cp: ControlPlane, console: Console) -> None:
     )
 
 
-def main() -> None:
-    from flows.serve import prefect_home
-
-    console = render.out
+def prefect_environment() -> None:
+    """The demo's Prefect settings, where the user set none. Prefect reads its settings
+    once, when first imported (importing ``flows`` does), so this runs before that: set
+    after, they were ignored, and a loaded fresh clone's demo gave up on its temporary
+    server after Prefect's default 20 s."""
     os.environ.setdefault("PREFECT_HOME", str(prefect_home()))
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     # The flows run against a temporary local Prefect server; on a busy 2-core machine it
     # can take longer than Prefect's default 20 s to start.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+def main() -> None:
+    prefect_environment()
+    console = render.out
     console.print(Rule("gpuaas demo: control plane on an embedded PostgreSQL, flows on Prefect"))
     cp = demo_control_plane(console)
     console.print(f"schema at revision {cp.upgrade_schema()}")
