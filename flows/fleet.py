@@ -69,7 +69,7 @@ def discover_topology(
     hostnames: list[str] = [],  # noqa: B006 (flows/parameters.py)
     region: str = "",
     extravars: dict[str, Any] = {},  # noqa: B006 (flows/parameters.py)
-    batch_size: int = 25,
+    batch_size: int = 100,
     parallel_batches: int = 4,
 ) -> dict[str, Any]:
     """Discover candidate topology on slice nodes and store each map as a node task output.
@@ -274,7 +274,7 @@ def parity_sweep(
     hostnames: list[str] = [],  # noqa: B006 (flows/parameters.py)
     region: str = "",
     profile_intent: str = "slice_vm",
-    batch_size: int = 25,
+    batch_size: int = 100,
     parallel_batches: int = 4,
     extravars: dict[str, Any] = {},  # noqa: B006 (flows/parameters.py)
     fail_on_failures: bool = False,
