@@ -188,6 +188,23 @@ def tail_text(path: str, max_bytes: int = 4096) -> str:
         return ""
 
 
+def process_started_at() -> float:
+    """When this process started, in seconds since the epoch (10 ms resolution).
+
+    Read from /proc/self/stat (start time in clock ticks since boot), so it covers the
+    interpreter's start-up and imports, which a clock read in the module's code would miss;
+    the current time where /proc cannot tell."""
+    now = time.time()
+    try:
+        with open("/proc/self/stat", encoding="ascii") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22 (starttime); fields[0] is field 3 (state)
+        since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+        return round(min(now, now - since_boot + ticks / os.sysconf("SC_CLK_TCK")), 3)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return round(now, 3)
+
+
 def fail_missing_libraries(module, missing_required_lib, **libraries) -> None:
     """Fail the module when a required Python library (name=import error) is missing."""
     for name, error in libraries.items():
@@ -201,17 +218,20 @@ def run_module(module, action) -> None:
     A VmError fails the module with `failure: {phase, code, message, ...}` (plus the
     error's details at the top level, e.g. `readiness`), so the caller always gets
     structured evidence of which step failed and why. `diff` is returned in diff mode only.
-    `finished_at` (epoch seconds) lets a role time its phases without a marker task each.
+    `started_at` (when the module's process started) and `finished_at` (epoch seconds) let a
+    role time its phases without a marker task each.
     """
+    started_at = process_started_at()
     try:
         result = action(module.params, module.check_mode)
     except VmError as exc:
         module.fail_json(
             msg=exc.message,
             failure=exc.to_dict(),
+            started_at=started_at,
             finished_at=round(time.time(), 3),
             **exc.details,
         )
     if not module._diff:
         result.pop("diff", None)
-    module.exit_json(**result, finished_at=round(time.time(), 3))
+    module.exit_json(**result, started_at=started_at, finished_at=round(time.time(), 3))
