@@ -7,8 +7,7 @@ Every slice VM module fails with a `VmError` carrying a machine-readable `code` 
 lifecycle `phase`, returned as `failure: {phase, code, message, ...}` so the control plane
 can record which step failed and why, and mark the allocation's slots `cleanup_blocked`.
 
-Runs on target hosts: Python stdlib, plus libvirt-python where a libvirt connection is
-needed (imported here once, reported through `missing_required_lib` by the modules).
+Runs on target hosts: Python stdlib only (libvirt connections are in vm_libvirt).
 """
 
 from __future__ import annotations
@@ -19,16 +18,6 @@ import os
 import re
 import time
 import uuid
-
-try:
-    import libvirt
-
-    HAS_LIBVIRT = True
-    LIBVIRT_IMPORT_ERROR = None
-except ImportError as exc:  # reported by the module with missing_required_lib
-    libvirt = None
-    HAS_LIBVIRT = False
-    LIBVIRT_IMPORT_ERROR = exc
 
 DOMAIN_PREFIX = "gpuaas-slice-"
 DEFAULT_LIBVIRT_URI = "qemu:///system"
@@ -147,33 +136,6 @@ def read_json(path: str):
             return json.load(handle)
     except (OSError, ValueError):
         return None
-
-
-def _ignore_libvirt_error(_ctx, _err) -> None:
-    """libvirt prints every error to stderr by default; ours are raised as exceptions."""
-
-
-def open_libvirt(uri: str, phase: str = ""):
-    """A read-write libvirt connection, or VmError(libvirt_unavailable)."""
-    if not HAS_LIBVIRT:
-        raise VmError("libvirt_python_missing", "libvirt-python is not installed", phase)
-    libvirt.registerErrorHandler(_ignore_libvirt_error, None)
-    try:
-        return libvirt.open(uri)
-    except libvirt.libvirtError as exc:
-        raise VmError(
-            "libvirt_unavailable", f"cannot connect to libvirt at {uri}: {exc}", phase
-        ) from exc
-
-
-def lookup_domain(conn, name: str):
-    """The domain called `name`, or None when it does not exist."""
-    try:
-        return conn.lookupByName(name)
-    except libvirt.libvirtError as exc:
-        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-            return None
-        raise
 
 
 def tail_text(path: str, max_bytes: int = 4096) -> str:

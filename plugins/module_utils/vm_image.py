@@ -23,7 +23,12 @@ import re
 import subprocess
 import time
 
-from ansible_collections.gpuaas.fleet.plugins.module_utils import hostfile, vm_common, vm_disk
+from ansible_collections.gpuaas.fleet.plugins.module_utils import (
+    hostfile,
+    vm_common,
+    vm_disk,
+    vm_libvirt,
+)
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import PHASE_IMAGE, VmError
 
 HASH_CHUNK = 8 << 20
@@ -215,9 +220,9 @@ def run(params: dict, check_mode: bool) -> dict:
     record = existing_clone(params["state_dir"], params["device"], params["sha256"])
     if record:
         return {"changed": False, "skipped_reason": "already cloned", "record": record}
-    conn = vm_common.open_libvirt(params["libvirt_uri"], PHASE_IMAGE)
+    conn = vm_libvirt.open_libvirt(params["libvirt_uri"], PHASE_IMAGE)
     try:
-        if vm_common.lookup_domain(conn, name) is not None:
+        if vm_libvirt.lookup_domain(conn, name) is not None:
             raise VmError(
                 "domain_exists",
                 f"domain {name} exists but no clone record does: refusing to clone over "

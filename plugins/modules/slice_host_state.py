@@ -121,6 +121,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils import (
     common_args,
     vm_common,
     vm_inventory,
+    vm_libvirt,
 )
 
 
@@ -137,7 +138,7 @@ def main():
         module,
         missing_required_lib,
         **{
-            "libvirt-python": vm_common.LIBVIRT_IMPORT_ERROR,
+            "libvirt-python": vm_libvirt.LIBVIRT_IMPORT_ERROR,
             "lxml": vm_inventory.LXML_IMPORT_ERROR,
         },
     )

@@ -134,6 +134,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils import (
     vm_common,
     vm_domain,
     vm_image,
+    vm_libvirt,
 )
 
 
@@ -155,7 +156,7 @@ def main():
     vm_common.fail_missing_libraries(
         module,
         missing_required_lib,
-        **{"libvirt-python": vm_common.LIBVIRT_IMPORT_ERROR, "lxml": vm_domain.LXML_IMPORT_ERROR},
+        **{"libvirt-python": vm_libvirt.LIBVIRT_IMPORT_ERROR, "lxml": vm_domain.LXML_IMPORT_ERROR},
     )
     vm_common.run_module(module, vm_image.run)
 
