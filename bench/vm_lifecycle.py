@@ -252,7 +252,9 @@ def phase(name, run, params):
     result = run(params, False)
     timings[name] = time.monotonic() - started
     return result
-phase("preflight", vm_preflight.run, p["preflight"])
+checked = phase("preflight", vm_preflight.run, p["preflight"])
+# as the role does: the image phase is given the preflight's digest verification
+p["image"]["verified"] = next(c.get("digest") for c in checked["checks"] if c["check"] == "image")
 phase("seed", vm_seed.run, p["seed"])
 phase("image", vm_image.run, p["image"])
 phase("dhcp", vm_dhcp.run, p["dhcp"])

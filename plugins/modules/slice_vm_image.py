@@ -51,6 +51,14 @@ options:
     description: Hash the image before cloning.
     type: bool
     default: true
+  verified:
+    description:
+      - An earlier verification of the same image in this provision, as
+        M(gpuaas.fleet.slice_vm_preflight) returns it (the C(digest) of its C(image) check).
+        When it matched O(sha256) and the file is still the one that was hashed (same device,
+        inode, size, modification and change time), the image is not hashed again; otherwise
+        it is.
+    type: dict
   timeout:
     description: Seconds the clone may take.
     type: int
@@ -109,7 +117,9 @@ plan:
   returned: when a clone is due
   type: dict
 digest:
-  description: Digest verification (expected, actual, seconds).
+  description:
+    - Digest verification (path, expected, actual, seconds, the file's identity when it was
+      hashed), with C(reused=true) when it is O(verified)'s for the unchanged file.
   returned: when a clone is due and O(verify_digest) is true
   type: dict
 record:
@@ -148,6 +158,7 @@ def main():
             stable_dirs=common_args.stable_dirs_spec(),
             state_dir=dict(type="path", required=True),
             verify_digest=dict(type="bool", default=True),
+            verified=dict(type="dict"),
             timeout=dict(type="int", default=3600),
             libvirt_uri=common_args.libvirt_uri_spec(),
         ),

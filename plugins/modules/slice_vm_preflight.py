@@ -207,6 +207,13 @@ checks:
       description: What to do about a failed check (empty when ok or when the detail says it).
       type: str
       returned: always
+    digest:
+      description:
+        - The image check's digest verification (path, expected and actual sha256, seconds,
+          the identity of the file that was hashed); M(gpuaas.fleet.slice_vm_image) takes it
+          as O(gpuaas.fleet.slice_vm_image#module:verified).
+      type: dict
+      returned: on the image check, when the image was hashed
 ok:
   description: Whether every check passed.
   returned: always
