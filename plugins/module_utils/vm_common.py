@@ -161,7 +161,14 @@ def process_started_at() -> float:
         with open("/proc/self/stat", encoding="ascii") as handle:
             fields = handle.read().rsplit(")", 1)[1].split()
         ticks = int(fields[19])  # field 22 (starttime); fields[0] is field 3 (state)
-        since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+        # the two clocks read back to back: a busy host may preempt us between them
+        for _attempt in range(5):
+            before = time.clock_gettime(time.CLOCK_BOOTTIME)
+            now = time.time()
+            after = time.clock_gettime(time.CLOCK_BOOTTIME)
+            if after - before < 0.001:
+                break
+        since_boot = (before + after) / 2
         return round(min(now, now - since_boot + ticks / os.sysconf("SC_CLK_TCK")), 3)
     except (OSError, ValueError, IndexError, AttributeError):
         return round(now, 3)

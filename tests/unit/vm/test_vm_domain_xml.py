@@ -269,8 +269,8 @@ def test_process_start_is_read_from_proc_before_the_module_code_runs():
         check=True,
     )
     started, now = map(float, child.stdout.split())
-    # /proc counts in clock ticks (10 ms): allow one either side
-    assert before - 0.011 <= started <= now - 0.5 + 0.011
+    # /proc counts in clock ticks (10 ms), and a busy host delays clock reads: 50 ms slack
+    assert before - 0.05 <= started <= now - 0.5 + 0.05
 
 
 def test_cpulists_round_trip():
