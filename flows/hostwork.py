@@ -59,7 +59,7 @@ VM_PROVISION = HostAction(
     "vm_provision.yml",
     "set_stats",
     EvidenceKind.READINESS,
-    listed_tasks=10,
+    listed_tasks=8,
 )
 VM_RELEASE = HostAction(
     NodeTaskKind.VM_RELEASE,

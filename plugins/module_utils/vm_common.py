@@ -7,8 +7,7 @@ Every slice VM module fails with a `VmError` carrying a machine-readable `code` 
 lifecycle `phase`, returned as `failure: {phase, code, message, ...}` so the control plane
 can record which step failed and why, and mark the allocation's slots `cleanup_blocked`.
 
-Runs on target hosts: Python stdlib, plus libvirt-python where a libvirt connection is
-needed (imported here once, reported through `missing_required_lib` by the modules).
+Runs on target hosts: Python stdlib only (libvirt connections are in vm_libvirt).
 """
 
 from __future__ import annotations
@@ -19,16 +18,6 @@ import os
 import re
 import time
 import uuid
-
-try:
-    import libvirt
-
-    HAS_LIBVIRT = True
-    LIBVIRT_IMPORT_ERROR = None
-except ImportError as exc:  # reported by the module with missing_required_lib
-    libvirt = None
-    HAS_LIBVIRT = False
-    LIBVIRT_IMPORT_ERROR = exc
 
 DOMAIN_PREFIX = "gpuaas-slice-"
 DEFAULT_LIBVIRT_URI = "qemu:///system"
@@ -149,33 +138,6 @@ def read_json(path: str):
         return None
 
 
-def _ignore_libvirt_error(_ctx, _err) -> None:
-    """libvirt prints every error to stderr by default; ours are raised as exceptions."""
-
-
-def open_libvirt(uri: str, phase: str = ""):
-    """A read-write libvirt connection, or VmError(libvirt_unavailable)."""
-    if not HAS_LIBVIRT:
-        raise VmError("libvirt_python_missing", "libvirt-python is not installed", phase)
-    libvirt.registerErrorHandler(_ignore_libvirt_error, None)
-    try:
-        return libvirt.open(uri)
-    except libvirt.libvirtError as exc:
-        raise VmError(
-            "libvirt_unavailable", f"cannot connect to libvirt at {uri}: {exc}", phase
-        ) from exc
-
-
-def lookup_domain(conn, name: str):
-    """The domain called `name`, or None when it does not exist."""
-    try:
-        return conn.lookupByName(name)
-    except libvirt.libvirtError as exc:
-        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-            return None
-        raise
-
-
 def tail_text(path: str, max_bytes: int = 4096) -> str:
     """The last `max_bytes` of a log file (e.g. the serial console), '' if unreadable."""
     try:
@@ -186,6 +148,30 @@ def tail_text(path: str, max_bytes: int = 4096) -> str:
             return handle.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
+
+
+def process_started_at() -> float:
+    """When this process started, in seconds since the epoch (10 ms resolution).
+
+    Read from /proc/self/stat (start time in clock ticks since boot), so it covers the
+    interpreter's start-up and imports, which a clock read in the module's code would miss;
+    the current time where /proc cannot tell."""
+    now = time.time()
+    try:
+        with open("/proc/self/stat", encoding="ascii") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22 (starttime); fields[0] is field 3 (state)
+        # the two clocks read back to back: a busy host may preempt us between them
+        for _attempt in range(5):
+            before = time.clock_gettime(time.CLOCK_BOOTTIME)
+            now = time.time()
+            after = time.clock_gettime(time.CLOCK_BOOTTIME)
+            if after - before < 0.001:
+                break
+        since_boot = (before + after) / 2
+        return round(min(now, now - since_boot + ticks / os.sysconf("SC_CLK_TCK")), 3)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return round(now, 3)
 
 
 def fail_missing_libraries(module, missing_required_lib, **libraries) -> None:
@@ -201,17 +187,20 @@ def run_module(module, action) -> None:
     A VmError fails the module with `failure: {phase, code, message, ...}` (plus the
     error's details at the top level, e.g. `readiness`), so the caller always gets
     structured evidence of which step failed and why. `diff` is returned in diff mode only.
-    `finished_at` (epoch seconds) lets a role time its phases without a marker task each.
+    `started_at` (when the module's process started) and `finished_at` (epoch seconds) let a
+    role time its phases without a marker task each.
     """
+    started_at = process_started_at()
     try:
         result = action(module.params, module.check_mode)
     except VmError as exc:
         module.fail_json(
             msg=exc.message,
             failure=exc.to_dict(),
+            started_at=started_at,
             finished_at=round(time.time(), 3),
             **exc.details,
         )
     if not module._diff:
         result.pop("diff", None)
-    module.exit_json(**result, finished_at=round(time.time(), 3))
+    module.exit_json(**result, started_at=started_at, finished_at=round(time.time(), 3))

@@ -38,7 +38,7 @@ except ImportError as exc:  # reported by the module with missing_required_lib
     HAS_LXML = False
     LXML_IMPORT_ERROR = exc
 
-from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common
+from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common, vm_libvirt
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import (
     PHASE_DOMAIN,
     VmError,
@@ -420,16 +420,16 @@ def domain_state(dom) -> str:
 def current_fingerprint(dom) -> dict | None:
     if dom is None:
         return None
-    libvirt = vm_common.libvirt
+    libvirt = vm_libvirt.libvirt
     return domain_fingerprint(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
 
 
 def ensure_domain(conn, spec: DomainSpec, state: str, check_mode: bool) -> dict:
     """Converge to `running` (defined and started) or `defined` (definition only)."""
-    libvirt = vm_common.libvirt
+    libvirt = vm_libvirt.libvirt
     desired_xml = build_domain_xml(spec)
     desired = domain_fingerprint(desired_xml)
-    dom = vm_common.lookup_domain(conn, spec.name)
+    dom = vm_libvirt.lookup_domain(conn, spec.name)
     before = {"state": domain_state(dom), "definition": current_fingerprint(dom)}
     actions: list[str] = []
     if dom is None:
@@ -476,7 +476,7 @@ def ensure_domain(conn, spec: DomainSpec, state: str, check_mode: bool) -> dict:
 
 def stop_domain(dom, shutdown_timeout: float, poll: float = 0.5) -> dict:
     """Graceful ACPI shutdown, waiting up to `shutdown_timeout`; destroy as fallback."""
-    libvirt = vm_common.libvirt
+    libvirt = vm_libvirt.libvirt
     started = time.monotonic()
     outcome = {"method": "graceful", "graceful_error": "", "seconds": 0.0}
     try:
@@ -502,7 +502,7 @@ def stop_domain(dom, shutdown_timeout: float, poll: float = 0.5) -> dict:
 
 
 def undefine_flags() -> int:
-    libvirt = vm_common.libvirt
+    libvirt = vm_libvirt.libvirt
     flags = libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
     flags |= libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
     flags |= getattr(libvirt, "VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA", 0)
@@ -511,10 +511,10 @@ def undefine_flags() -> int:
 
 def undefine_domain(conn, name: str, attempts: int, delay: float) -> list[dict]:
     """Undefine with NVRAM (UEFI domains refuse a plain undefine), retrying on failure."""
-    libvirt = vm_common.libvirt
+    libvirt = vm_libvirt.libvirt
     history: list[dict] = []
     for attempt in range(1, max(1, attempts) + 1):
-        dom = vm_common.lookup_domain(conn, name)
+        dom = vm_libvirt.lookup_domain(conn, name)
         if dom is None:
             return history
         try:
@@ -524,7 +524,7 @@ def undefine_domain(conn, name: str, attempts: int, delay: float) -> list[dict]:
         except libvirt.libvirtError as exc:
             history.append({"attempt": attempt, "ok": False, "error": str(exc)})
             time.sleep(delay)
-    if vm_common.lookup_domain(conn, name) is None:
+    if vm_libvirt.lookup_domain(conn, name) is None:
         return history
     raise VmError(
         "undefine_failed",
@@ -538,7 +538,7 @@ def remove_domain(
     conn, name: str, check_mode: bool, shutdown_timeout: float, attempts: int, delay: float
 ) -> dict:
     """Converge to `absent`: stop (graceful, then forced) and undefine with NVRAM."""
-    dom = vm_common.lookup_domain(conn, name)
+    dom = vm_libvirt.lookup_domain(conn, name)
     before_state = domain_state(dom)
     result = {
         "changed": dom is not None,
@@ -569,7 +569,7 @@ def remove_domain(
 
 def domains_using(conn, exclude_name: str = "") -> list[dict]:
     """Every other domain's block/file disks and PCI hostdevs (for conflict checks)."""
-    libvirt = vm_common.libvirt
+    libvirt = vm_libvirt.libvirt
     found = []
     for dom in conn.listAllDomains(0):
         name = dom.name()
@@ -616,7 +616,7 @@ def spec_from_params(params: dict) -> DomainSpec:
 
 def run(params: dict, check_mode: bool) -> dict:
     """Module entry: converge the allocation's domain to running, defined or absent."""
-    conn = vm_common.open_libvirt(params["libvirt_uri"], PHASE_DOMAIN)
+    conn = vm_libvirt.open_libvirt(params["libvirt_uri"], PHASE_DOMAIN)
     try:
         if params["state"] == "absent":
             name = vm_common.domain_name(params["allocation_id"])

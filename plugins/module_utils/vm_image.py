@@ -9,6 +9,14 @@ file's sha256 against the catalog digest and then clones it with
 `qemu-img convert -O raw` onto the boot disk of the allocation (an approved raw NVMe by
 stable identity), with progress samples, timing and throughput.
 
+The preflight hashes the image before anything is written; the clone, seconds later, hashes
+it again unless it is given that verification and the file is still the one that was hashed:
+same device and inode, same size, modification and change time (any write or replacement
+changes them). The identity is read from the open file that is hashed, so a file replaced
+meanwhile is hashed again. File times tick coarsely, so a write in the same tick as the last
+change before the hash would leave them as they were: a file changed less than
+SETTLED_SECONDS before it was hashed is hashed again too (git's "racy clean" rule).
+
 A clone record in the allocation's state directory (device, image digest, timing) makes a
 second provision of the same allocation a no-op: the disk already holds its image and,
 once the VM runs, its tenant's writes, so it is never cloned over again.
@@ -23,34 +31,89 @@ import re
 import subprocess
 import time
 
-from ansible_collections.gpuaas.fleet.plugins.module_utils import hostfile, vm_common, vm_disk
+from ansible_collections.gpuaas.fleet.plugins.module_utils import (
+    hostfile,
+    vm_common,
+    vm_disk,
+    vm_libvirt,
+)
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import PHASE_IMAGE, VmError
 
 HASH_CHUNK = 8 << 20
+SETTLED_SECONDS = 2.0
 PROGRESS_RE = re.compile(rb"\((\d+(?:\.\d+)?)/100%\)")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 IMAGE_FORMATS = ("raw", "qcow2")
 
 
 def sha256_file(path: str) -> tuple[str, float]:
+    digest, seconds, _identity = hash_file(path)
+    return digest, seconds
+
+
+def file_identity(st: os.stat_result) -> dict:
+    """What changes when a file's content may have: another file (device, inode), a write
+    (size, modification and change times) or any metadata change (change time)."""
+    return {
+        "device": st.st_dev,
+        "inode": st.st_ino,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+    }
+
+
+def hash_file(path: str) -> tuple[str, float, dict]:
+    """(sha256, seconds, identity of the open file taken before reading it, with the time
+    the hash began as `hashed_at_ns`)."""
     started = time.monotonic()
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
+        identity = file_identity(os.fstat(handle.fileno()))
+        identity["hashed_at_ns"] = time.time_ns()
         for chunk in iter(lambda: handle.read(HASH_CHUNK), b""):
             digest.update(chunk)
-    return digest.hexdigest(), round(time.monotonic() - started, 3)
+    return digest.hexdigest(), round(time.monotonic() - started, 3), identity
 
 
-def verify_digest(path: str, expected: str, phase: str = PHASE_IMAGE) -> dict:
-    """Hash the image and compare with the catalog digest; VmError when they differ."""
+def still_verified(path: str, expected: str, verified) -> dict | None:
+    """The earlier verification `verified` (verify_digest's evidence) when it matched
+    `expected` on this very file and the file has not changed since, else None."""
+    if not isinstance(verified, dict) or not isinstance(verified.get("file"), dict):
+        return None
+    if verified.get("path") != path or verified.get("actual_sha256") != expected:
+        return None
+    hashed = dict(verified["file"])
+    hashed_at_ns = hashed.pop("hashed_at_ns", None)
+    if not isinstance(hashed_at_ns, int) or not isinstance(hashed.get("ctime_ns"), int):
+        return None
+    if hashed["ctime_ns"] > hashed_at_ns - int(SETTLED_SECONDS * 1e9):
+        return None  # changed just before the hash: a write since may not show in its times
+    try:
+        current = file_identity(os.stat(path))
+    except OSError:
+        return None
+    if current != hashed:
+        return None
+    return {**verified, "expected_sha256": expected, "reused": True}
+
+
+def verify_digest(path: str, expected: str, phase: str = PHASE_IMAGE, verified=None) -> dict:
+    """Hash the image and compare with the catalog digest; VmError when they differ.
+    `verified`: an earlier verification in this provision, reused if the file is unchanged."""
     expected = str(expected).strip().lower().removeprefix("sha256:")
     if not SHA256_RE.match(expected):
         raise VmError("invalid_digest", f"{expected!r} is not a sha256 hex digest", phase)
     if not os.path.isfile(path):
         raise VmError("image_missing", f"image {path} does not exist in the node cache", phase)
-    actual, seconds = sha256_file(path)
+    earlier = still_verified(path, expected, verified)
+    if earlier:
+        return earlier
+    actual, seconds, identity = hash_file(path)
     evidence = {"path": path, "expected_sha256": expected, "actual_sha256": actual}
     evidence["seconds"] = seconds
+    evidence["file"] = identity
+    evidence["reused"] = False
     if actual != expected:
         raise VmError(
             "image_digest_mismatch",
@@ -164,14 +227,16 @@ def clone_image(
     check_mode: bool,
     verify: bool = True,
     timeout: float = 3600,
+    verified=None,
 ) -> dict:
-    """Verify the image, then clone it onto `resolved_device` unless already recorded."""
+    """Verify the image (or reuse `verified`, see verify_digest), then clone it onto
+    `resolved_device` unless already recorded."""
     record_path = clone_record_path(state_dir, device)
     expected = str(sha256).strip().lower().removeprefix("sha256:")
     record = existing_clone(state_dir, device, expected)
     if record:
         return {"changed": False, "skipped_reason": "already cloned", "record": record}
-    digest = verify_digest(source, expected) if verify else None
+    digest = verify_digest(source, expected, verified=verified) if verify else None
     info = image_info(source)
     size = device_size(resolved_device)
     if info["virtual_size"] > size:
@@ -215,9 +280,9 @@ def run(params: dict, check_mode: bool) -> dict:
     record = existing_clone(params["state_dir"], params["device"], params["sha256"])
     if record:
         return {"changed": False, "skipped_reason": "already cloned", "record": record}
-    conn = vm_common.open_libvirt(params["libvirt_uri"], PHASE_IMAGE)
+    conn = vm_libvirt.open_libvirt(params["libvirt_uri"], PHASE_IMAGE)
     try:
-        if vm_common.lookup_domain(conn, name) is not None:
+        if vm_libvirt.lookup_domain(conn, name) is not None:
             raise VmError(
                 "domain_exists",
                 f"domain {name} exists but no clone record does: refusing to clone over "
@@ -246,5 +311,6 @@ def run(params: dict, check_mode: bool) -> dict:
         check_mode,
         verify=params["verify_digest"],
         timeout=params["timeout"],
+        verified=params.get("verified"),
     )
     return {**outcome, "disk": disk}

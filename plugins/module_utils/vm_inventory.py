@@ -11,7 +11,7 @@ from __future__ import absolute_import, annotations, division, print_function
 
 import uuid
 
-from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common, vm_dhcp
+from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common, vm_dhcp, vm_libvirt
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_domain import domain_state
 
 try:
@@ -65,7 +65,7 @@ def domains(conn) -> list:
 
 
 def run(params: dict, check_mode: bool) -> dict:
-    conn = vm_common.open_libvirt(params["libvirt_uri"], phase="inventory")
+    conn = vm_libvirt.open_libvirt(params["libvirt_uri"], phase="inventory")
     try:
         found = domains(conn)
     finally:

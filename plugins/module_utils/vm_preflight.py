@@ -32,6 +32,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils import (
     vm_common,
     vm_disk,
     vm_domain,
+    vm_libvirt,
 )
 from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import run_command
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import (
@@ -203,14 +204,14 @@ def run_preflight(params: dict) -> dict:
     numa, cpuset = check_numa(nodes)
     results += [numa, check_hugepages(profile, nodes)]
     try:
-        conn = vm_common.open_libvirt(params["libvirt_uri"], PHASE_PREFLIGHT)
+        conn = vm_libvirt.open_libvirt(params["libvirt_uri"], PHASE_PREFLIGHT)
     except VmError as exc:
         results.append(checks.failed("libvirt", exc.code, exc.message))
         conn = None
     domain_state = "unknown"
     if conn is not None:
         try:
-            dom = vm_common.lookup_domain(conn, name)
+            dom = vm_libvirt.lookup_domain(conn, name)
             domain_state = vm_domain.domain_state(dom)
             results.append(checks.passed("libvirt", f"connected to {params['libvirt_uri']}"))
             results.append(check_pci(slots, params["pci_passthrough"], conn, name))

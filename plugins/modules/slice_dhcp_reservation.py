@@ -99,6 +99,13 @@ finished_at:
   returned: always
   type: float
   sample: 1763890000.123
+started_at:
+  description:
+    - When the module's process started (interpreter start-up included), in seconds since
+      the epoch (also on failure); the slice VM provision role times its first phase from it.
+  returned: always
+  type: float
+  sample: 1763889999.871
 reservation:
   description: The reservation (mac, ip, name).
   returned: always

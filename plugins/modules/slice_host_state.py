@@ -65,6 +65,13 @@ finished_at:
   returned: always
   type: float
   sample: 1763890000.123
+started_at:
+  description:
+    - When the module's process started (interpreter start-up included), in seconds since
+      the epoch (also on failure); the slice VM provision role times its first phase from it.
+  returned: always
+  type: float
+  sample: 1763889999.871
 domains:
   description: Slice domains on the host.
   returned: always
@@ -114,6 +121,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils import (
     common_args,
     vm_common,
     vm_inventory,
+    vm_libvirt,
 )
 
 
@@ -130,7 +138,7 @@ def main():
         module,
         missing_required_lib,
         **{
-            "libvirt-python": vm_common.LIBVIRT_IMPORT_ERROR,
+            "libvirt-python": vm_libvirt.LIBVIRT_IMPORT_ERROR,
             "lxml": vm_inventory.LXML_IMPORT_ERROR,
         },
     )

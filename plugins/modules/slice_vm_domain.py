@@ -166,6 +166,13 @@ finished_at:
   returned: always
   type: float
   sample: 1763890000.123
+started_at:
+  description:
+    - When the module's process started (interpreter start-up included), in seconds since
+      the epoch (also on failure); the slice VM provision role times its first phase from it.
+  returned: always
+  type: float
+  sample: 1763889999.871
 name:
   description: Domain name.
   returned: always
@@ -208,7 +215,12 @@ failure:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.gpuaas.fleet.plugins.module_utils import common_args, vm_common, vm_domain
+from ansible_collections.gpuaas.fleet.plugins.module_utils import (
+    common_args,
+    vm_common,
+    vm_domain,
+    vm_libvirt,
+)
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import PROFILE_SPEC, SLOT_SPEC
 
 
@@ -240,7 +252,7 @@ def main():
     vm_common.fail_missing_libraries(
         module,
         missing_required_lib,
-        **{"libvirt-python": vm_common.LIBVIRT_IMPORT_ERROR, "lxml": vm_domain.LXML_IMPORT_ERROR},
+        **{"libvirt-python": vm_libvirt.LIBVIRT_IMPORT_ERROR, "lxml": vm_domain.LXML_IMPORT_ERROR},
     )
     vm_common.run_module(module, vm_domain.run)
 

@@ -51,6 +51,14 @@ options:
     description: Hash the image before cloning.
     type: bool
     default: true
+  verified:
+    description:
+      - An earlier verification of the same image in this provision, as
+        M(gpuaas.fleet.slice_vm_preflight) returns it (the C(digest) of its C(image) check).
+        When it matched O(sha256) and the file is still the one that was hashed (same device,
+        inode, size, modification and change time), the image is not hashed again; otherwise
+        it is.
+    type: dict
   timeout:
     description: Seconds the clone may take.
     type: int
@@ -93,6 +101,13 @@ finished_at:
   returned: always
   type: float
   sample: 1763890000.123
+started_at:
+  description:
+    - When the module's process started (interpreter start-up included), in seconds since
+      the epoch (also on failure); the slice VM provision role times its first phase from it.
+  returned: always
+  type: float
+  sample: 1763889999.871
 skipped_reason:
   description: Why nothing was done, when the clone record already matches.
   returned: when the clone already happened
@@ -102,7 +117,9 @@ plan:
   returned: when a clone is due
   type: dict
 digest:
-  description: Digest verification (expected, actual, seconds).
+  description:
+    - Digest verification (path, expected, actual, seconds, the file's identity when it was
+      hashed), with C(reused=true) when it is O(verified)'s for the unchanged file.
   returned: when a clone is due and O(verify_digest) is true
   type: dict
 record:
@@ -127,6 +144,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils import (
     vm_common,
     vm_domain,
     vm_image,
+    vm_libvirt,
 )
 
 
@@ -140,6 +158,7 @@ def main():
             stable_dirs=common_args.stable_dirs_spec(),
             state_dir=dict(type="path", required=True),
             verify_digest=dict(type="bool", default=True),
+            verified=dict(type="dict"),
             timeout=dict(type="int", default=3600),
             libvirt_uri=common_args.libvirt_uri_spec(),
         ),
@@ -148,7 +167,7 @@ def main():
     vm_common.fail_missing_libraries(
         module,
         missing_required_lib,
-        **{"libvirt-python": vm_common.LIBVIRT_IMPORT_ERROR, "lxml": vm_domain.LXML_IMPORT_ERROR},
+        **{"libvirt-python": vm_libvirt.LIBVIRT_IMPORT_ERROR, "lxml": vm_domain.LXML_IMPORT_ERROR},
     )
     vm_common.run_module(module, vm_image.run)
 

@@ -170,6 +170,13 @@ finished_at:
   returned: always
   type: float
   sample: 1763890000.123
+started_at:
+  description:
+    - When the module's process started (interpreter start-up included), in seconds since
+      the epoch (also on failure); the slice VM provision role times its first phase from it.
+  returned: always
+  type: float
+  sample: 1763889999.871
 checks:
   description: One result per check, in order.
   returned: always
@@ -200,6 +207,13 @@ checks:
       description: What to do about a failed check (empty when ok or when the detail says it).
       type: str
       returned: always
+    digest:
+      description:
+        - The image check's digest verification (path, expected and actual sha256, seconds,
+          the identity of the file that was hashed); M(gpuaas.fleet.slice_vm_image) takes it
+          as O(gpuaas.fleet.slice_vm_image#module:verified).
+      type: dict
+      returned: on the image check, when the image was hashed
 ok:
   description: Whether every check passed.
   returned: always
@@ -250,6 +264,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils import (
     common_args,
     vm_common,
     vm_domain,
+    vm_libvirt,
     vm_preflight,
 )
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import (
@@ -280,7 +295,7 @@ def main():
     vm_common.fail_missing_libraries(
         module,
         missing_required_lib,
-        **{"libvirt-python": vm_common.LIBVIRT_IMPORT_ERROR, "lxml": vm_domain.LXML_IMPORT_ERROR},
+        **{"libvirt-python": vm_libvirt.LIBVIRT_IMPORT_ERROR, "lxml": vm_domain.LXML_IMPORT_ERROR},
     )
     vm_common.run_module(module, vm_preflight.run)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -247,6 +249,28 @@ def test_bad_allocation_mac_and_profile_are_refused():
         vm_domain.parse_profile({"vcpus": 0, "memory_mib": 1024})
     assert caught.value.code == "invalid_profile"
     assert vm_common.domain_name(str(uuid.UUID(int=1)).upper()).endswith("0" * 31 + "1")
+
+
+def test_process_start_is_read_from_proc_before_the_module_code_runs():
+    """A module's started_at is when its process started, before its imports and its code:
+    the slice VM provision role times its first phase from it."""
+    before = time.time()
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; time.sleep(0.5); sys.path[:0] = sys.argv[1:]\n"
+            "from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common\n"
+            "print(vm_common.process_started_at(), time.time())",
+            *sys.path,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    started, now = map(float, child.stdout.split())
+    # /proc counts in clock ticks (10 ms), and a busy host delays clock reads: 50 ms slack
+    assert before - 0.05 <= started <= now - 0.5 + 0.05
 
 
 def test_cpulists_round_trip():

@@ -10,6 +10,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,40 @@ def test_digest_matches_or_fails_with_both_digests(image):
     with pytest.raises(VmError) as caught:
         vm_image.verify_digest(str(path), "abc")
     assert caught.value.code == "invalid_digest"
+
+
+def test_an_earlier_verification_is_reused_only_for_the_unchanged_file(
+    image, tmp_path: Path, monkeypatch
+):
+    path, digest = image
+    monkeypatch.setattr(vm_image, "SETTLED_SECONDS", 0.2)
+    time.sleep(0.3)  # the image was written before the verification, as a cached one is
+    earlier = vm_image.verify_digest(str(path), digest, "preflight")
+    assert not earlier["reused"] and earlier["file"]["size"] == path.stat().st_size
+    hashed = []
+    real_hash = vm_image.hash_file
+    monkeypatch.setattr(vm_image, "hash_file", lambda p: hashed.append(p) or real_hash(p))
+    again = vm_image.verify_digest(str(path), digest, verified=earlier)
+    assert again["reused"] and again["actual_sha256"] == digest and hashed == []
+    # a verification of another digest, or of another file, is not this one
+    other = {**earlier, "actual_sha256": "1" * 64}
+    assert not vm_image.verify_digest(str(path), digest, verified=other)["reused"]
+    copy = tmp_path / "copy.raw"
+    shutil.copyfile(path, copy)
+    assert not vm_image.verify_digest(str(copy), digest, verified=earlier)["reused"]
+    assert len(hashed) == 2
+    # a file changed just before its hash is hashed again (its times may not show a write)
+    fresh = vm_image.verify_digest(str(copy), digest)
+    assert not vm_image.verify_digest(str(copy), digest, verified=fresh)["reused"]
+    # written in place (same size): hashed again, and the change is caught
+    with open(path, "r+b") as handle:
+        handle.write(b"\0")
+    with pytest.raises(VmError) as caught:
+        vm_image.verify_digest(str(path), digest, verified=earlier)
+    assert caught.value.code == "image_digest_mismatch"
+    # replaced by another file with the same bytes: hashed again
+    copy.replace(path)
+    assert not vm_image.verify_digest(str(path), digest, verified=earlier)["reused"]
 
 
 def test_clone_writes_the_image_records_progress_and_is_idempotent(image, tmp_path: Path):
