@@ -378,7 +378,7 @@ def clone_throughput(lab: VmLab, root: Path, image_mib: int, repeat: int) -> dic
             handle.write(block)
     disk = lab.disk(size_mib=image_mib + 64)
     subprocess.run(["cat", str(image)], stdout=subprocess.DEVNULL, check=True)
-    digest, digest_seconds = vm_image.sha256_file(str(image))
+    digest, digest_seconds, _ = vm_image.hash_file(str(image))
     results = {"qemu-img convert": [], "dd oflag=direct": []}
     commands = {
         "qemu-img convert": vm_image.clone_command(str(image), "raw", disk.device),

@@ -46,11 +46,6 @@ SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 IMAGE_FORMATS = ("raw", "qcow2")
 
 
-def sha256_file(path: str) -> tuple[str, float]:
-    digest, seconds, _identity = hash_file(path)
-    return digest, seconds
-
-
 def file_identity(st: os.stat_result) -> dict:
     """What changes when a file's content may have: another file (device, inode), a write
     (size, modification and change times) or any metadata change (change time)."""
