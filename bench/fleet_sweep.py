@@ -12,9 +12,12 @@ nodes in regions of their own.
 CPU comes from cgroups (gpuaas_lab.cpugroups): the Prefect workers and everything they
 start (flow runs, ansible-playbook and its forks, SSH clients and masters) are the
 controller; the fleet's SSH servers and what they run (sudo, the modules) are the hosts;
-PostgreSQL and the Prefect server are each their own. The workers run at --worker-nice
-(10: sweeps yield the CPU to placement, as docs/operations.md advises) and the fleet's
-SSH servers at 19 (they stand for other machines). The controller's CPU is split by
+PostgreSQL and the Prefect server are each their own. The controller's group has CPU
+weight --controller-weight (10 against everyone else's 100: sweeps yield the CPU to
+placement, as docs/operations.md advises) and the hosts' group is idle (they stand for
+other machines): groups, not nice, because under the kernel's autogroup every session
+(each worker, each SSH server session) is a group of its own and nice orders nothing
+across them (gpuaas_lab.cpugroups). The controller's CPU is split by
 process kind from samples of its processes every 0.2 s; what lived too briefly to be
 sampled (SSH session clients, mostly) is 'short-lived'.
 
@@ -77,7 +80,6 @@ GOAL_WALL_500 = 600.0
 GOAL_CONTROLLER_PER_HOST = 0.5
 GOAL_P99_MS = 50.0
 SETTLE_SECONDS = 30.0
-HOSTS_NICE = 19
 
 
 def mem_available() -> int:
@@ -191,14 +193,13 @@ def run_sweep(deployment: str, parameters: dict[str, Any]) -> tuple[float, Any]:
             time.sleep(1)
 
 
-def set_workers(stack: PrefectStack, count: int, controller: cpugroups.CpuGroup, nice: int) -> None:
-    """Exactly ``count`` workers at ``nice`` (their runs, ansible and ssh inherit it), each
-    counted in the controller group."""
+def set_workers(stack: PrefectStack, count: int, controller: cpugroups.CpuGroup) -> None:
+    """Exactly ``count`` workers in the controller group (their runs, ansible and ssh
+    follow them into it)."""
     while len(stack.workers) > count:
         stack.stop_worker(sorted(stack.workers)[-1])
     while len(stack.workers) < count:
         worker = stack.start_worker(limit=None if count == 1 else 3)
-        os.setpriority(os.PRIO_PROCESS, worker.pid, nice)
         controller.add(worker.pid)
     for worker in stack.workers.values():
         controller.add(worker.pid)
@@ -351,11 +352,11 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=500, help="per placement region")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
-        "--worker-nice",
+        "--controller-weight",
         type=int,
         default=10,
-        help="niceness of the workers and all they start (docs/operations.md: sweeps yield "
-        "the CPU to placement)",
+        help="CPU weight of the workers and all they start, against 100 for everything else "
+        "(docs/operations.md: sweeps yield the CPU to placement)",
     )
     args = parser.parse_args()
     for reason in (sshfleet.unavailable_reason(), cpugroups.unavailable_reason()):
@@ -390,9 +391,19 @@ def run(args: argparse.Namespace, base: Path, tag: str, pg: EmbeddedPostgres) ->
                 nodes=args.nodes, prefix=f"pl{number}", region=region, mac_base=number * 10**6
             ),
         )
-    names = [f"gpuaas-bench-{tag}-{name}" for name in ("controller", "hosts", "store", "server")]
-    with cpugroups.groups(*names) as made:
-        groups = dict(zip(("controller", "hosts", "store", "server"), made, strict=True))
+    orders: dict[str, dict[str, Any]] = {
+        "controller": {"weight": args.controller_weight},
+        "hosts": {"idle": True},
+        "store": {},
+        "server": {},
+    }
+    with contextlib.ExitStack() as stack_of_groups:
+        groups = {
+            name: stack_of_groups.enter_context(
+                cpugroups.CpuGroup(f"gpuaas-bench-{tag}-{name}", **order)
+            )
+            for name, order in orders.items()
+        }
         groups["store"].add(int((base / "pg" / "postmaster.pid").read_text().split()[0]))
         free_before = mem_available()
         up_started = time.perf_counter()
@@ -400,8 +411,6 @@ def run(args: argparse.Namespace, base: Path, tag: str, pg: EmbeddedPostgres) ->
             up_seconds = time.perf_counter() - up_started
             for host in fleet.hosts:
                 groups["hosts"].add(host.pid)
-                # They stand for other machines: never ahead of the controller or the store.
-                os.setpriority(os.PRIO_PROCESS, host.pid, HOSTS_NICE)
             per_host_memory = (free_before - mem_available()) / len(fleet.hosts)
             servers_pss = sum(pss(host.pid) for host in fleet.hosts) / len(fleet.hosts)
             registered = time.perf_counter()
@@ -434,8 +443,9 @@ def sweeps(
 ) -> None:
     print(
         f"\nsweeps: batches of {' or '.join(map(str, args.batch_sizes))}, "
-        f"{args.parallel_batches} at once, workers at nice {args.worker_nice} and the lab "
-        f"hosts at {HOSTS_NICE}; discovery then parity from their deployments; "
+        f"{args.parallel_batches} at once, the controller at CPU weight "
+        f"{args.controller_weight} and the lab hosts idle; discovery then parity from "
+        f"their deployments; "
         f"CPU-s per host by cgroup; wall and controller CPU as ratios to batches of "
         f"{args.batch_sizes[0]}"
     )
@@ -447,7 +457,7 @@ def sweeps(
     results = []
     placing = None
     for workers in args.workers:
-        set_workers(stack, workers, groups["controller"], args.worker_nice)
+        set_workers(stack, workers, groups["controller"])
         for size in args.sizes:
             baseline_run = None
             for batch_size in args.batch_sizes:
