@@ -315,10 +315,41 @@ def without_password(url: URL) -> str:
     return bare.update_query_dict(dict(url.query)).render_as_string(hide_password=False)
 
 
+SECRETS_PREFIX = "gpuaas-run-secrets-"
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_orphaned_secrets(directory: Path) -> list[Path]:
+    """Remove the secret directories of runs whose process is gone: a run killed (its
+    worker lost, ``kill -9``) never reached its own clean-up, and left the store's
+    password on disk. A directory is named after the process that made it."""
+    removed = []
+    for orphan in sorted(directory.glob(f"{SECRETS_PREFIX}*-*")):
+        owner = orphan.name.removeprefix(SECRETS_PREFIX).split("-", 1)[0]
+        if not owner.isdigit() or process_alive(int(owner)):
+            continue
+        shutil.rmtree(orphan, ignore_errors=True)
+        if not orphan.exists():
+            removed.append(orphan)
+    if removed:
+        log.info("removed %d secret directories of runs that died: %s", len(removed), removed)
+    return removed
+
+
 @contextmanager
 def private_secrets(run: PlaybookRun) -> Iterator[RunSecrets]:
     """The store's password in a libpq password file and secret extra vars in a vars file,
-    both 0600 in a private directory outside the kept one, deleted when the run ends."""
+    both 0600 in a private directory outside the kept one, deleted when the run ends (and,
+    should the run die first, by the next run on the machine)."""
     _, secret_vars = split_secret_vars(run.extravars)
     known = set(secret_values(run.extravars)) | environment_secrets(
         {**os.environ, **run.environment}
@@ -332,7 +363,8 @@ def private_secrets(run: PlaybookRun) -> Iterator[RunSecrets]:
         environment[DATABASE_URL_ENV] = without_password(url)
         if password:
             known.add(str(password))
-    directory = Path(tempfile.mkdtemp(prefix="gpuaas-run-secrets-"))
+    remove_orphaned_secrets(Path(tempfile.gettempdir()))
+    directory = Path(tempfile.mkdtemp(prefix=f"{SECRETS_PREFIX}{os.getpid()}-"))
     try:
         cmdline = None
         if password:
