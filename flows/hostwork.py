@@ -144,10 +144,6 @@ class HostOutcome:
     waited_s: float = 0.0
 
 
-# A fork per host of a sweep batch (100 by default): with fewer, ansible-playbook waits for
-# a free fork in a loop of 0.1 ms sleeps, which cost a 100-host parity batch 14 controller
-# CPU-s against 10 when its hosts answered slowly (docs/operations.md).
-MAX_FORKS = 100
 # As long as the longest host action (BOOTSTRAP) may hold a node.
 ADMISSION_TIMEOUT = 3600.0
 log = logging.getLogger(__name__)
@@ -315,7 +311,7 @@ def run_host_action(
                 },
                 database_url=cp.engine.url.render_as_string(hide_password=False),
                 timeout=action.timeout,
-                forks=max(1, min(len(hostnames), MAX_FORKS)),
+                forks=max(1, min(len(hostnames), 16)),
             ),
             private_dir,
             on_event,
