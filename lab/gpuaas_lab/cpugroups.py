@@ -13,12 +13,11 @@ not parentage. ``close`` moves what is left back to the parent and removes the g
 
 A group may also order the CPU (``weight``, ``idle``): the scheduler shares it between
 groups, not processes. Under the kernel's autogroup (on on this machine, and by default
-wherever the kernel is built with it), every
-process that starts a session of its own (a daemon, an SSH server's session, a worker
-started apart) is its own group, so ``nice`` orders nothing across them; a process in a
-cgroup of the ``cpu`` controller leaves its autogroup, and its group's weight holds for
-it and everything it starts. Measured here: two busy loops in sessions of their own,
-one at nice 19, shared one core half and half.
+wherever the kernel is built with it), every process that starts a session of its own (a
+daemon, an SSH server's session, a worker started apart) is its own group, so ``nice``
+orders nothing across them; a process in a cgroup of the ``cpu`` controller leaves its
+autogroup, and its group's weight holds for it and everything it starts. Measured here:
+two busy loops in sessions of their own, one at nice 19, shared one core half and half.
 """
 
 from __future__ import annotations
