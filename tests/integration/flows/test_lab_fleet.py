@@ -109,7 +109,10 @@ def test_down_removes_every_process_namespace_link_and_file(tmp_path):
     assert [f["name"] for f in sshfleet.list_fleets(state)] == [lab.name]
 
     gone = sshfleet.down(lab.name, state)
-    assert gone == {"name": lab.name, "hosts": 3, "processes_stopped": 3}
+    # Each host's server, and any session it had just forked for a probe of its port (one
+    # was still there on a loaded fresh clone): down stops whatever is in the namespaces.
+    assert gone["name"] == lab.name and gone["hosts"] == 3
+    assert gone["processes_stopped"] >= 3
     assert not mine & namespaces()
     assert not any(sshfleet.serving(host) for host in lab.hosts)
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
