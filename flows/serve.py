@@ -156,8 +156,9 @@ def prefect_stack(
     port: int = 4200,
     prefect_database: str | None = None,
     startup_timeout: float = 180.0,
+    workers: int = 1,
 ) -> Iterator[PrefectStack]:
-    """Server, work pool, deployments and a worker whose flows use the store at
+    """Server, work pool, deployments and ``workers`` workers whose flows use the store at
     ``store_url``; everything stopped on exit."""
     if not DEPLOYMENTS.is_file():
         raise GpuaasError(
@@ -205,7 +206,8 @@ def prefect_stack(
             env=env,
             processes=processes,
         )
-        stack.start_worker()
+        for _ in range(workers):
+            stack.start_worker()
         yield stack
     finally:
         for process in reversed(processes):
