@@ -8,6 +8,8 @@ import time
 
 import pytest
 import yaml
+from prefect.client.orchestration import get_client
+from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.serve import REPO_ROOT, prefect_bin, prefect_database_url, prefect_stack
 from gpuaas_lab.ports import free_port
@@ -58,7 +60,15 @@ def test_stack_serves_deployments_and_the_worker_runs_them(tmp_path, monkeypatch
         )
         assert "'limit': 16" in inspected.stdout and "ENQUEUE" in inspected.stdout
         # Nothing of the deploying checkout is baked into where a run starts.
-        assert "'set_working_directory': {'directory': '.'}" in inspected.stdout
+        with (
+            temporary_settings({PREFECT_API_URL: stack.api_url}),
+            get_client(sync_client=True) as client,
+        ):
+            deployment = client.read_deployment_by_name("provision_allocation/provision-allocation")
+        assert deployment.entrypoint == "flows.allocation.provision_allocation"
+        assert deployment.pull_steps == [
+            {"prefect.deployments.steps.set_working_directory": {"directory": "."}}
+        ]
         automations = subprocess.run(
             [prefect_bin(), "automation", "ls"], env=env, capture_output=True, text=True, timeout=60
         )
