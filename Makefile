@@ -4,7 +4,7 @@ VENV := $(CURDIR)/.venv
 export PATH := $(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup demo test test-lab lint sanity maas-script bench clean
+.PHONY: setup demo test test-lab lint sanity maas-script artifacts bench clean
 
 setup:
 	@scripts/setup.sh
@@ -24,6 +24,10 @@ sanity: setup
 
 maas-script: setup
 	python scripts/maas/build_commissioning_script.py
+
+# The release artifacts a controller is installed from (docs/operations.md), in build/artifacts.
+artifacts: setup
+	scripts/build-artifacts.sh build/artifacts
 
 lint: setup
 	scripts/lint.sh

@@ -38,10 +38,8 @@ from controlplane.secrets import (
     secret_values,
     split_secret_vars,
 )
+from flows.collection import Collection, find_collection
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-PLAYBOOKS = REPO_ROOT / "playbooks"
-COLLECTIONS = REPO_ROOT / ".collections"
 TASK_EVENTS = {
     "runner_on_ok": "ok",
     "runner_on_failed": "failed",
@@ -278,14 +276,15 @@ class TaskProgress:
         return where
 
 
-def runner_environment() -> dict[str, str]:
-    """ansible-runner needs the venv's bin on PATH, the collection path and config, and
-    host key checking left on."""
+def runner_environment(collection: Collection | None = None) -> dict[str, str]:
+    """ansible-runner needs the venv's bin on PATH, the collection's path and its
+    ansible.cfg, and host key checking left on."""
+    collection = collection or find_collection()
     venv_bin = str(Path(sys.executable).parent)
     return {
         "PATH": f"{venv_bin}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}",
-        "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
-        "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS),
+        "ANSIBLE_CONFIG": str(collection.config),
+        "ANSIBLE_COLLECTIONS_PATH": str(collection.collections_path),
         "ANSIBLE_FORCE_COLOR": "0",
         "ANSIBLE_NOCOLOR": "1",
         # ansible-runner would otherwise set it to False (docs/trust.md).
@@ -293,10 +292,17 @@ def runner_environment() -> dict[str, str]:
     }
 
 
-def playbook_path(playbook: str) -> Path:
-    path = Path(playbook) if Path(playbook).is_absolute() else PLAYBOOKS / playbook
+def playbook_path(playbook: str, collection: Collection | None = None) -> Path:
+    """An absolute path as it is; a name, in the collection's playbooks/."""
+    if Path(playbook).is_absolute():
+        path = Path(playbook)
+        if not path.is_file():
+            raise FileNotFoundError(f"no playbook {playbook}")
+        return path
+    playbooks = (collection or find_collection()).playbooks
+    path = playbooks / playbook
     if not path.is_file():
-        raise FileNotFoundError(f"no playbook {playbook} (names are looked up in {PLAYBOOKS})")
+        raise FileNotFoundError(f"no playbook {playbook} (names are looked up in {playbooks})")
     return path
 
 
@@ -436,7 +442,8 @@ def run_playbook(
     ``on_event`` sees each runner event as it arrives (see ``KeepEvents``)."""
     import ansible_runner
 
-    playbook = playbook_path(run.playbook)
+    collection = find_collection()
+    playbook = playbook_path(run.playbook, collection)
     private_data_dir = (private_data_dir or new_private_dir(run.playbook)).resolve()
     public_vars, _ = split_secret_vars(run.extravars)
     started = dt.datetime.now(dt.UTC)
@@ -448,7 +455,11 @@ def run_playbook(
                 inventory=run.inventory,
                 extravars=public_vars,
                 cmdline=secrets.cmdline,
-                envvars={**runner_environment(), **run.environment, **secrets.environment},
+                envvars={
+                    **runner_environment(collection),
+                    **run.environment,
+                    **secrets.environment,
+                },
                 limit=run.limit,
                 forks=run.forks,
                 timeout=run.timeout,

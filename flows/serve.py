@@ -1,8 +1,8 @@
 """`gpuaas ui`: a Prefect server and process worker on loopback, with every deployment of
-prefect.yaml registered and the automations of automations.yaml installed. The worker's
-flows use the store they are given (passed to them as GPUAAS_DATABASE_URL); the server
-keeps its own data in PostgreSQL when given a database for it, else in Prefect's SQLite
-under PREFECT_HOME.
+prefect.yaml registered and the automations of automations.yaml installed, from a checkout.
+The worker runs this checkout's flows (it is first on their PYTHONPATH) with the store they
+are given (passed to them as GPUAAS_DATABASE_URL); the server keeps its own data in
+PostgreSQL when given a database for it, else in Prefect's SQLite under PREFECT_HOME.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from controlplane.paths import prefect_home
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORK_POOL = "gpuaas-process"
+DEPLOYMENTS = REPO_ROOT / "prefect.yaml"
 AUTOMATIONS = REPO_ROOT / "automations.yaml"
 
 
@@ -155,9 +156,16 @@ def prefect_stack(
     port: int = 4200,
     prefect_database: str | None = None,
     startup_timeout: float = 180.0,
+    workers: int = 1,
 ) -> Iterator[PrefectStack]:
-    """Server, work pool, deployments and a worker whose flows use the store at
+    """Server, work pool, deployments and ``workers`` workers whose flows use the store at
     ``store_url``; everything stopped on exit."""
+    if not DEPLOYMENTS.is_file():
+        raise GpuaasError(
+            "checkout_required",
+            f"no {DEPLOYMENTS}: the stack deploys prefect.yaml from a checkout; a controller "
+            "installed from the release artifacts runs workers only (docs/operations.md)",
+        )
     home = prefect_home()
     api_url = f"http://127.0.0.1:{port}/api"
     env = {
@@ -167,7 +175,7 @@ def prefect_stack(
         "PREFECT_SERVER_API_HOST": "127.0.0.1",
         "PREFECT_SERVER_API_PORT": str(port),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "GPUAAS_REPO": str(REPO_ROOT),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
         DATABASE_URL_ENV: store_url,
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
     }
@@ -198,7 +206,8 @@ def prefect_stack(
             env=env,
             processes=processes,
         )
-        stack.start_worker()
+        for _ in range(workers):
+            stack.start_worker()
         yield stack
     finally:
         for process in reversed(processes):

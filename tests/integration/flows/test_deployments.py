@@ -8,6 +8,8 @@ import time
 
 import pytest
 import yaml
+from prefect.client.orchestration import get_client
+from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.serve import REPO_ROOT, prefect_bin, prefect_database_url, prefect_stack
 from gpuaas_lab.ports import free_port
@@ -19,18 +21,18 @@ def test_prefect_yaml_declares_every_flow_on_one_process_pool():
     config = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
     entrypoints = {d["entrypoint"] for d in config["deployments"]}
     assert entrypoints == {
-        "flows/fleet.py:discover_topology",
-        "flows/fleet.py:approve_slots",
-        "flows/fleet.py:parity_sweep",
-        "flows/sweeps.py:sweep_batch",
-        "flows/fleet.py:storage_transition",
-        "flows/fleet.py:bootstrap_host",
-        "flows/allocation.py:provision_allocation",
-        "flows/allocation.py:release_allocation",
-        "flows/images.py:prewarm_image",
-        "flows/benchmarks.py:benchmark_compare",
-        "flows/reconcile.py:reconcile",
-        "flows/events.py:publish_events",
+        "flows.fleet.discover_topology",
+        "flows.fleet.approve_slots",
+        "flows.fleet.parity_sweep",
+        "flows.sweeps.sweep_batch",
+        "flows.fleet.storage_transition",
+        "flows.fleet.bootstrap_host",
+        "flows.allocation.provision_allocation",
+        "flows.allocation.release_allocation",
+        "flows.images.prewarm_image",
+        "flows.benchmarks.benchmark_compare",
+        "flows.reconcile.reconcile",
+        "flows.events.publish_events",
     }
     assert {d["work_pool"]["name"] for d in config["deployments"]} == {"gpuaas-process"}
     limits = {d["name"]: d.get("concurrency_limit") for d in config["deployments"]}
@@ -57,6 +59,16 @@ def test_stack_serves_deployments_and_the_worker_runs_them(tmp_path, monkeypatch
             timeout=60,
         )
         assert "'limit': 16" in inspected.stdout and "ENQUEUE" in inspected.stdout
+        # Nothing of the deploying checkout is baked into where a run starts.
+        with (
+            temporary_settings({PREFECT_API_URL: stack.api_url}),
+            get_client(sync_client=True) as client,
+        ):
+            deployment = client.read_deployment_by_name("provision_allocation/provision-allocation")
+        assert deployment.entrypoint == "flows.allocation.provision_allocation"
+        assert deployment.pull_steps == [
+            {"prefect.deployments.steps.set_working_directory": {"directory": "."}}
+        ]
         automations = subprocess.run(
             [prefect_bin(), "automation", "ls"], env=env, capture_output=True, text=True, timeout=60
         )
