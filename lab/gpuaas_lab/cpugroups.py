@@ -27,6 +27,8 @@ import os
 from pathlib import Path
 from types import TracebackType
 
+from gpuaas_lab.processes import descendants
+
 V1 = Path("/sys/fs/cgroup/cpuacct")
 V1_CPU = Path("/sys/fs/cgroup/cpu")
 V2 = Path("/sys/fs/cgroup")
@@ -50,21 +52,6 @@ def unavailable_reason() -> str | None:
     except RuntimeError as missing:
         return str(missing)
     return None
-
-
-def descendants(pid: int) -> list[int]:
-    """``pid`` and every live process below it (by parent pid), parents first."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(parent, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop(0)
-        found.append(current)
-        todo.extend(children.get(current, []))
-    return found
 
 
 def scheduling_root(version: int) -> Path:

@@ -10,12 +10,8 @@ leaves nothing unsafe behind.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import time
 import uuid
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +25,7 @@ from controlplane.api import ControlPlane
 from controlplane.audit import audit
 from flows.serve import prefect_database_url, prefect_stack
 from gpuaas_lab.ports import free_port
+from gpuaas_lab.processes import kill_tree
 from gpuaas_lab.slicehost import LAB_SKU, LabSliceHost, unavailable_reason
 
 # A large lab (make test-lab): eight emulated guests at once, a Prefect server and workers.
@@ -135,26 +132,6 @@ def active_reservations(cp: ControlPlane, engine) -> set[tuple[str, str]]:
 
 def slice_domain(allocation_id: uuid.UUID) -> str:
     return f"gpuaas-slice-{allocation_id.hex}"
-
-
-def kill_tree(pid: int) -> list[int]:
-    """SIGKILL a process and every process it started, as when a controller dies."""
-    children: dict[int, list[int]] = defaultdict(list)
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children[parent].append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        tree.append(current)
-        todo.extend(children[current])
-    for member in tree:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(member, signal.SIGKILL)
-    return tree
 
 
 def running_node_tasks(engine) -> int:

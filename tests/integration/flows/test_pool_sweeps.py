@@ -32,8 +32,8 @@ from controlplane.api import ControlPlane
 from flows.serve import PrefectStack, prefect_database_url, prefect_stack
 from gpuaas_lab import sshfleet
 from gpuaas_lab.ports import free_port
+from gpuaas_lab.processes import kill_tree
 from tests.integration.flows.prefect_reads import table_artifact
-from tests.integration.flows.test_burst import kill_tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.lab]
 
