@@ -45,6 +45,22 @@ class PrefectStack:
         return tuple(p.pid for p in self.processes)
 
     workers: dict[str, subprocess.Popen] = field(default_factory=dict)
+    server_argv: list[str] = field(default_factory=list)
+
+    @property
+    def server(self) -> subprocess.Popen:
+        return self.processes[0]
+
+    def restart_server(self, down_seconds: float = 0.0, timeout: float = 180.0) -> float:
+        """Stop the server as a service manager would (SIGTERM, then SIGKILL), leave it
+        down ``down_seconds``, start it again on its address and data; returns how long
+        the API was unreachable. Workers and runs keep going on their own."""
+        began = time.monotonic()
+        stop(self.server)
+        time.sleep(down_seconds)
+        self.processes[0] = start_server(self.server_argv, self.env)
+        wait_healthy(self.api_url, timeout)
+        return time.monotonic() - began
 
     def start_worker(self, name: str | None = None, limit: int | None = None) -> subprocess.Popen:
         """A process worker on the work pool (``gpuaas-worker-N`` unless named), taking
@@ -140,6 +156,13 @@ def install_automations(api_url: str) -> list[str]:
     return [automation.name for automation in wanted]
 
 
+def start_server(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    with open(Path(env["PREFECT_HOME"]) / "logs" / "server.log", "ab") as log:
+        return subprocess.Popen(
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
 def stop(process: subprocess.Popen) -> None:
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGTERM)
@@ -157,9 +180,11 @@ def prefect_stack(
     prefect_database: str | None = None,
     startup_timeout: float = 180.0,
     workers: int = 1,
+    host: str = "127.0.0.1",
 ) -> Iterator[PrefectStack]:
     """Server, work pool, deployments and ``workers`` workers whose flows use the store at
-    ``store_url``; everything stopped on exit."""
+    ``store_url``; everything stopped on exit. The server listens on ``host`` (loopback
+    unless a site's controllers on other machines must reach it)."""
     if not DEPLOYMENTS.is_file():
         raise GpuaasError(
             "checkout_required",
@@ -167,12 +192,12 @@ def prefect_stack(
             "installed from the release artifacts runs workers only (docs/operations.md)",
         )
     home = prefect_home()
-    api_url = f"http://127.0.0.1:{port}/api"
+    api_url = f"http://{host}:{port}/api"
     env = {
         **os.environ,
         "PREFECT_HOME": str(home),
         "PREFECT_API_URL": api_url,
-        "PREFECT_SERVER_API_HOST": "127.0.0.1",
+        "PREFECT_SERVER_API_HOST": host,
         "PREFECT_SERVER_API_PORT": str(port),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
@@ -181,30 +206,22 @@ def prefect_stack(
     }
     if prefect_database:
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = prefect_database
-    logs = home / "logs"
-    logs.mkdir(exist_ok=True)
+    (home / "logs").mkdir(exist_ok=True)
+    server_argv = [prefect_bin(), "server", "start", "--host", host, "--port", str(port)]
     processes: list[subprocess.Popen] = []
     try:
-        with open(logs / "server.log", "ab") as log:
-            processes.append(
-                subprocess.Popen(
-                    [prefect_bin(), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
+        processes.append(start_server(server_argv, env))
         wait_healthy(api_url, startup_timeout)
         prefect_cli(env, "work-pool", "create", WORK_POOL, "--type", "process", "--overwrite")
         prefect_cli(env, "--no-prompt", "deploy", "--all")
         install_automations(api_url)
         stack = PrefectStack(
             api_url=api_url,
-            ui_url=f"http://127.0.0.1:{port}",
+            ui_url=f"http://{host}:{port}",
             database="PostgreSQL" if prefect_database else f"SQLite in {home}",
             env=env,
             processes=processes,
+            server_argv=server_argv,
         )
         for _ in range(workers):
             stack.start_worker()

@@ -792,14 +792,22 @@ def occupancy_command(
 
 @app.command("ui")
 def ui_command(
-    port: Annotated[int, typer.Option("--port", help="Loopback port of the Prefect UI.")] = 4200,
+    port: Annotated[int, typer.Option("--port", help="Port of the Prefect UI and API.")] = 4200,
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            help="Address the Prefect server listens on: loopback by default, the site's "
+            "management address when controllers on other machines use it.",
+        ),
+    ] = "127.0.0.1",
     demo: Annotated[
         bool,
         typer.Option("--demo", help="Act on the demo's fleet (after make demo) and its runs."),
     ] = False,
 ) -> None:
-    """Start a Prefect server and worker on loopback with every deployment (Ctrl-C,
-    SIGTERM or SIGHUP stops both)."""
+    """Start a Prefect server and worker (on loopback unless given --host) with every
+    deployment (Ctrl-C, SIGTERM or SIGHUP stops both)."""
     # Prefect and Alembic are slow to import: only this command needs them.
     from flows.serve import prefect_stack
     from gpuaas_cli import ui
@@ -807,7 +815,7 @@ def ui_command(
     ui.stop_on_signals()
     try:
         store_url, prefect_database = ui.ui_store(demo)
-        with prefect_stack(store_url, port, prefect_database) as stack:
+        with prefect_stack(store_url, port, prefect_database, host=host) as stack:
             # soft_wrap: a long data path must not split a line that scripts read.
             out.print(
                 f"Prefect UI: {stack.ui_url}  (API {stack.api_url}, Prefect data: "

@@ -24,7 +24,6 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +34,10 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from sqlalchemy import text
 
 from controlplane.api import ControlPlane
-from flows.serve import WORK_POOL, prefect_database_url, prefect_stack
+from flows.serve import prefect_database_url, prefect_stack
 from gpuaas_lab import sshfleet
+from gpuaas_lab.controllers import Controller, install_controller, worker_environment
+from gpuaas_lab.controllers import start_worker as start_controller_worker
 from gpuaas_lab.ports import free_port
 from gpuaas_lab.processes import kill_tree
 from tests.conftest import REPO_ROOT
@@ -47,50 +48,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.lab]
 HOSTS = 3
 WORKER = "artifact-controller"
 RUN_TIMEOUT = 900.0
-INSTALL_TIMEOUT = 1800
-# What a service manager gives a worker, and pip's own settings for the install.
-KEPT_ENVIRONMENT = ("HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR")
-SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-@dataclass(frozen=True)
-class Controller:
-    """The venv and the collections directory made from the artifacts."""
-
-    base: Path
-    venv: Path
-    collections: Path
-
-    @property
-    def collection(self) -> Path:
-        return self.collections / "ansible_collections" / "gpuaas" / "fleet"
 
 
 def checkouts() -> list[Path]:
     """This checkout, and the project whose venv runs the tests (the same directory, or
     the main checkout of a git worktree)."""
     return sorted({REPO_ROOT, Path(sys.prefix).resolve().parent})
-
-
-def bare_environment(venv: Path) -> dict[str, str]:
-    kept = {
-        key: value
-        for key, value in os.environ.items()
-        if key in KEPT_ENVIRONMENT or key.startswith(("LC_", "PIP_"))
-    }
-    return {**kept, "PATH": f"{venv / 'bin'}:{SYSTEM_PATH}"}
-
-
-def run(argv: list[Any], env: dict[str, str], cwd: Path) -> None:
-    done = subprocess.run(
-        [str(arg) for arg in argv],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=INSTALL_TIMEOUT,
-    )
-    assert done.returncode == 0, f"{argv[:4]}: {done.stdout[-2000:]}{done.stderr[-3000:]}"
 
 
 @pytest.fixture(scope="module")
@@ -100,19 +63,7 @@ def controller() -> Iterator[Controller]:
         pytest.skip(reason)
     base = Path(tempfile.mkdtemp(prefix="gpuaas-artifact-controller-"))
     try:
-        artifacts = base / "artifacts"
-        run([REPO_ROOT / "scripts" / "build-artifacts.sh", artifacts], dict(os.environ), base)
-        # From here on, the controller's own steps: nothing of the checkout.
-        [wheel] = artifacts.glob("gpuaas_fleet-*.whl")
-        [tarball] = artifacts.glob("gpuaas-fleet-*.tar.gz")
-        made = Controller(base, base / "venv", base / "collections")
-        env = bare_environment(made.venv)
-        run([Path(sys.executable).resolve(), "-m", "venv", made.venv], env, base)
-        pip = [made.venv / "bin" / "python", "-m", "pip", "install", "-q"]
-        run([*pip, "-r", artifacts / "requirements.lock", wheel], env, base)
-        galaxy = made.venv / "bin" / "ansible-galaxy"
-        run([galaxy, "collection", "install", tarball, "-p", made.collections], env, base)
-        yield made
+        yield install_controller(REPO_ROOT, base)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -120,34 +71,14 @@ def controller() -> Iterator[Controller]:
 def start_worker(controller: Controller, api_url: str, store_url: str) -> subprocess.Popen:
     """The controller's worker, with every checkout hidden under an empty read-only tmpfs
     in a mount namespace of its own (and of everything it starts)."""
-    workdir = controller.base / "workdir"
-    workdir.mkdir()
-    env = {
-        **bare_environment(controller.venv),
-        "PREFECT_API_URL": api_url,
-        "PREFECT_HOME": str(controller.base / "prefect"),
-        "GPUAAS_DATABASE_URL": store_url,
-        "GPUAAS_RUNS_DIR": str(controller.base / "runs"),
-        "GPUAAS_KNOWN_HOSTS_FILE": str(controller.base / "known_hosts"),
-        "ANSIBLE_COLLECTIONS_PATH": str(controller.collections),
-    }
     hide = "".join(
         f"mount -t tmpfs -o ro,size=16k gpuaas-no-checkout {shlex.quote(str(path))}\n"
         for path in checkouts()
     )
-    prefect = controller.venv / "bin" / "prefect"
-    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
-    argv += [f'set -e\n{hide}exec "$@"', "sh", str(prefect), "worker", "start"]
-    argv += ["--pool", WORK_POOL, "--name", WORKER]
-    with open(controller.base / "worker.log", "ab") as log:
-        return subprocess.Popen(
-            argv,
-            env=env,
-            cwd=workdir,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    hidden = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
+    hidden += [f'set -e\n{hide}exec "$@"', "sh"]
+    env = worker_environment(controller, controller.base, api_url, store_url)
+    return start_controller_worker(controller, WORKER, env, controller.base, prefix=hidden)
 
 
 @pytest.fixture

@@ -212,13 +212,11 @@ def test_ui_demo_acts_on_the_demo_fleet_logs_each_step_and_stops_on_sigterm(
     assert not [pid for pid in children if alive(pid)]
 
 
-def test_ui_stops_its_children_on_sighup(tmp_path, database_url):
-    ui = UiProcess(ui_env(tmp_path, GPUAAS_DATABASE_URL=database_url))
+def test_ui_listens_where_told_and_stops_its_children_on_sighup(tmp_path, database_url):
+    # Another loopback address stands for a site's management address (--host).
+    ui = UiProcess(ui_env(tmp_path, GPUAAS_DATABASE_URL=database_url), "--host", "127.0.0.2")
     try:
-        deadline = time.monotonic() + 120
-        while not descendants(ui.process.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(2)
+        ui.wait_for(f"Prefect UI: http://127.0.0.2:{ui.port}", 180)
         children = descendants(ui.process.pid)
         assert children, "".join(ui.output)
         assert ui.stop(signal.SIGHUP) == 0
