@@ -28,6 +28,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 WORK_POOL = "gpuaas-process"
 DEPLOYMENTS = REPO_ROOT / "prefect.yaml"
 AUTOMATIONS = REPO_ROOT / "automations.yaml"
+# A worker's environment, which its runs inherit: the Prefect server answers 500 while its
+# database restarts, and a state proposal it refused that way is safe to send again
+# (docs/operations.md, "Site resilience"); Prefect's client then retries for about a
+# minute, as it does by itself for 502/503 and a server it cannot reach.
+WORKER_ENVIRONMENT = {"PREFECT_CLIENT_RETRY_EXTRA_CODES": "500"}
 
 
 @dataclass
@@ -200,6 +205,7 @@ def prefect_stack(
         "PREFECT_SERVER_API_HOST": host,
         "PREFECT_SERVER_API_PORT": str(port),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        **WORKER_ENVIRONMENT,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
         DATABASE_URL_ENV: store_url,
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",

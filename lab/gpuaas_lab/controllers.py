@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flows.serve import WORK_POOL
+from flows.serve import WORK_POOL, WORKER_ENVIRONMENT
 from gpuaas_lab.processes import kill_tree
 
 INSTALL_TIMEOUT = 1800
@@ -91,6 +91,7 @@ def worker_environment(
     ``home``, the site's server and store, the installed collection."""
     return {
         **bare_environment(controller.venv),
+        **WORKER_ENVIRONMENT,
         "PREFECT_API_URL": api_url,
         "PREFECT_HOME": str(home / "prefect"),
         "GPUAAS_DATABASE_URL": store_url,
@@ -144,14 +145,16 @@ class ControllerMachine:
     def create(self) -> ControllerMachine:
         subprocess.run(["ip", "netns", "add", self.namespace], check=True)
         self.created = True
-        batch = [
-            f"link add {self.veth} type veth peer name eth0 netns {self.namespace}",
-            f"link set {self.veth} master {self.bridge} up",
-            f"-n {self.namespace} link set lo up",
-            f"-n {self.namespace} addr add {self.address}/{self.prefixlen} dev eth0",
-            f"-n {self.namespace} link set eth0 up",
-        ]
-        subprocess.run(["ip", "-batch", "-"], input="\n".join(batch) + "\n", text=True, check=True)
+        inside = ["ip", "-n", self.namespace]
+        peer = ["peer", "name", "eth0", "netns", self.namespace]
+        for argv in (
+            ["ip", "link", "add", self.veth, "type", "veth", *peer],
+            ["ip", "link", "set", self.veth, "master", self.bridge, "up"],
+            [*inside, "link", "set", "lo", "up"],
+            [*inside, "addr", "add", f"{self.address}/{self.prefixlen}", "dev", "eth0"],
+            [*inside, "link", "set", "eth0", "up"],
+        ):
+            subprocess.run(argv, capture_output=True, text=True, check=True)
         self.home.mkdir(parents=True, exist_ok=True)
         return self
 
