@@ -6,12 +6,15 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+import yaml
 
 from flows.liveness import SeenRun, SeenWorker, lost_runs
+from tests.conftest import REPO_ROOT
 
 NOW = dt.datetime(2026, 11, 27, 12, 0, tzinfo=dt.UTC)
 LOST_AFTER = 600.0
 POOL = "gpuaas-process"
+HEARTBEAT = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"
 
 
 def ago(seconds: float) -> dt.datetime:
@@ -128,3 +131,14 @@ def test_each_run_is_judged_on_its_own():
     ]
     workers = {**SILENT_WORKER, "w2": SeenWorker(ago(3), ago(7200))}
     assert [lost.id for lost in judge(runs, workers)] == ["gone"]
+
+
+def test_every_deployment_heartbeats_as_often_as_reconcile_expects():
+    from flows.reconcile import RUN_HEARTBEAT_SECONDS
+
+    deployments = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())["deployments"]
+    frequencies = {
+        d["name"]: d["work_pool"].get("job_variables", {}).get("env", {}).get(HEARTBEAT)
+        for d in deployments
+    }
+    assert frequencies == {d["name"]: str(RUN_HEARTBEAT_SECONDS) for d in deployments}
