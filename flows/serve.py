@@ -73,6 +73,14 @@ class PrefectStack:
         for name in names:
             stop(self.workers.pop(name))
 
+    def restart_server(self, down_for: float = 0.0, startup_timeout: float = 180.0) -> None:
+        """Stop the server (``processes[0]``), leave it down ``down_for`` seconds and start
+        it again on its database, as after an outage; the workers keep running."""
+        stop(self.processes[0])
+        time.sleep(down_for)
+        self.processes[0] = start_server(self.env)
+        wait_healthy(self.api_url, startup_timeout)
+
 
 def prefect_database_url(store_url: str) -> str | None:
     """asyncpg URL of ``<db>_prefect`` next to the store, created if missing."""
@@ -106,6 +114,19 @@ def prefect_cli(env: dict[str, str], *args: str) -> str:
             {"output": (proc.stdout + proc.stderr)[-4000:]},
         )
     return proc.stdout
+
+
+def start_server(env: dict[str, str]) -> subprocess.Popen:
+    """The server on loopback at ``env``'s port, logging to PREFECT_HOME/logs/server.log."""
+    port = env["PREFECT_SERVER_API_PORT"]
+    with open(Path(env["PREFECT_HOME"]) / "logs" / "server.log", "ab") as log:
+        return subprocess.Popen(
+            [prefect_bin(), "server", "start", "--host", "127.0.0.1", "--port", port],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def wait_healthy(api_url: str, timeout: float) -> None:
@@ -181,20 +202,10 @@ def prefect_stack(
     }
     if prefect_database:
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = prefect_database
-    logs = home / "logs"
-    logs.mkdir(exist_ok=True)
+    (home / "logs").mkdir(exist_ok=True)
     processes: list[subprocess.Popen] = []
     try:
-        with open(logs / "server.log", "ab") as log:
-            processes.append(
-                subprocess.Popen(
-                    [prefect_bin(), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
+        processes.append(start_server(env))
         wait_healthy(api_url, startup_timeout)
         prefect_cli(env, "work-pool", "create", WORK_POOL, "--type", "process", "--overwrite")
         prefect_cli(env, "--no-prompt", "deploy", "--all")
