@@ -137,8 +137,9 @@ def slice_domain(allocation_id: uuid.UUID) -> str:
     return f"gpuaas-slice-{allocation_id.hex}"
 
 
-def kill_tree(pid: int) -> list[int]:
-    """SIGKILL a process and every process it started, as when a controller dies."""
+def kill_tree(pid: int, sig: signal.Signals = signal.SIGKILL) -> list[int]:
+    """SIGKILL a process and every process it started, as when a controller dies (or send
+    them ``sig``)."""
     children: dict[int, list[int]] = defaultdict(list)
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -153,7 +154,7 @@ def kill_tree(pid: int) -> list[int]:
         todo.extend(children[current])
     for member in tree:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(member, signal.SIGKILL)
+            os.kill(member, sig)
     return tree
 
 
