@@ -14,8 +14,9 @@ no worker to lose.
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prefect.client.orchestration import SyncPrefectClient
@@ -35,7 +36,7 @@ from prefect.events.filters import (
     EventResourceFilter,
 )
 from prefect.events.schemas.events import ResourceSpecification
-from prefect.exceptions import PrefectHTTPStatusError
+from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
 from flows.serve import WORK_POOL
 
@@ -60,6 +61,7 @@ class SeenRun:
 
     id: str
     name: str
+    # Its deployment's id.
     deployment: str
     pool: str | None
     state: str
@@ -77,6 +79,7 @@ class SeenRun:
 class LostRun:
     id: str
     name: str
+    # Its deployment's id, or name once ``lost_now`` has read it.
     deployment: str
     worker: str
     # How the worker was lost, and for how long it sent no heartbeat (None: never).
@@ -186,7 +189,7 @@ def lost_now(
         for w in workers
     }
     suspects = lost_runs(seen, listed, now, lost_after_seconds, WORK_POOL, own_run)
-    return lost_runs(
+    lost = lost_runs(
         [seen_run(runs[s.id], last_heartbeat(client, runs[s.id])) for s in suspects],
         listed,
         now,
@@ -194,6 +197,8 @@ def lost_now(
         WORK_POOL,
         own_run,
     )
+    names = {d: deployment_name(client, d) for d in {run.deployment for run in lost}}
+    return [replace(run, deployment=names[run.deployment]) for run in lost]
 
 
 def pool_workers(client: SyncPrefectClient) -> list[Worker]:
@@ -241,6 +246,16 @@ def seen_run(run: FlowRun, heartbeat_at: dt.datetime | None = None) -> SeenRun:
         heartbeat_at=heartbeat_at,
         worker=(run.labels or {}).get("prefect.worker.name"),
     )
+
+
+def deployment_name(client: SyncPrefectClient, deployment_id: str) -> str:
+    """The deployment's name; its id once it is deleted, nothing for a run without one."""
+    if not deployment_id:
+        return ""
+    try:
+        return client.read_deployment(uuid.UUID(deployment_id)).name
+    except ObjectNotFound:
+        return deployment_id
 
 
 def last_heartbeat(client: SyncPrefectClient, run: FlowRun) -> dt.datetime | None:

@@ -121,13 +121,7 @@ def crash_lost_runs(lost_after_seconds: float, confirm_seconds: float) -> list[d
                 Crashed(message=f"{lost.reason()}; reconciled as crashed"),
                 force=True,
             )
-        deployments = {
-            d: client.read_deployment(uuid.UUID(d)).name
-            for d in {lost.deployment for lost in confirmed if lost.deployment}
-        }
-    return [
-        {**lost.row(), "deployment": deployments.get(lost.deployment, "")} for lost in confirmed
-    ]
+    return [lost.row() for lost in confirmed]
 
 
 @task(name="finish allocations of dead runs")
