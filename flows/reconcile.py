@@ -1,6 +1,7 @@
-"""Reconcile: finish what crashed runs left, make claims and slots agree, compare the
-store with what the hosts really run (domains, their disks and MACs, DHCP reservations),
-release VMs of ended allocations, and wipe slots waiting in cleanup.
+"""Reconcile: mark Crashed the runs lost with their worker, finish what crashed runs left,
+make claims and slots agree, compare the store with what the hosts really run (domains,
+their disks and MACs, DHCP reservations), release VMs of ended allocations, and wipe slots
+waiting in cleanup.
 
 Orphan domains: a domain whose allocation the store knows has ended on that node, holding
 only that allocation's disks, is released (stopped, undefined, its reservation removed,
@@ -12,6 +13,7 @@ slot whose disk it holds is cleanup_blocked instead of wiped under it.
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 from collections import defaultdict
 from dataclasses import asdict
@@ -29,6 +31,7 @@ from flows.allocation import published, run_release
 from flows.fleet import ACTOR, control_plane, current_run
 from flows.hostwork import HostAction, run_host_action
 from flows.images import reverify_image_caches
+from flows.liveness import lost_now, pool_workers
 
 LIVE_STATES = frozenset(
     {
@@ -42,6 +45,10 @@ LIVE_STATES = frozenset(
 HOST_STATE = HostAction(
     NodeTaskKind.RECONCILE, "host_state.yml", "slice_host_state", EvidenceKind.HOST_RESULT, 300
 )
+# Every deployment's runs heartbeat this often (prefect.yaml); a confirming read waits the
+# longest heartbeat interval of the runs and the pool's workers, and this margin.
+RUN_HEARTBEAT_SECONDS = 30
+CONFIRM_MARGIN_SECONDS = 15.0
 DISK_WIPE = HostAction(
     NodeTaskKind.DISK_WIPE,
     "disk_wipe.yml",
@@ -76,6 +83,45 @@ def run_is_live(flow_run_id: str | None, quiet_seconds: float, stale_after_secon
             force=True,
         )
     return False
+
+
+@task(name="crash runs lost with their worker")
+def crash_lost_runs(lost_after_seconds: float, confirm_seconds: float) -> list[dict[str, Any]]:
+    """Mark Crashed the runs of the work pool lost with their worker (flows/liveness.py),
+    whether or not they hold store records. A server restart or outage silences live
+    workers and runs too (their heartbeats did not reach it), so what looks lost is read
+    again ``confirm_seconds`` later (when 0: the longest heartbeat interval of the pool's
+    workers and of the runs, plus a margin) and only the runs still lost are crashed."""
+    logger = get_run_logger()
+    with get_client(sync_client=True) as client:
+        workers = pool_workers(client)
+        suspects = {
+            lost.id for lost in lost_now(client, workers, lost_after_seconds, current_run())
+        }
+        if not suspects:
+            return []
+        wait = confirm_seconds or CONFIRM_MARGIN_SECONDS + max(
+            [RUN_HEARTBEAT_SECONDS] + [w.heartbeat_interval_seconds or 0 for w in workers]
+        )
+        logger.info(
+            "%d run(s) look lost with their worker; reading again in %.0f s, as a server "
+            "outage silences live workers and runs too",
+            len(suspects),
+            wait,
+        )
+        time.sleep(wait)
+        confirmed = [
+            lost
+            for lost in lost_now(client, pool_workers(client), lost_after_seconds, current_run())
+            if lost.id in suspects
+        ]
+        for lost in confirmed:
+            client.set_flow_run_state(
+                uuid.UUID(lost.id),
+                Crashed(message=f"{lost.reason()}; reconciled as crashed"),
+                force=True,
+            )
+    return [lost.row() for lost in confirmed]
 
 
 @task(name="finish allocations of dead runs")
@@ -285,13 +331,17 @@ def reconcile(
     compare_with_hosts: bool = True,
     release_orphans: bool = True,
     image_verify_after_seconds: float = 86400.0,
+    lost_after_seconds: float = 600.0,
+    lost_confirm_seconds: float = 0.0,
 ) -> dict[str, Any]:
     """Compare the store with the runs that should be driving it and with the hosts, and
-    finish what a crashed run left: stuck provisioning ends ``failed`` (slots
-    cleanup_blocked), stuck pending or releasing allocations are released (slots wait for
-    a proof), abandoned node tasks are closed, claims and slots are made to agree with
-    their allocations, host drift (orphan domains, VMs not running, wrong MACs or disks,
-    stale DHCP reservations) is recorded, domains of ended allocations are released
+    finish what a crashed run left: runs of the work pool lost with their worker (worker
+    and run silent ``lost_after_seconds``, and still so when read again
+    ``lost_confirm_seconds`` later) are marked Crashed, stuck provisioning ends ``failed``
+    (slots cleanup_blocked), stuck pending or releasing allocations are released (slots
+    wait for a proof), abandoned node tasks are closed, claims and slots are made to agree
+    with their allocations, host drift (orphan domains, VMs not running, wrong MACs or
+    disks, stale DHCP reservations) is recorded, domains of ended allocations are released
     (``release_orphans``), and slots in cleanup are wiped with proof — never a disk a
     domain still holds. Node image cache copies last verified more than
     ``image_verify_after_seconds`` ago are re-hashed (``compare_with_hosts``); a changed or
@@ -304,8 +354,16 @@ def reconcile(
         compare_with_hosts: Probe the hosts and compare them with the store.
         release_orphans: Release VMs of ended allocations found on hosts.
         image_verify_after_seconds: Re-hash node image copies last checked longer ago.
+        lost_after_seconds: A run whose worker and itself sent no heartbeat this long was
+            lost with its worker and is marked Crashed.
+        lost_confirm_seconds: Wait before reading a lost-looking run again (0: one
+            heartbeat interval of the workers and runs, plus 15 s).
     """
     logger = get_run_logger()
+    lost = crash_lost_runs(lost_after_seconds, lost_confirm_seconds)
+    for row in lost:
+        logger.warning("run lost with its worker, marked Crashed: %s", artifacts.readable(row))
+    logger.info("%d run(s) lost with their worker marked Crashed", len(lost))
     finished = finish_dead_runs(grace_seconds, stale_after_seconds)
     for row in finished:
         logger.info("allocation %s", artifacts.readable(row))
@@ -342,6 +400,7 @@ def reconcile(
     wiped = wipe_cleanup_slots(grace_seconds, held) if wipe_cleanup else []
     for row in wiped:
         logger.info("cleanup slot: %s", artifacts.readable(row))
+    artifacts.table("reconcile-lost-runs", "Runs lost with their worker, marked Crashed", lost)
     artifacts.table("reconcile-allocations", "Allocations finished by reconcile", finished)
     artifacts.table("reconcile-store", "Claims and slots repaired by reconcile", store)
     artifacts.table("reconcile-drift", "Drift between the store and the hosts", drift)
@@ -355,8 +414,9 @@ def reconcile(
         ", ".join(f"{count} {category}" for category, count in picture.totals().items()),
     )
     logger.info(
-        "reconciled %d allocations, %d node tasks, %d store repairs, %d drift, "
+        "reconciled %d lost runs, %d allocations, %d node tasks, %d store repairs, %d drift, "
         "%d leftover slots, %d cleanup slots",
+        len(lost),
         len(finished),
         len(tasks_closed),
         len(store),
@@ -365,6 +425,7 @@ def reconcile(
         len(wiped),
     )
     return {
+        "lost_runs": lost,
         "allocations": finished,
         "node_tasks": tasks_closed,
         "store": store,

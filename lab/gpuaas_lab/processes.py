@@ -24,10 +24,11 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def kill_tree(pid: int) -> list[int]:
-    """SIGKILL a process and every process it started, as when a controller dies."""
+def kill_tree(pid: int, sig: signal.Signals = signal.SIGKILL) -> list[int]:
+    """SIGKILL a process and every process it started, as when a controller dies (or send
+    them ``sig``: SIGSTOP and SIGCONT pause and resume the whole tree)."""
     tree = descendants(pid)
     for member in tree:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(member, signal.SIGKILL)
+            os.kill(member, sig)
     return tree

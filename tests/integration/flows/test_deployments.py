@@ -35,6 +35,11 @@ def test_prefect_yaml_declares_every_flow_on_one_process_pool():
         "flows.events.publish_events",
     }
     assert {d["work_pool"]["name"] for d in config["deployments"]} == {"gpuaas-process"}
+    # Every run heartbeats, so reconcile finds the runs lost with their worker.
+    assert {
+        d["name"]: d["work_pool"]["job_variables"]["env"]["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"]
+        for d in config["deployments"]
+    } == {d["name"]: "30" for d in config["deployments"]}
     limits = {d["name"]: d.get("concurrency_limit") for d in config["deployments"]}
     fleet_limit = {"limit": 16, "collision_strategy": "ENQUEUE"}
     assert limits["provision-allocation"] == limits["release-allocation"] == fleet_limit
@@ -69,6 +74,15 @@ def test_stack_serves_deployments_and_the_worker_runs_them(tmp_path, monkeypatch
         assert deployment.pull_steps == [
             {"prefect.deployments.steps.set_working_directory": {"directory": "."}}
         ]
+        with (
+            temporary_settings({PREFECT_API_URL: stack.api_url}),
+            get_client(sync_client=True) as client,
+        ):
+            heartbeats = {
+                d.name: d.job_variables["env"]["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"]
+                for d in client.read_deployments()
+            }
+        assert len(heartbeats) == 12 and set(heartbeats.values()) == {"30"}, heartbeats
         automations = subprocess.run(
             [prefect_bin(), "automation", "ls"], env=env, capture_output=True, text=True, timeout=60
         )
