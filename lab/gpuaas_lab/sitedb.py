@@ -1,6 +1,7 @@
 """The site's PostgreSQL for tests that restart it: a cluster of its own (never the test
-session's), listening on the site's management address as well as its socket, so that
-controllers in other network namespaces reach it over TCP as separate machines would.
+session's), listening on its socket and on the site's management address (at the default
+port: the address is the site's alone), so that controllers in other network namespaces
+reach it over TCP as separate machines would.
 
 ``restart`` is what an upgrade or a failover does to the store: a fast shutdown (every
 session's connection closed, transactions in flight rolled back), then a start.
@@ -26,7 +27,6 @@ class SiteDatabase:
     data_dir: Path
     address: str
     subnet: str
-    port: int
     cluster: EmbeddedPostgres = field(init=False)
 
     def __post_init__(self) -> None:
@@ -35,14 +35,14 @@ class SiteDatabase:
     def start(self) -> SiteDatabase:
         self.cluster.init()
         with open(self.data_dir / "postgresql.auto.conf", "a", encoding="utf-8") as conf:
-            conf.write(f"listen_addresses = '{self.address}'\nport = {self.port}\n")
+            conf.write(f"listen_addresses = '{self.address}'\n")
         with open(self.data_dir / "pg_hba.conf", "a", encoding="utf-8") as hba:
             hba.write(f"host all all {self.subnet} trust\n")
         self.cluster.start()
         return self
 
     def url(self, database: str) -> str:
-        return f"postgresql+psycopg://{SUPERUSER}@{self.address}:{self.port}/{database}"
+        return f"postgresql+psycopg://{SUPERUSER}@{self.address}/{database}"
 
     def create_store(self) -> str:
         """A new migrated store database; its URL over TCP."""
