@@ -23,14 +23,11 @@ DATABASE_URL_ENV = "GPUAAS_DATABASE_URL"
 # failover): longer than a fast shutdown and start take (docs/operations.md, "Site
 # resilience"), short enough that a store really gone is reported within a minute.
 CONNECT_WAIT_SECONDS = 60.0
-# What libpq reports while the server stops and starts: refused, no socket yet, cut off,
-# or PostgreSQL's cannot_connect_now (57P03: starting up, shutting down, in recovery).
-RESTARTING_MESSAGES = (
-    "Connection refused",
-    "No such file or directory",
-    "closed the connection",
-    "the database system is",
-)
+# What libpq reports while a server it reached before stops and starts: refused, no socket
+# yet, cut off (also what a wrong address gives, so only after a first connection), and
+# PostgreSQL's cannot_connect_now (57P03: starting up, shutting down, in recovery).
+GONE_MESSAGES = ("Connection refused", "No such file or directory", "closed the connection")
+RESTARTING_MESSAGE = "the database system is"
 
 log = logging.getLogger(__name__)
 
@@ -77,31 +74,42 @@ def create(url: str, pool_size: int = 5, max_overflow: int = 20) -> Engine:
     )
     guard_against_fork(engine)
     event.listen(engine, "handle_error", explain_missing_schema)
-    event.listen(engine, "do_connect", wait_for_restarting_store)
+    event.listen(engine, "do_connect", RestartingStoreWait())
     return engine
 
 
-def store_restarting(error: psycopg.OperationalError) -> bool:
+def store_restarting(error: psycopg.OperationalError, reached_before: bool) -> bool:
     """Whether a failed connection is the store stopping or starting (worth waiting for),
     not a wrong address, name or password (reported at once)."""
-    return error.sqlstate == "57P03" or any(m in str(error) for m in RESTARTING_MESSAGES)
+    if error.sqlstate == "57P03" or RESTARTING_MESSAGE in str(error):
+        return True
+    return reached_before and any(message in str(error) for message in GONE_MESSAGES)
 
 
-def wait_for_restarting_store(dialect, connection_record, cargs, cparams):
-    """Open a new connection, waiting up to CONNECT_WAIT_SECONDS while the store restarts.
-    Pooled connections are checked before use (``pool_pre_ping``), so after a restart every
-    process reconnects through here by itself."""
-    deadline = time.monotonic() + CONNECT_WAIT_SECONDS
-    delay = 0.5
-    while True:
-        try:
-            return dialect.connect(*cargs, **cparams)
-        except psycopg.OperationalError as error:
-            if not store_restarting(error) or time.monotonic() + delay > deadline:
-                raise
-            log.warning("the store is not accepting connections (%s); retrying", error)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+class RestartingStoreWait:
+    """An engine's new connections wait up to CONNECT_WAIT_SECONDS while the store
+    restarts, once the engine has reached it (as Prefect's client retries a server only
+    after a first connection: a wrong URL fails at once). Pooled connections are checked
+    before use (``pool_pre_ping``), so after a restart every process reconnects here."""
+
+    def __init__(self) -> None:
+        self.reached = False
+
+    def __call__(self, dialect, connection_record, cargs, cparams):
+        deadline = time.monotonic() + CONNECT_WAIT_SECONDS
+        delay = 0.5
+        while True:
+            try:
+                connection = dialect.connect(*cargs, **cparams)
+            except psycopg.OperationalError as error:
+                if not store_restarting(error, self.reached) or time.monotonic() + delay > deadline:
+                    raise
+                log.warning("the store is not accepting connections (%s); retrying", error)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            else:
+                self.reached = True
+                return connection
 
 
 # What a statement meets in a database whose schema is missing or behind the code.

@@ -1,6 +1,7 @@
 """The store restarted under a running process (docs/operations.md, "Site resilience"):
 a PostgreSQL cluster of the test's own, stopped (fast shutdown) and started again while
-a control plane built before keeps its pool."""
+a control plane that reached it before keeps its pool; a store never reached, or a wrong
+database, is reported at once."""
 
 from __future__ import annotations
 
@@ -69,6 +70,17 @@ def test_a_control_plane_rides_through_a_store_restart(cluster, caplog):
     with engine.connect() as conn:
         assert conn.execute(text("SELECT 1")).scalar_one() == 1
     engine.dispose()
+
+
+def test_a_store_never_reached_is_reported_without_waiting(cluster, caplog):
+    """A stopped store this process never reached looks like a wrong address: at once."""
+    cluster.stop()
+    engine = db.create(cluster.url())
+    with pytest.raises(OperationalError, match="No such file or directory"), engine.connect():
+        pass
+    assert retries(caplog) == []
+    engine.dispose()
+    cluster.start()
 
 
 def test_a_store_that_does_not_exist_is_reported_without_waiting(cluster, caplog):
