@@ -365,6 +365,9 @@ def test_a_controller_machine_lost_mid_burst_is_reconciled_by_another(site):
     )
     assert reconciled.state.is_completed(), reconciled.state.message
     assert worker_of(reconciled) in site.worker_names
+    # Found from Prefect's heartbeats, whether or not the runs had recorded anything.
+    crashed = table_artifact(reconciled.id, "reconcile-lost-runs")
+    assert crashed and {row["worker"] for row in crashed} == {victim.name}, crashed
     ended = finish(releases + provisions)
     lost = [run for run in ended if worker_of(run) == victim.name]
     assert any(run.state.is_crashed() for run in lost), [(r.name, r.state_name) for r in lost]
