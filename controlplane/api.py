@@ -42,6 +42,7 @@ from controlplane.services import (
     images,
     inventory,
     occupancy,
+    projects,
     reconcile,
     requests,
     retirement,
@@ -367,6 +368,35 @@ class ControlPlane:
                     spec, digest_sha256=published.digest_sha256, size_bytes=published.size_bytes
                 ),
             )
+
+    def create_project(
+        self, project_id: str, name: str | None = None
+    ) -> tuple[projects.ProjectView, bool]:
+        with db.transaction(self.engine) as session:
+            return projects.create(session, project_id, name)
+
+    def list_projects(self, include_retired: bool = False) -> list[projects.ProjectView]:
+        with db.transaction(self.engine) as session:
+            return projects.list_all(session, include_retired)
+
+    def show_project(self, project_id: str) -> projects.ProjectView:
+        with db.transaction(self.engine) as session:
+            return projects.show(session, project_id)
+
+    def retire_project(self, project_id: str) -> tuple[projects.ProjectView, bool]:
+        with db.transaction(self.engine) as session:
+            return projects.retire(session, project_id)
+
+    def set_project_quota(
+        self,
+        project_id: str,
+        scope: projects.QuotaScope,
+        gpu_limit: int | None,
+        allocation_limit: int | None,
+    ) -> tuple[projects.ProjectView, bool]:
+        """Set (or, with both limits None, remove) the quota of one scope."""
+        with db.transaction(self.engine) as session:
+            return projects.set_quota(session, project_id, scope, gpu_limit, allocation_limit)
 
     def list_images(self) -> list[images.ImageView]:
         with db.transaction(self.engine) as session:

@@ -69,6 +69,11 @@ CHECKS: dict[str, str] = {
             FROM allocation_resource_claims WHERE node_id = n.id AND state = 'active') c ON true
         WHERE (k.free_slots, k.busy_slots, k.slot_claims, k.exclusive_claims)
               <> (s.free_slots, s.busy_slots, c.slot_claims, c.exclusive_claims)""",
+    "quota_usage_drifted": """
+        SELECT q.id FROM project_quotas q
+        CROSS JOIN LATERAL project_usage(q.project_id, q.sku_id, q.capacity_shape,
+                                         q.region_code) u
+        WHERE (q.gpus_used, q.allocations_used) <> (u.gpus, u.allocations)""",
 }
 
 

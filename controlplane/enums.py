@@ -80,6 +80,11 @@ class AllocationState(StrEnum):
     FAILED = "failed"
 
 
+class ProjectState(StrEnum):
+    ACTIVE = "active"
+    RETIRED = "retired"
+
+
 class ClaimKind(StrEnum):
     NODE_EXCLUSIVE = "node_exclusive"
     SLOT = "slot"

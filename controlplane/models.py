@@ -63,6 +63,7 @@ from controlplane.enums import (
     NodeTaskKind,
     NodeTaskState,
     ProfileIntent,
+    ProjectState,
     SharingMechanism,
     SlotStatus,
     SweepKind,
@@ -112,6 +113,7 @@ def _create_rules(target: MetaData, connection: Connection, **_: Any) -> None:
 
 def _create_triggers(target: MetaData, connection: Connection, **_: Any) -> None:
     sql.apply(connection, sql.TRIGGERS)
+    sql.apply(connection, sql.QUOTAS)
 
 
 # create_all builds what the migrations build: CHECK constraints call the rules, and the
@@ -371,6 +373,76 @@ class NodeResourceSlot(Base):
     )
 
 
+# The project of callers that name none (migration 0017).
+DEFAULT_PROJECT = "default"
+
+
+class Project(Base):
+    """A tenant project: allocations belong to one. A retired project keeps its rows (its
+    allocations' history) but places nothing new."""
+
+    __tablename__ = "projects"
+
+    id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    state: Mapped[ProjectState] = mapped_column(
+        checked_enum(ProjectState, "project_state"), server_default=ProjectState.ACTIVE.value
+    )
+    created_at: Mapped[dt.datetime] = utcnow_column()
+    retired_at: Mapped[dt.datetime | None]
+
+    __table_args__ = (
+        CheckConstraint("(state = 'retired') = (retired_at IS NOT NULL)", name="retired_has_time"),
+    )
+
+
+class ProjectQuota(Base):
+    """A project's limit on what its active claims hold, in GPUs and in allocations, over
+    a scope: every allocation of the project, or those of one SKU, capacity shape or
+    region (any combination; NULL matches all). ``gpus_used`` and ``allocations_used`` are
+    kept by triggers from the claims (controlplane/sql/quotas.sql) in the placement's own
+    transaction, and the CHECKs refuse a usage above the limit, whatever wrote it
+    (docs/store-invariants.md, "Quotas")."""
+
+    __tablename__ = "project_quotas"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="RESTRICT"))
+    sku_id: Mapped[int | None] = mapped_column(ForeignKey("skus.id", ondelete="RESTRICT"))
+    capacity_shape: Mapped[CapacityShape | None] = mapped_column(
+        checked_enum(CapacityShape, "quota_capacity_shape")
+    )
+    region_code: Mapped[str | None] = mapped_column(String(100))
+    gpu_limit: Mapped[int | None] = mapped_column(Integer)
+    allocation_limit: Mapped[int | None] = mapped_column(Integer)
+    gpus_used: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    allocations_used: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    updated_at: Mapped[dt.datetime] = utcnow_column()
+
+    __table_args__ = (
+        UniqueConstraint(
+            "project_id",
+            "sku_id",
+            "capacity_shape",
+            "region_code",
+            postgresql_nulls_not_distinct=True,
+        ),
+        CheckConstraint(
+            "gpu_limit IS NOT NULL OR allocation_limit IS NOT NULL", name="has_a_limit"
+        ),
+        CheckConstraint(
+            "coalesce(gpu_limit, 0) >= 0 AND coalesce(allocation_limit, 0) >= 0",
+            name="limits_nonnegative",
+        ),
+        CheckConstraint("gpus_used >= 0 AND allocations_used >= 0", name="usage_nonnegative"),
+        CheckConstraint("gpu_limit IS NULL OR gpus_used <= gpu_limit", name="gpus_within_limit"),
+        CheckConstraint(
+            "allocation_limit IS NULL OR allocations_used <= allocation_limit",
+            name="allocations_within_limit",
+        ),
+    )
+
+
 class Allocation(Base):
     __tablename__ = "allocations"
 
@@ -391,7 +463,9 @@ class Allocation(Base):
     # Read model only: correctness lives in allocation_resource_claims.
     node_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
     region_code: Mapped[str | None] = mapped_column(String(100))
-    project_id: Mapped[str | None] = mapped_column(String(100))
+    project_id: Mapped[str] = mapped_column(
+        ForeignKey("projects.id", ondelete="RESTRICT"), server_default=DEFAULT_PROJECT
+    )
     requested_by: Mapped[str | None] = mapped_column(String(200))
     runtime_metadata: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'"))
     created_at: Mapped[dt.datetime] = utcnow_column()
@@ -409,6 +483,7 @@ class Allocation(Base):
             "state <> 'failed' OR failure_reason IS NOT NULL", name="failed_has_reason"
         ),
         Index("ix_allocations_state", "state"),
+        Index("ix_allocations_project_id", "project_id"),
     )
 
 

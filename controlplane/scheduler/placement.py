@@ -37,13 +37,14 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from controlplane.enums import CapacityShape
+from controlplane.enums import CapacityShape, ProjectState
+from controlplane.models import DEFAULT_PROJECT
 from controlplane.repositories.capacity import (
     CLAIM_FREE_PREDICATE,
     ELIGIBLE_SLOT_PREDICATE,
     SLOT_ROW_PREDICATE,
 )
-from controlplane.scheduler import ranking
+from controlplane.scheduler import quotas, ranking
 from controlplane.scheduler.ranking import BaremetalNode, Policy, SliceNode, SlotView
 
 SKU_CACHE_SECONDS = 10.0
@@ -64,9 +65,16 @@ IMAGE_CACHED_PREDICATE = """
           AND ic.status = 'verified' AND ic.digest_sha256 = i.digest_sha256))
 """
 
+# Regions where a region-scoped quota of the project has no room for the request
+# (scheduler/quotas.py): a request that names no region is placed elsewhere.
+REGION_FILTER = """
+    (CAST(:region AS text) IS NULL OR c.region_code = CAST(:region AS text))
+    AND c.region_code <> ALL(CAST(:avoid_regions AS text[]))
+"""
+
 SLICE_NODE_FILTER = f"""
     c.slice_schedulable AND c.node_family = :family AND c.exclusive_claims = 0
-    AND (CAST(:region AS text) IS NULL OR c.region_code = CAST(:region AS text))
+    AND {REGION_FILTER}
     AND {IMAGE_CACHED_PREDICATE}
 """
 
@@ -178,9 +186,9 @@ _BAREMETAL_ORDER = {
     Policy.RANDOM: "hashtext(c.node_id::text || :salt)",
 }
 
-BAREMETAL_NODE_FILTER = """
+BAREMETAL_NODE_FILTER = f"""
     c.baremetal_schedulable AND c.node_family = :family AND c.gpu_count >= :gpus
-    AND (CAST(:region AS text) IS NULL OR c.region_code = CAST(:region AS text))
+    AND {REGION_FILTER}
 """
 
 BAREMETAL_SNAPSHOT = {
@@ -248,6 +256,21 @@ LEFT JOIN (claim CROSS JOIN alloc) ON true
 """
 )
 
+# The project and its quotas that may bind this request (SKU and shape matched; the
+# region is judged in scheduler/quotas.py, since a request may name none).
+QUOTA_QUERY = text(
+    """
+SELECT p.state, s.slug, q.capacity_shape, q.region_code, q.gpu_limit, q.allocation_limit,
+       q.gpus_used, q.allocations_used
+FROM projects p
+LEFT JOIN project_quotas q ON q.project_id = p.id
+    AND (q.sku_id IS NULL OR q.sku_id = :sku_id)
+    AND (q.capacity_shape IS NULL OR q.capacity_shape = :shape)
+LEFT JOIN skus s ON s.id = q.sku_id
+WHERE p.id = :project
+"""
+)
+
 SKU_QUERY = text(
     "SELECT id, slug, capacity_shape, node_family, allowed_gpu_counts FROM skus WHERE enabled"
 )
@@ -261,6 +284,16 @@ RACE_CONSTRAINTS = frozenset(
         "uq_allocation_resource_claims_active_slot",
     }
 )
+
+
+# A quota's CHECK refused the lock: a concurrent placement of the project took the room.
+QUOTA_CONSTRAINTS = frozenset(
+    {"ck_project_quotas_gpus_within_limit", "ck_project_quotas_allocations_within_limit"}
+)
+
+
+class QuotaRaced(Exception):
+    """The lock lost the project's last quota room to a concurrent placement."""
 
 
 @dataclass(frozen=True)
@@ -352,6 +385,10 @@ class SkuInfo:
     allowed_gpu_counts: tuple[int, ...]
 
 
+def project_of(request: PlacementRequest) -> str:
+    return request.project_id or DEFAULT_PROJECT
+
+
 def uuid_array(values: Iterable[str]) -> str:
     """A uuid[] literal from ids in text form: cheaper to send than an adapted list."""
     return "{" + ",".join(values) + "}"
@@ -412,14 +449,108 @@ class Scheduler:
             if refusal is not None:
                 return refusal
             assert sku is not None
-            if sku.capacity_shape is CapacityShape.BAREMETAL:
-                return self._place_baremetal(conn, request, sku)
             image = None
-            if request.image is not None:
+            if request.image is not None and sku.capacity_shape is CapacityShape.GPU_SLICE:
                 image = conn.execute(IMAGE_QUERY, {"slug": request.image}).one_or_none()
                 if image is None:
                     return Unavailable("image_not_found", None, f"no image {request.image!r}")
-            return self._place_slice(conn, request, sku, image)
+            for _ in range(self.max_attempts):
+                verdict = self._judge_quotas(conn, request, sku)
+                if isinstance(verdict, Unavailable):
+                    return verdict
+                try:
+                    if sku.capacity_shape is CapacityShape.BAREMETAL:
+                        placed = self._place_baremetal(conn, request, sku, verdict)
+                    else:
+                        placed = self._place_slice(conn, request, sku, image, verdict)
+                except QuotaRaced:
+                    continue
+                if isinstance(placed, Unavailable) and verdict.avoid_regions:
+                    return self._quota_or(conn, request, sku, verdict, placed)
+                return placed
+            return Unavailable(
+                "sku_unavailable",
+                "contended",
+                f"{self.max_attempts} attempts lost the project's quota room to concurrent "
+                "placements; retry",
+                {"attempts": self.max_attempts},
+            )
+
+    def _quota_rows(
+        self, conn: Connection, request: PlacementRequest, sku: SkuInfo
+    ) -> tuple[str | None, list[quotas.QuotaRow]]:
+        rows = conn.execute(
+            QUOTA_QUERY,
+            {
+                "project": project_of(request),
+                "sku_id": sku.id,
+                "shape": sku.capacity_shape.value,
+            },
+        ).all()
+        if not rows:
+            return None, []
+        return rows[0][0], [
+            quotas.QuotaRow(r[1], r[2], r[3], r[4], r[5], r[6], r[7])
+            for r in rows
+            if r[4] is not None or r[5] is not None
+        ]
+
+    def _judge_quotas(
+        self, conn: Connection, request: PlacementRequest, sku: SkuInfo
+    ) -> quotas.QuotaVerdict | Unavailable:
+        """The project's state and quotas before any lock: a refusal naming the rule and
+        its numbers, or the regions to avoid."""
+        project = project_of(request)
+        state, rows = self._quota_rows(conn, request, sku)
+        if state is None:
+            return Unavailable(
+                "project_not_found",
+                None,
+                f"no project {project!r} (gpuaas project create {project})",
+                {"project": project},
+            )
+        if state != ProjectState.ACTIVE.value:
+            return Unavailable(
+                "policy_denied",
+                "project_retired",
+                f"project {project} is retired: it places nothing new",
+                {"project": project, "rule": "project_retired"},
+            )
+        verdict = quotas.judge(project, rows, request.gpu_count, request.region)
+        if verdict.exceeded is not None:
+            return Unavailable(
+                "quota_exceeded",
+                verdict.exceeded["unit"],
+                quotas.exceeded_message(verdict.exceeded),
+                verdict.exceeded,
+            )
+        return verdict
+
+    def _quota_or(
+        self,
+        conn: Connection,
+        request: PlacementRequest,
+        sku: SkuInfo,
+        verdict: quotas.QuotaVerdict,
+        refusal: Unavailable,
+    ) -> Unavailable:
+        """A request kept out of full-quota regions found nothing elsewhere: if those
+        regions had the capacity, the quota is what refused it."""
+        params = {**self._common(request, sku), "avoid_regions": []}
+        if sku.capacity_shape is CapacityShape.BAREMETAL:
+            fits = conn.execute(BAREMETAL_DIAGNOSIS, params).scalar_one() > 0
+        else:
+            params.update(image_id=None, image_required=False)
+            fits = conn.execute(SLICE_DIAGNOSIS, params).one()[2] >= request.gpu_count
+        if not fits:
+            return refusal
+        _, rows = self._quota_rows(conn, request, sku)
+        exceeded = quotas.every_region_avoided(
+            project_of(request), rows, request.gpu_count, verdict.avoid_regions
+        )
+        return Unavailable(
+            "quota_exceeded", exceeded["unit"], quotas.exceeded_message(exceeded), exceeded
+        )
 
     @staticmethod
     def _check_request(request: PlacementRequest, sku: SkuInfo | None) -> Unavailable | None:
@@ -442,8 +573,14 @@ class Scheduler:
             )
         return None
 
-    def _common(self, request: PlacementRequest, sku: SkuInfo) -> dict[str, Any]:
+    def _common(
+        self,
+        request: PlacementRequest,
+        sku: SkuInfo,
+        verdict: quotas.QuotaVerdict | None = None,
+    ) -> dict[str, Any]:
         return {
+            "avoid_regions": list(verdict.avoid_regions) if verdict else [],
             "family": sku.node_family,
             "region": request.region,
             "gpus": request.gpu_count,
@@ -451,7 +588,7 @@ class Scheduler:
             "allocation": request.allocation_id,
             "sku_id": sku.id,
             "region_code": request.region,
-            "project": request.project_id,
+            "project": project_of(request),
             "actor": request.requested_by,
             "image_id": None,
             "image_required": False,
@@ -478,9 +615,14 @@ class Scheduler:
         ]
 
     def _place_slice(
-        self, conn: Connection, request: PlacementRequest, sku: SkuInfo, image: Any
+        self,
+        conn: Connection,
+        request: PlacementRequest,
+        sku: SkuInfo,
+        image: Any,
+        verdict: quotas.QuotaVerdict,
     ) -> Placement | Unavailable:
-        params = self._common(request, sku)
+        params = self._common(request, sku, verdict)
         if image is not None:
             params.update(image_id=image[0], image_required=image[1])
         race = _Race()
@@ -526,9 +668,12 @@ class Scheduler:
             ).all()
         except IntegrityError as exc:
             conn.rollback()
-            if getattr(exc.orig.diag, "constraint_name", None) in RACE_CONSTRAINTS:
+            constraint = getattr(exc.orig.diag, "constraint_name", None)
+            if constraint in RACE_CONSTRAINTS:
                 race.passed_over += 1
                 return None
+            if constraint in QUOTA_CONSTRAINTS:
+                raise QuotaRaced(constraint) from exc
             raise
         if not rows:
             race.passed_over += len(choices)
@@ -613,9 +758,13 @@ class Scheduler:
         )
 
     def _place_baremetal(
-        self, conn: Connection, request: PlacementRequest, sku: SkuInfo
+        self,
+        conn: Connection,
+        request: PlacementRequest,
+        sku: SkuInfo,
+        verdict: quotas.QuotaVerdict,
     ) -> Placement | Unavailable:
-        params = self._common(request, sku)
+        params = self._common(request, sku, verdict)
         event = placed_event(CapacityShape.BAREMETAL, sku, request.gpu_count)
         race = _Race()
         candidates_seen = False
@@ -636,7 +785,10 @@ class Scheduler:
                 ).one_or_none()
             except IntegrityError as exc:
                 conn.rollback()
-                if getattr(exc.orig.diag, "constraint_name", None) not in RACE_CONSTRAINTS:
+                constraint = getattr(exc.orig.diag, "constraint_name", None)
+                if constraint in QUOTA_CONSTRAINTS:
+                    raise QuotaRaced(constraint) from exc
+                if constraint not in RACE_CONSTRAINTS:
                     raise
                 race.passed_over += 1
                 continue

@@ -16,7 +16,10 @@ from sqlalchemy.engine import Connection
 
 RULES = "rules.sql"
 TRIGGERS = "triggers.sql"
-FILES = (RULES, TRIGGERS)
+# Project quotas (migration 0017 and after): their own file, since the earlier revisions
+# that apply triggers.sql run before project_quotas exists.
+QUOTAS = "quotas.sql"
+FILES = (RULES, TRIGGERS, QUOTAS)
 
 
 def read(name: str) -> str:

@@ -21,7 +21,10 @@ SLICE = "h200-sxm-slice"
 @pytest.fixture
 def cp(engine) -> ControlPlane:
     create_fleet(engine, FleetSpec(nodes=2, prefix="r"))
-    return ControlPlane(engine)
+    made = ControlPlane(engine)
+    for project in ("p1", "p2"):
+        made.create_project(project)
+    return made
 
 
 def request(gpus: int, project: str | None = "p1") -> PlacementRequest:

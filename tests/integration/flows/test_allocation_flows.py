@@ -56,6 +56,8 @@ def approved(simulated_fleet, engine):
     approve_slots("j22u15")
     # The file does not exist on the simulated host: the role's preflight refuses it.
     add_catalog_image(engine, IMAGE, IMAGE_DIGEST, "/nonexistent/slice.raw", ["h200-sxm-slice"])
+    for project in ("proj-a", "proj-b"):
+        simulated_fleet.create_project(project)
     return simulated_fleet
 
 

@@ -1,0 +1,115 @@
+"""A project's quotas against a request: pure, from the rows read before placing.
+
+The store is what enforces a quota (docs/store-invariants.md, "Quotas": usage counters
+kept by triggers in the placing statement, CHECKs on the limits). This only decides what
+the placement can know in advance: a refusal that names the rule with its numbers, and the
+regions a request that names none must avoid because a region-scoped quota there has no
+room. A concurrent placement can still take the room between this read and the lock; the
+CHECK then refuses the lock and the scheduler reads the quotas again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class QuotaRow:
+    """One quota of the project whose scope may match the request (its SKU and shape
+    already matched; ``region`` None covers every region)."""
+
+    sku: str | None
+    capacity_shape: str | None
+    region: str | None
+    gpu_limit: int | None
+    allocation_limit: int | None
+    gpus_used: int
+    allocations_used: int
+
+    def scope(self) -> dict[str, str]:
+        return {
+            key: value
+            for key, value in (
+                ("sku", self.sku),
+                ("capacity_shape", self.capacity_shape),
+                ("region", self.region),
+            )
+            if value is not None
+        }
+
+    def describe(self) -> str:
+        scope = self.scope()
+        return ", ".join(f"{k} {v}" for k, v in scope.items()) if scope else "all allocations"
+
+    def short_of(self, gpus: int) -> tuple[str, int, int, int] | None:
+        """The first dimension this request would exceed: (unit, limit, in use, requested)."""
+        if self.gpu_limit is not None and self.gpus_used + gpus > self.gpu_limit:
+            return ("gpus", self.gpu_limit, self.gpus_used, gpus)
+        if self.allocation_limit is not None and self.allocations_used + 1 > self.allocation_limit:
+            return ("allocations", self.allocation_limit, self.allocations_used, 1)
+        return None
+
+
+@dataclass(frozen=True)
+class QuotaVerdict:
+    """Either a refusal (``exceeded``: the quota and its numbers) or the regions to avoid."""
+
+    exceeded: dict[str, Any] | None = None
+    avoid_regions: tuple[str, ...] = field(default_factory=tuple)
+
+
+def judge(project: str, quotas: Iterable[QuotaRow], gpus: int, region: str | None) -> QuotaVerdict:
+    """The request of ``gpus`` GPUs (in ``region``, or anywhere when None) against the
+    project's quotas whose SKU and shape match it."""
+    avoid: set[str] = set()
+    for quota in sorted(quotas, key=lambda q: (q.region is not None, q.describe())):
+        short = quota.short_of(gpus)
+        if short is None:
+            continue
+        if quota.region is not None and region is None:
+            avoid.add(quota.region)
+            continue
+        if quota.region is not None and quota.region != region:
+            continue
+        unit, limit, in_use, requested = short
+        return QuotaVerdict(
+            exceeded={
+                "project": project,
+                "unit": unit,
+                "limit": limit,
+                "in_use": in_use,
+                "requested": requested,
+                "scope": quota.scope(),
+                "quota": quota.describe(),
+            }
+        )
+    return QuotaVerdict(avoid_regions=tuple(sorted(avoid)))
+
+
+def exceeded_message(exceeded: dict[str, Any]) -> str:
+    return (
+        f"project {exceeded['project']} would exceed its quota of {exceeded['limit']} "
+        f"{exceeded['unit']} ({exceeded['quota']}): {exceeded['in_use']} in use, "
+        f"{exceeded['requested']} requested"
+    )
+
+
+def every_region_avoided(
+    project: str, quotas: Iterable[QuotaRow], gpus: int, avoided: Iterable[str]
+) -> dict[str, Any]:
+    """The refusal when no region the request could use has room: the tightest of them."""
+    rows = [q for q in quotas if q.region in set(avoided)]
+    quota = min(rows, key=lambda q: q.describe())
+    unit, limit, in_use, requested = quota.short_of(gpus) or ("gpus", 0, 0, gpus)
+    return {
+        "project": project,
+        "unit": unit,
+        "limit": limit,
+        "in_use": in_use,
+        "requested": requested,
+        "scope": quota.scope(),
+        "quota": quota.describe(),
+        "regions_full": sorted(set(avoided)),
+    }

@@ -1,0 +1,212 @@
+"""Projects and their quotas (docs/store-invariants.md, "Quotas").
+
+A project is created once, lists its quotas with what they hold now, and is retired for
+good (its allocations keep their history; it places nothing new). A quota's usage is the
+store's (triggers on the claims); this module sets and removes limits only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from controlplane.enums import CapacityShape, ProjectState
+from controlplane.errors import GpuaasError, InvalidInput
+from controlplane.models import DEFAULT_PROJECT, Project, ProjectQuota, Sku
+
+PROJECT_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+
+
+@dataclass(frozen=True)
+class QuotaScope:
+    """What a quota covers: NULL fields match every SKU, shape or region."""
+
+    sku: str | None = None
+    capacity_shape: str | None = None
+    region: str | None = None
+
+
+@dataclass(frozen=True)
+class QuotaView:
+    sku: str | None
+    capacity_shape: str | None
+    region: str | None
+    gpu_limit: int | None
+    allocation_limit: int | None
+    gpus_used: int
+    allocations_used: int
+
+
+@dataclass(frozen=True)
+class ProjectView:
+    id: str
+    name: str
+    state: str
+    created_at: str
+    retired_at: str | None
+    quotas: tuple[QuotaView, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "quotas": [asdict(q) for q in self.quotas]}
+
+
+def _view(session: Session, project: Project, with_quotas: bool) -> ProjectView:
+    quotas: tuple[QuotaView, ...] = ()
+    if with_quotas:
+        rows = session.execute(
+            select(ProjectQuota, Sku.slug)
+            .outerjoin(Sku, Sku.id == ProjectQuota.sku_id)
+            .where(ProjectQuota.project_id == project.id)
+            .order_by(ProjectQuota.id)
+        ).all()
+        quotas = tuple(
+            QuotaView(
+                slug,
+                q.capacity_shape.value if q.capacity_shape else None,
+                q.region_code,
+                q.gpu_limit,
+                q.allocation_limit,
+                q.gpus_used,
+                q.allocations_used,
+            )
+            for q, slug in rows
+        )
+    return ProjectView(
+        project.id,
+        project.name,
+        project.state.value,
+        project.created_at.isoformat(),
+        project.retired_at.isoformat() if project.retired_at else None,
+        quotas,
+    )
+
+
+def _get(session: Session, project_id: str, for_update: bool = False) -> Project:
+    query = select(Project).where(Project.id == project_id)
+    if for_update:
+        query = query.with_for_update()
+    project = session.scalars(query).one_or_none()
+    if project is None:
+        raise GpuaasError("project_not_found", f"no project {project_id!r}")
+    return project
+
+
+def create(session: Session, project_id: str, name: str | None) -> tuple[ProjectView, bool]:
+    """A new project (``changed``), or the existing one unchanged when it has that name."""
+    if not PROJECT_ID.match(project_id):
+        raise InvalidInput(
+            "invalid_project_id",
+            f"project id {project_id!r}: lowercase letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit, at most 100 characters",
+        )
+    name = name or project_id
+    existing = session.get(Project, project_id)
+    if existing is not None:
+        if existing.name != name:
+            raise InvalidInput(
+                "project_exists",
+                f"project {project_id} exists with the name {existing.name!r}",
+            )
+        return _view(session, existing, False), False
+    project = Project(id=project_id, name=name)
+    session.add(project)
+    session.flush()
+    session.refresh(project)
+    return _view(session, project, False), True
+
+
+def list_all(session: Session, include_retired: bool = False) -> list[ProjectView]:
+    query = select(Project).order_by(Project.id)
+    if not include_retired:
+        query = query.where(Project.state == ProjectState.ACTIVE)
+    return [_view(session, p, True) for p in session.scalars(query)]
+
+
+def show(session: Session, project_id: str) -> ProjectView:
+    return _view(session, _get(session, project_id), True)
+
+
+def retire(session: Session, project_id: str) -> tuple[ProjectView, bool]:
+    """Retire for good: nothing new is placed for it; its allocations keep running and
+    keep their history (release them as usual)."""
+    if project_id == DEFAULT_PROJECT:
+        raise InvalidInput("default_project", "the default project serves callers that name none")
+    project = _get(session, project_id, for_update=True)
+    if project.state is ProjectState.RETIRED:
+        return _view(session, project, True), False
+    project.state = ProjectState.RETIRED
+    project.retired_at = dt.datetime.now(dt.UTC)
+    session.flush()
+    return _view(session, project, True), True
+
+
+def set_quota(
+    session: Session,
+    project_id: str,
+    scope: QuotaScope,
+    gpu_limit: int | None,
+    allocation_limit: int | None,
+) -> tuple[ProjectView, bool]:
+    """Set the limits of one scope (both None removes its quota). A limit below what the
+    project holds now in that scope is refused, naming the usage."""
+    for label, limit in (("GPU", gpu_limit), ("allocation", allocation_limit)):
+        if limit is not None and limit < 0:
+            raise InvalidInput("invalid_limit", f"a {label} limit is 0 or more, not {limit}")
+    project = _get(session, project_id, for_update=True)
+    sku_id = None
+    if scope.sku is not None:
+        sku_id = session.scalars(select(Sku.id).where(Sku.slug == scope.sku)).one_or_none()
+        if sku_id is None:
+            raise InvalidInput("sku_not_found", f"no SKU {scope.sku!r}")
+    shape = CapacityShape(scope.capacity_shape) if scope.capacity_shape else None
+    # Claims written while the quota row is created would be missed by its first count;
+    # SHARE mode lets placements finish and holds new ones until this commits.
+    session.execute(text("LOCK TABLE allocation_resource_claims IN SHARE MODE"))
+    existing = session.scalars(
+        select(ProjectQuota).where(
+            ProjectQuota.project_id == project.id,
+            ProjectQuota.sku_id.is_not_distinct_from(sku_id),
+            ProjectQuota.capacity_shape.is_not_distinct_from(shape),
+            ProjectQuota.region_code.is_not_distinct_from(scope.region),
+        )
+    ).one_or_none()
+    if gpu_limit is None and allocation_limit is None:
+        if existing is None:
+            return _view(session, project, True), False
+        session.delete(existing)
+        session.flush()
+        return _view(session, project, True), True
+    if existing is None:
+        existing = ProjectQuota(
+            project_id=project.id, sku_id=sku_id, capacity_shape=shape, region_code=scope.region
+        )
+        session.add(existing)
+        session.flush()
+        session.refresh(existing)
+    elif (existing.gpu_limit, existing.allocation_limit) == (gpu_limit, allocation_limit):
+        return _view(session, project, True), False
+    over = [
+        f"{used} {unit} in use, above a limit of {limit}"
+        for used, limit, unit in (
+            (existing.gpus_used, gpu_limit, "GPUs"),
+            (existing.allocations_used, allocation_limit, "allocations"),
+        )
+        if limit is not None and used > limit
+    ]
+    if over:
+        raise InvalidInput(
+            "limit_below_usage",
+            f"project {project.id} holds {'; '.join(over)} in this scope: release first or "
+            "choose a higher limit",
+            {"gpus_used": existing.gpus_used, "allocations_used": existing.allocations_used},
+        )
+    existing.gpu_limit = gpu_limit
+    existing.allocation_limit = allocation_limit
+    existing.updated_at = dt.datetime.now(dt.UTC)
+    session.flush()
+    return _view(session, project, True), True

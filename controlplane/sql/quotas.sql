@@ -1,0 +1,128 @@
+-- Project quotas (docs/store-invariants.md, "Quotas"): what each project's active claims
+-- hold, counted into every quota row whose scope matches, in the statement that changes
+-- the claims. The CHECKs on project_quotas then refuse a usage above a limit in that same
+-- transaction, whatever code wrote the claims.
+
+-- What a project's active claims hold in a scope (NULL matches every SKU, shape or region;
+-- the region is the node's). Counts a quota row's usage when it is created, and audits it.
+CREATE OR REPLACE FUNCTION project_usage(
+    p_project text, p_sku integer, p_shape text, p_region text,
+    OUT gpus integer, OUT allocations integer) LANGUAGE sql STABLE AS $$
+    SELECT coalesce(sum(CASE WHEN c.claim_kind = 'slot' THEN 1 ELSE a.gpu_count END), 0)::int,
+           count(DISTINCT a.id)::int
+    FROM allocation_resource_claims c
+    JOIN allocations a ON a.id = c.allocation_id
+    JOIN nodes n ON n.id = a.node_id
+    WHERE c.state = 'active' AND a.project_id = p_project
+      AND (p_sku IS NULL OR a.sku_id = p_sku)
+      AND (p_shape IS NULL OR a.capacity_shape = p_shape)
+      AND (p_region IS NULL OR n.region_code = p_region)
+$$;
+
+-- Apply per-allocation changes of active claims: ``claims`` is the change in the number
+-- of its active claims, ``gpus`` the change in GPUs they hold. An allocation counts once
+-- while it holds any active claim.
+CREATE OR REPLACE FUNCTION project_quotas_apply(
+    p_allocations uuid[], p_claims integer[], p_gpus integer[]) RETURNS void
+    LANGUAGE sql AS $$
+    UPDATE project_quotas q
+    SET gpus_used = q.gpus_used + d.gpus, allocations_used = q.allocations_used + d.allocations,
+        updated_at = now()
+    FROM (
+        SELECT q.id, sum(ch.gpus) AS gpus,
+               sum((held.now > 0)::int - (held.now - ch.claims > 0)::int) AS allocations
+        FROM unnest(p_allocations, p_claims, p_gpus) AS ch(allocation_id, claims, gpus)
+        JOIN allocations a ON a.id = ch.allocation_id
+        JOIN nodes n ON n.id = a.node_id
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS now FROM allocation_resource_claims c
+            WHERE c.allocation_id = ch.allocation_id AND c.state = 'active') held
+        JOIN project_quotas q ON q.project_id = a.project_id
+            AND (q.sku_id IS NULL OR q.sku_id = a.sku_id)
+            AND (q.capacity_shape IS NULL OR q.capacity_shape = a.capacity_shape)
+            AND (q.region_code IS NULL OR q.region_code = n.region_code)
+        GROUP BY q.id) d
+    WHERE q.id = d.id AND (d.gpus, d.allocations) <> (0, 0)
+$$;
+
+CREATE OR REPLACE FUNCTION project_quotas_apply_claims() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    ids uuid[];
+    claims integer[];
+    gpus integer[];
+BEGIN
+    -- Only allocations of a project with quota rows pay for more than this probe.
+    IF NOT EXISTS (SELECT 1 FROM project_quotas) THEN
+        RETURN NULL;
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        SELECT array_agg(d.allocation_id), array_agg(d.claims), array_agg(d.gpus)
+        INTO ids, claims, gpus
+        FROM (SELECT r.allocation_id, count(*)::int AS claims,
+                     sum(CASE WHEN r.claim_kind = 'slot' THEN 1
+                              ELSE (SELECT a.gpu_count FROM allocations a
+                                    WHERE a.id = r.allocation_id) END)::int AS gpus
+              FROM new_rows r WHERE r.state = 'active' GROUP BY r.allocation_id) d;
+    ELSIF TG_OP = 'DELETE' THEN
+        SELECT array_agg(d.allocation_id), array_agg(d.claims), array_agg(d.gpus)
+        INTO ids, claims, gpus
+        FROM (SELECT r.allocation_id, -count(*)::int AS claims,
+                     -sum(CASE WHEN r.claim_kind = 'slot' THEN 1
+                               ELSE (SELECT a.gpu_count FROM allocations a
+                                     WHERE a.id = r.allocation_id) END)::int AS gpus
+              FROM old_rows r WHERE r.state = 'active' GROUP BY r.allocation_id) d;
+    ELSE
+        SELECT array_agg(d.allocation_id), array_agg(d.claims), array_agg(d.gpus)
+        INTO ids, claims, gpus
+        FROM (SELECT r.allocation_id, sum(r.sign)::int AS claims,
+                     sum(r.sign * CASE WHEN r.claim_kind = 'slot' THEN 1
+                                       ELSE (SELECT a.gpu_count FROM allocations a
+                                             WHERE a.id = r.allocation_id) END)::int AS gpus
+              FROM (SELECT 1 AS sign, n.allocation_id, n.claim_kind FROM new_rows n
+                    WHERE n.state = 'active'
+                    UNION ALL
+                    SELECT -1, o.allocation_id, o.claim_kind FROM old_rows o
+                    WHERE o.state = 'active') r
+              GROUP BY r.allocation_id HAVING sum(r.sign) <> 0) d;
+    END IF;
+    IF ids IS NOT NULL THEN
+        PERFORM project_quotas_apply(ids, claims, gpus);
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE OR REPLACE TRIGGER project_quotas_apply_claims_insert
+    AFTER INSERT ON allocation_resource_claims
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION project_quotas_apply_claims();
+CREATE OR REPLACE TRIGGER project_quotas_apply_claims_update
+    AFTER UPDATE ON allocation_resource_claims
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION project_quotas_apply_claims();
+CREATE OR REPLACE TRIGGER project_quotas_apply_claims_delete
+    AFTER DELETE ON allocation_resource_claims
+    REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION project_quotas_apply_claims();
+
+-- A quota row's usage is counted from the claims when it is created, and only the trigger
+-- above changes it afterwards: a limit can be set or changed, a usage never written.
+CREATE OR REPLACE FUNCTION project_quotas_usage_by_triggers() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        SELECT u.gpus, u.allocations INTO NEW.gpus_used, NEW.allocations_used
+        FROM project_usage(NEW.project_id, NEW.sku_id, NEW.capacity_shape, NEW.region_code) u;
+    ELSIF pg_trigger_depth() < 2 AND (
+        (NEW.gpus_used, NEW.allocations_used) IS DISTINCT FROM
+        (OLD.gpus_used, OLD.allocations_used)
+        OR (NEW.project_id, NEW.sku_id, NEW.capacity_shape, NEW.region_code) IS DISTINCT FROM
+           (OLD.project_id, OLD.sku_id, OLD.capacity_shape, OLD.region_code)) THEN
+        RAISE EXCEPTION 'project_quotas usage is kept by triggers: its usage and scope are not written'
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE OR REPLACE TRIGGER project_quotas_usage_by_triggers
+    BEFORE INSERT OR UPDATE ON project_quotas
+    FOR EACH ROW EXECUTE FUNCTION project_quotas_usage_by_triggers();
