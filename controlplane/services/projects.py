@@ -181,20 +181,25 @@ def set_quota(
         session.delete(existing)
         session.flush()
         return _view(session, project, True), True
-    if existing is None:
-        existing = ProjectQuota(
-            project_id=project.id, sku_id=sku_id, capacity_shape=shape, region_code=scope.region
-        )
-        session.add(existing)
-        session.flush()
-        session.refresh(existing)
-    elif (existing.gpu_limit, existing.allocation_limit) == (gpu_limit, allocation_limit):
+    if existing is not None and (existing.gpu_limit, existing.allocation_limit) == (
+        gpu_limit,
+        allocation_limit,
+    ):
         return _view(session, project, True), False
+    gpus_used, allocations_used = session.execute(
+        text("SELECT gpus, allocations FROM project_usage(:p, :sku, :shape, :region)"),
+        {
+            "p": project.id,
+            "sku": sku_id,
+            "shape": shape.value if shape else None,
+            "region": scope.region,
+        },
+    ).one()
     over = [
         f"{used} {unit} in use, above a limit of {limit}"
         for used, limit, unit in (
-            (existing.gpus_used, gpu_limit, "GPUs"),
-            (existing.allocations_used, allocation_limit, "allocations"),
+            (gpus_used, gpu_limit, "GPUs"),
+            (allocations_used, allocation_limit, "allocations"),
         )
         if limit is not None and used > limit
     ]
@@ -203,8 +208,13 @@ def set_quota(
             "limit_below_usage",
             f"project {project.id} holds {'; '.join(over)} in this scope: release first or "
             "choose a higher limit",
-            {"gpus_used": existing.gpus_used, "allocations_used": existing.allocations_used},
+            {"gpus_used": gpus_used, "allocations_used": allocations_used},
         )
+    if existing is None:
+        existing = ProjectQuota(
+            project_id=project.id, sku_id=sku_id, capacity_shape=shape, region_code=scope.region
+        )
+        session.add(existing)
     existing.gpu_limit = gpu_limit
     existing.allocation_limit = allocation_limit
     existing.updated_at = dt.datetime.now(dt.UTC)

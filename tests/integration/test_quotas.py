@@ -1,0 +1,222 @@
+"""Project quotas on real PostgreSQL (docs/store-invariants.md, "Quotas"): every refusal
+with its numbers, quota given back when the claims end, the store refusing an over-limit
+write whatever wrote it, and 16 processes placing against one quota at once."""
+
+from __future__ import annotations
+
+import multiprocessing
+import uuid
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
+
+from controlplane import db
+from controlplane.api import ControlPlane
+from controlplane.audit import audit
+from controlplane.errors import GpuaasError
+from controlplane.scheduler.placement import Placement, PlacementRequest, Unavailable
+from controlplane.services.projects import QuotaScope
+from gpuaas_lab.synthetic import FleetSpec, create_fleet
+
+SLICE = "h200-sxm-slice"
+BAREMETAL = "h200-sxm-baremetal"
+
+
+@pytest.fixture
+def cp(engine) -> ControlPlane:
+    create_fleet(engine, FleetSpec(nodes=4, prefix="qa", region="region-a"))
+    create_fleet(engine, FleetSpec(nodes=4, prefix="qb", region="region-b", mac_base=1000))
+    made = ControlPlane(engine)
+    made.create_project("acme", "Acme")
+    return made
+
+
+def place(cp: ControlPlane, gpus: int, region: str | None = None, project: str = "acme"):
+    return cp.place(
+        PlacementRequest(
+            sku=SLICE, gpu_count=gpus, region=region, project_id=project, requested_by="t"
+        )
+    )
+
+
+def usage(cp: ControlPlane, project: str = "acme") -> list[tuple]:
+    return [
+        (q.sku, q.capacity_shape, q.region, q.gpus_used, q.allocations_used)
+        for q in cp.show_project(project).quotas
+    ]
+
+
+def test_a_project_is_created_once_listed_and_retired(cp):
+    view, created = cp.create_project("beta", "Beta team")
+    assert created and view.state == "active"
+    again, created = cp.create_project("beta", "Beta team")
+    assert not created and again.id == "beta"
+    with pytest.raises(GpuaasError, match="exists with the name"):
+        cp.create_project("beta", "Another name")
+    with pytest.raises(GpuaasError, match="lowercase"):
+        cp.create_project("Bad Id")
+    assert {p.id for p in cp.list_projects()} == {"default", "acme", "beta"}
+    retired, changed = cp.retire_project("beta")
+    assert changed and retired.state == "retired" and retired.retired_at
+    assert {p.id for p in cp.list_projects()} == {"default", "acme"}
+    refused = place(cp, 1, project="beta")
+    assert isinstance(refused, Unavailable)
+    assert (refused.code, refused.reason) == ("policy_denied", "project_retired")
+    unknown = place(cp, 1, project="nobody")
+    assert isinstance(unknown, Unavailable) and unknown.code == "project_not_found"
+
+
+def test_callers_naming_no_project_place_in_the_default_one(cp, engine):
+    placed = cp.place(PlacementRequest(sku=SLICE, gpu_count=1, requested_by="t"))
+    assert isinstance(placed, Placement)
+    with engine.connect() as conn:
+        owner = conn.execute(
+            text("SELECT project_id FROM allocations WHERE id = :a"), {"a": placed.allocation_id}
+        ).scalar_one()
+    assert owner == "default"
+
+
+def test_a_gpu_limit_refuses_with_its_numbers_and_nothing_is_written(cp, engine):
+    cp.set_project_quota("acme", QuotaScope(), gpu_limit=6, allocation_limit=None)
+    assert isinstance(place(cp, 4), Placement)
+    with engine.connect() as conn:
+        before = conn.execute(text("SELECT count(*) FROM allocations")).scalar_one()
+    refused = place(cp, 4)
+    assert isinstance(refused, Unavailable) and refused.code == "quota_exceeded"
+    assert refused.details == {
+        "project": "acme",
+        "unit": "gpus",
+        "limit": 6,
+        "in_use": 4,
+        "requested": 4,
+        "scope": {},
+        "quota": "all allocations",
+    }
+    assert "6 gpus" in refused.message and "4 in use, 4 requested" in refused.message
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM allocations")).scalar_one() == before
+    assert isinstance(place(cp, 2), Placement)
+    assert usage(cp) == [(None, None, None, 6, 2)]
+
+
+def test_an_allocation_limit_and_a_sku_scope(cp):
+    cp.set_project_quota("acme", QuotaScope(sku=SLICE), gpu_limit=None, allocation_limit=2)
+    assert isinstance(place(cp, 1), Placement)
+    assert isinstance(place(cp, 1), Placement)
+    refused = place(cp, 1)
+    assert refused.code == "quota_exceeded" and refused.reason == "allocations"
+    assert refused.details["scope"] == {"sku": SLICE}
+    # Another project is not bound by acme's quota.
+    assert isinstance(place(cp, 1, project="default"), Placement)
+
+
+def test_a_full_region_is_avoided_then_the_quota_refuses(cp):
+    cp.set_project_quota("acme", QuotaScope(region="region-a"), gpu_limit=8, allocation_limit=None)
+    first = place(cp, 8, region="region-a")
+    assert isinstance(first, Placement)
+    refused = place(cp, 1, region="region-a")
+    assert refused.code == "quota_exceeded" and refused.details["scope"] == {"region": "region-a"}
+    # Naming no region: placed in region-b, where acme has no quota.
+    elsewhere = place(cp, 8)
+    assert isinstance(elsewhere, Placement) and elsewhere.hostname.startswith("qb")
+    cp.set_project_quota("acme", QuotaScope(region="region-b"), gpu_limit=8, allocation_limit=None)
+    full = place(cp, 1)
+    assert full.code == "quota_exceeded"
+    assert full.details["regions_full"] == ["region-a", "region-b"]
+
+
+def test_quota_comes_back_when_the_claims_end(cp):
+    cp.set_project_quota("acme", QuotaScope(), gpu_limit=4, allocation_limit=None)
+    released = place(cp, 4)
+    assert isinstance(released, Placement)
+    cp.release(released.allocation_id, "t")
+    assert usage(cp) == [(None, None, None, 0, 0)]
+    failed = place(cp, 4)
+    assert isinstance(failed, Placement)
+    cp.fail_allocation(failed.allocation_id, "provision failed", "t")
+    assert usage(cp) == [(None, None, None, 0, 0)]
+    assert isinstance(place(cp, 4), Placement)
+
+
+def test_a_limit_below_usage_is_refused_and_a_quota_counts_what_is_held(cp):
+    assert isinstance(place(cp, 4), Placement)
+    # Created after the fact, the quota counts what the project already holds.
+    cp.set_project_quota("acme", QuotaScope(), gpu_limit=8, allocation_limit=None)
+    assert usage(cp) == [(None, None, None, 4, 1)]
+    with pytest.raises(GpuaasError, match="4 GPUs in use, above a limit of 2"):
+        cp.set_project_quota("acme", QuotaScope(), gpu_limit=2, allocation_limit=None)
+    assert cp.show_project("acme").quotas[0].gpu_limit == 8
+    # Both limits None removes the quota.
+    view, changed = cp.set_project_quota("acme", QuotaScope(), None, None)
+    assert changed and view.quotas == ()
+
+
+def test_the_store_refuses_an_over_limit_write_whatever_wrote_it(cp, engine):
+    cp.set_project_quota("acme", QuotaScope(), gpu_limit=1, allocation_limit=None)
+    placed = place(cp, 1)
+    assert isinstance(placed, Placement)
+    with engine.begin() as conn:
+        slot = conn.execute(
+            text(
+                "SELECT id FROM node_resource_slots WHERE node_id = :n AND status = 'available'"
+                " LIMIT 1"
+            ),
+            {"n": placed.node_id},
+        ).scalar_one()
+    # A buggy caller claims a second slot for the allocation directly.
+    with (
+        pytest.raises(IntegrityError, match="ck_project_quotas_gpus_within_limit"),
+        engine.begin() as conn,
+    ):
+        conn.execute(
+            text(
+                "INSERT INTO allocation_resource_claims"
+                " (allocation_id, node_id, slot_id, claim_kind)"
+                " VALUES (:a, :n, :s, 'slot')"
+            ),
+            {"a": placed.allocation_id, "n": placed.node_id, "s": slot},
+        )
+    with pytest.raises(IntegrityError, match="kept by triggers"), engine.begin() as conn:
+        conn.execute(text("UPDATE project_quotas SET gpus_used = 0"))
+    with engine.connect() as conn:
+        assert audit(conn) == []
+
+
+def place_many(url: str, count: int) -> list[str]:
+    """One process's placements of one GPU each for acme: their outcome codes."""
+    engine = db.create(url, pool_size=1)
+    try:
+        cp = ControlPlane(engine)
+        outcomes = []
+        for _ in range(count):
+            result = cp.place(
+                PlacementRequest(
+                    sku=SLICE,
+                    gpu_count=1,
+                    project_id="acme",
+                    requested_by="t",
+                    allocation_id=uuid.uuid4(),
+                )
+            )
+            outcomes.append("placed" if isinstance(result, Placement) else result.code)
+        return outcomes
+    finally:
+        engine.dispose()
+
+
+def test_sixteen_processes_never_exceed_a_quota_nor_refuse_below_it(cp, engine, database_url):
+    limit = 20
+    cp.set_project_quota("acme", QuotaScope(), gpu_limit=limit, allocation_limit=None)
+    engine.dispose()
+    with ProcessPoolExecutor(16, mp_context=multiprocessing.get_context("spawn")) as pool:
+        outcomes = [
+            o for batch in pool.map(place_many, [database_url] * 16, [3] * 16) for o in batch
+        ]
+    # 48 requests of one GPU, 64 GPUs free: exactly the limit placed, the rest refused by it.
+    assert outcomes.count("placed") == limit, outcomes
+    assert set(outcomes) == {"placed", "quota_exceeded"}
+    assert usage(cp) == [(None, None, None, limit, limit)]
+    with engine.connect() as conn:
+        assert audit(conn) == []
