@@ -67,6 +67,10 @@ lab_fleet_app = typer.Typer(
 )
 lab_app.add_typer(lab_fleet_app, name="fleet")
 app.add_typer(lab_app, name="lab")
+project_app = typer.Typer(no_args_is_help=True, help="Tenant projects and their quotas.")
+app.add_typer(project_app, name="project")
+quota_app = typer.Typer(no_args_is_help=True, help="A project's quotas.")
+project_app.add_typer(quota_app, name="quota")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
 NodeOpt = Annotated[str, typer.Option("--node", help="Node host name.")]
@@ -659,6 +663,86 @@ def storage_approve(
             f"{'recorded' if r['created'] else 'already recorded'}: approval {r['reference']} "
             f"of {node} covers {', '.join(r['devices'])} (evidence {r['evidence_id']})"
         ),
+    )
+
+
+# -- project ----------------------------------------------------------------------------
+
+
+def project_result(made: tuple[Any, bool]) -> dict[str, Any]:
+    view, changed = made
+    return {"project": view.as_dict(), "changed": changed}
+
+
+@project_app.command("create")
+def project_create(
+    project_id: Annotated[str, typer.Argument(help="Lowercase id (letters, digits, . _ -).")],
+    name: Annotated[str | None, typer.Option("--name", help="Display name.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Create a project (again with the same name: unchanged)."""
+    run(
+        as_json,
+        lambda: project_result(control_plane().create_project(project_id, name)),
+        render.render_project,
+    )
+
+
+@project_app.command("list")
+def project_list(
+    retired: Annotated[bool, typer.Option("--retired", help="Include retired ones.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Projects with their quotas and what each holds now."""
+    run(
+        as_json,
+        lambda: [p.as_dict() for p in control_plane().list_projects(retired)],
+        render.render_projects,
+    )
+
+
+@project_app.command("show")
+def project_show(project_id: str, as_json: JsonFlag = False) -> None:
+    """One project, its quotas and their usage."""
+    run(as_json, lambda: control_plane().show_project(project_id).as_dict(), render.render_project)
+
+
+@project_app.command("retire")
+def project_retire(project_id: str, as_json: JsonFlag = False) -> None:
+    """Retire a project for good: it places nothing new; its allocations keep their
+    history (release them as usual)."""
+    run(
+        as_json,
+        lambda: project_result(control_plane().retire_project(project_id)),
+        render.render_project,
+    )
+
+
+@quota_app.command("set")
+def project_quota_set(
+    project_id: str,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="GPU limit.")] = None,
+    allocations: Annotated[
+        int | None, typer.Option("--allocations", help="Allocation limit.")
+    ] = None,
+    sku: Annotated[str | None, typer.Option("--sku", help="Only this SKU.")] = None,
+    shape: Annotated[str | None, typer.Option("--shape", help="Only this capacity shape.")] = None,
+    region: Annotated[str | None, typer.Option("--region", help="Only this region.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Set the limits of one scope (the whole project unless --sku, --shape or --region);
+    neither --gpus nor --allocations removes that scope's quota. The store enforces it in
+    every placement's own transaction (docs/store-invariants.md, "Quotas")."""
+    from controlplane.services.projects import QuotaScope
+
+    run(
+        as_json,
+        lambda: project_result(
+            control_plane().set_project_quota(
+                project_id, QuotaScope(sku, shape, region), gpus, allocations
+            )
+        ),
+        render.render_project,
     )
 
 

@@ -300,3 +300,40 @@ def render_allocations(rows: list[dict[str, Any]]) -> None:
             for a in rows
         ],
     )
+
+
+def render_projects(rows: list[dict[str, Any]]) -> None:
+    table(
+        "projects",
+        ["id", "name", "state", "quotas"],
+        [[r["id"], r["name"], r["state"], quota_summary(r["quotas"])] for r in rows],
+    )
+
+
+def quota_summary(quotas: list[dict[str, Any]]) -> str:
+    return "; ".join(quota_line(q) for q in quotas) or "-"
+
+
+def quota_line(q: dict[str, Any]) -> str:
+    scope = ", ".join(
+        f"{k} {q[k]}" for k in ("sku", "capacity_shape", "region") if q[k] is not None
+    )
+    limits = [
+        f"{q[used]}/{q[limit]} {unit}"
+        for used, limit, unit in (
+            ("gpus_used", "gpu_limit", "GPUs"),
+            ("allocations_used", "allocation_limit", "allocations"),
+        )
+        if q[limit] is not None
+    ]
+    return f"{scope or 'all'}: {', '.join(limits)}"
+
+
+def render_project(result: dict[str, Any]) -> None:
+    project = result.get("project", result)
+    state = project["state"] + (f" since {project['retired_at']}" if project["retired_at"] else "")
+    out.print(f"project {project['id']} ({project['name']}): {state}")
+    for quota in project["quotas"]:
+        out.print(f"  quota {quota_line(quota)}")
+    if "changed" in result and not result["changed"]:
+        out.print("  (unchanged)")

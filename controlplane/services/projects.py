@@ -163,6 +163,11 @@ def set_quota(
         sku_id = session.scalars(select(Sku.id).where(Sku.slug == scope.sku)).one_or_none()
         if sku_id is None:
             raise InvalidInput("sku_not_found", f"no SKU {scope.sku!r}")
+    shapes = sorted(s.value for s in CapacityShape)
+    if scope.capacity_shape is not None and scope.capacity_shape not in shapes:
+        raise InvalidInput(
+            "invalid_capacity_shape", f"capacity shape {scope.capacity_shape!r}: one of {shapes}"
+        )
     shape = CapacityShape(scope.capacity_shape) if scope.capacity_shape else None
     # Claims written while the quota row is created would be missed by its first count;
     # SHARE mode lets placements finish and holds new ones until this commits.

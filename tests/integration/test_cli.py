@@ -350,3 +350,34 @@ def test_image_catalog_register_update_and_refusals(registered, engine):
         assert error_json(env, *changed)["code"] == code, bad
     assert ok_json(env, "image", "list") == list(listed.values())
     assert counts(engine) == before
+
+
+def test_projects_and_quotas_from_the_command_line(registered):
+    env = registered
+    source = str(DEMO_DATA.joinpath("j22u15.json"))
+    ok_json(env, "slots", "import", "--node", "j22u15", "--from", source)
+    ok_json(env, "slots", "approve", "--node", "j22u15")
+    made = ok_json(env, "project", "create", "acme", "--name", "Acme")
+    assert made["changed"] and made["project"]["state"] == "active"
+    quota = ok_json(
+        env, "project", "quota", "set", "acme", "--gpus", "2", "--sku", "h200-sxm-slice"
+    )
+    assert quota["project"]["quotas"] == [
+        {
+            "sku": "h200-sxm-slice",
+            "capacity_shape": None,
+            "region": None,
+            "gpu_limit": 2,
+            "allocation_limit": None,
+            "gpus_used": 0,
+            "allocations_used": 0,
+        }
+    ]
+    create = ("alloc", "create", "--sku", "h200-sxm-slice", "--project", "acme")
+    ok_json(env, *create, "--gpus", "2")
+    refused = error_json(env, *create, "--gpus", "1")
+    assert refused["code"] == "quota_exceeded"
+    assert (refused["details"]["limit"], refused["details"]["in_use"]) == (2, 2)
+    human = gpuaas(env, "project", "list")
+    assert "sku h200-sxm-slice: 2/2 GPUs" in human.stdout, human.stdout + human.stderr
+    assert ok_json(env, "project", "retire", "acme")["project"]["state"] == "retired"

@@ -57,6 +57,8 @@ def test_a_project_is_created_once_listed_and_retired(cp):
         cp.create_project("beta", "Another name")
     with pytest.raises(GpuaasError, match="lowercase"):
         cp.create_project("Bad Id")
+    with pytest.raises(GpuaasError, match="capacity shape 'vm'"):
+        cp.set_project_quota("beta", QuotaScope(capacity_shape="vm"), 1, None)
     assert {p.id for p in cp.list_projects()} == {"default", "acme", "beta"}
     retired, changed = cp.retire_project("beta")
     assert changed and retired.state == "retired" and retired.retired_at
