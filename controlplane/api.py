@@ -387,6 +387,13 @@ class ControlPlane:
         with db.transaction(self.engine) as session:
             return projects.retire(session, project_id)
 
+    def set_project_policy(
+        self, project_id: str, regions: list[str] | None, node_families: list[str] | None
+    ) -> tuple[projects.ProjectView, bool]:
+        """The regions and node families the project may place in (None: any)."""
+        with db.transaction(self.engine) as session:
+            return projects.set_policy(session, project_id, regions, node_families)
+
     def set_project_quota(
         self,
         project_id: str,

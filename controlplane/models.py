@@ -388,6 +388,9 @@ class Project(Base):
     state: Mapped[ProjectState] = mapped_column(
         checked_enum(ProjectState, "project_state"), server_default=ProjectState.ACTIVE.value
     )
+    # Policy overlay: the regions and node families it may place in (NULL: any).
+    allowed_regions: Mapped[list[str] | None] = mapped_column(ARRAY(String(100)))
+    allowed_node_families: Mapped[list[str] | None] = mapped_column(ARRAY(String(100)))
     created_at: Mapped[dt.datetime] = utcnow_column()
     retired_at: Mapped[dt.datetime | None]
 

@@ -718,6 +718,27 @@ def project_retire(project_id: str, as_json: JsonFlag = False) -> None:
     )
 
 
+@project_app.command("policy")
+def project_policy(
+    project_id: str,
+    region: Annotated[
+        list[str] | None, typer.Option("--region", help="A region it may use (repeatable).")
+    ] = None,
+    family: Annotated[
+        list[str] | None,
+        typer.Option("--family", help="A node family it may use (repeatable)."),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Keep a project to these regions and node families (no --region: any region; no
+    --family: any family); a request outside them is refused before any lock."""
+    run(
+        as_json,
+        lambda: project_result(control_plane().set_project_policy(project_id, region, family)),
+        render.render_project,
+    )
+
+
 @quota_app.command("set")
 def project_quota_set(
     project_id: str,

@@ -333,6 +333,9 @@ def render_project(result: dict[str, Any]) -> None:
     project = result.get("project", result)
     state = project["state"] + (f" since {project['retired_at']}" if project["retired_at"] else "")
     out.print(f"project {project['id']} ({project['name']}): {state}")
+    for label, key in (("regions", "allowed_regions"), ("node families", "allowed_node_families")):
+        if project[key] is not None:
+            out.print(f"  only {label}: {', '.join(project[key]) or 'none'}")
     for quota in project["quotas"]:
         out.print(f"  quota {quota_line(quota)}")
     if "changed" in result and not result["changed"]:

@@ -25,6 +25,7 @@ first_fit is always exact. docs/architecture.md has the whole path.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -70,6 +71,8 @@ IMAGE_CACHED_PREDICATE = """
 REGION_FILTER = """
     (CAST(:region AS text) IS NULL OR c.region_code = CAST(:region AS text))
     AND c.region_code <> ALL(CAST(:avoid_regions AS text[]))
+    AND (CAST(:allowed_regions AS text[]) IS NULL
+         OR c.region_code = ANY(CAST(:allowed_regions AS text[])))
 """
 
 SLICE_NODE_FILTER = f"""
@@ -261,7 +264,7 @@ LEFT JOIN (claim CROSS JOIN alloc) ON true
 QUOTA_QUERY = text(
     """
 SELECT p.state, s.slug, q.capacity_shape, q.region_code, q.gpu_limit, q.allocation_limit,
-       q.gpus_used, q.allocations_used
+       q.gpus_used, q.allocations_used, p.allowed_regions, p.allowed_node_families
 FROM projects p
 LEFT JOIN project_quotas q ON q.project_id = p.id
     AND (q.sku_id IS NULL OR q.sku_id = :sku_id)
@@ -478,7 +481,9 @@ class Scheduler:
 
     def _quota_rows(
         self, conn: Connection, request: PlacementRequest, sku: SkuInfo
-    ) -> tuple[str | None, list[quotas.QuotaRow]]:
+    ) -> tuple[Any, list[quotas.QuotaRow]]:
+        """The project's row (state, allowed regions and families; None if unknown) and
+        its quotas that may bind the request."""
         rows = conn.execute(
             QUOTA_QUERY,
             {
@@ -489,7 +494,7 @@ class Scheduler:
         ).all()
         if not rows:
             return None, []
-        return rows[0][0], [
+        return rows[0], [
             quotas.QuotaRow(r[1], r[2], r[3], r[4], r[5], r[6], r[7])
             for r in rows
             if r[4] is not None or r[5] is not None
@@ -501,20 +506,28 @@ class Scheduler:
         """The project's state and quotas before any lock: a refusal naming the rule and
         its numbers, or the regions to avoid."""
         project = project_of(request)
-        state, rows = self._quota_rows(conn, request, sku)
-        if state is None:
+        found, rows = self._quota_rows(conn, request, sku)
+        if found is None:
             return Unavailable(
                 "project_not_found",
                 None,
                 f"no project {project!r} (gpuaas project create {project})",
                 {"project": project},
             )
+        state, allowed_regions, allowed_families = found[0], found[8], found[9]
         if state != ProjectState.ACTIVE.value:
             return Unavailable(
                 "policy_denied",
                 "project_retired",
                 f"project {project} is retired: it places nothing new",
                 {"project": project, "rule": "project_retired"},
+            )
+        denied = quotas.policy_refusal(
+            project, allowed_regions, allowed_families, sku.node_family, request.region
+        )
+        if denied is not None:
+            return Unavailable(
+                "policy_denied", denied["rule"], quotas.policy_message(denied), denied
             )
         verdict = quotas.judge(project, rows, request.gpu_count, request.region)
         if verdict.exceeded is not None:
@@ -524,7 +537,7 @@ class Scheduler:
                 quotas.exceeded_message(verdict.exceeded),
                 verdict.exceeded,
             )
-        return verdict
+        return dataclasses.replace(verdict, allowed_regions=allowed_regions)
 
     def _quota_or(
         self,
@@ -536,7 +549,7 @@ class Scheduler:
     ) -> Unavailable:
         """A request kept out of full-quota regions found nothing elsewhere: if those
         regions had the capacity, the quota is what refused it."""
-        params = {**self._common(request, sku), "avoid_regions": []}
+        params = {**self._common(request, sku, verdict), "avoid_regions": []}
         if sku.capacity_shape is CapacityShape.BAREMETAL:
             fits = conn.execute(BAREMETAL_DIAGNOSIS, params).scalar_one() > 0
         else:
@@ -581,6 +594,7 @@ class Scheduler:
     ) -> dict[str, Any]:
         return {
             "avoid_regions": list(verdict.avoid_regions) if verdict else [],
+            "allowed_regions": verdict.allowed_regions if verdict else None,
             "family": sku.node_family,
             "region": request.region,
             "gpus": request.gpu_count,

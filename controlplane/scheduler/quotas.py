@@ -1,4 +1,8 @@
-"""A project's quotas against a request: pure, from the rows read before placing.
+"""A project's policy overlay and quotas against a request: pure, from the rows read
+before placing.
+
+The policy overlay (regions and node families a project may use) refuses a request
+outside it before any lock is taken, naming the rule.
 
 The store is what enforces a quota (docs/store-invariants.md, "Quotas": usage counters
 kept by triggers in the placing statement, CHECKs on the limits). This only decides what
@@ -58,6 +62,8 @@ class QuotaVerdict:
 
     exceeded: dict[str, Any] | None = None
     avoid_regions: tuple[str, ...] = field(default_factory=tuple)
+    # The project's policy overlay: only these regions (None: any).
+    allowed_regions: list[str] | None = None
 
 
 def judge(project: str, quotas: Iterable[QuotaRow], gpus: int, region: str | None) -> QuotaVerdict:
@@ -113,3 +119,37 @@ def every_region_avoided(
         "quota": quota.describe(),
         "regions_full": sorted(set(avoided)),
     }
+
+
+def policy_refusal(
+    project: str,
+    allowed_regions: Iterable[str] | None,
+    allowed_families: Iterable[str] | None,
+    family: str,
+    region: str | None,
+) -> dict[str, Any] | None:
+    """The policy rule a request breaks (a node family or a region the project may not
+    use), or None. A request naming no region is kept to the allowed ones instead."""
+    if allowed_families is not None and family not in set(allowed_families):
+        return {
+            "project": project,
+            "rule": "node_family",
+            "requested": family,
+            "allowed": sorted(allowed_families),
+        }
+    if allowed_regions is not None and region is not None and region not in set(allowed_regions):
+        return {
+            "project": project,
+            "rule": "region",
+            "requested": region,
+            "allowed": sorted(allowed_regions),
+        }
+    return None
+
+
+def policy_message(refusal: dict[str, Any]) -> str:
+    what = "node family" if refusal["rule"] == "node_family" else "region"
+    return (
+        f"project {refusal['project']} may not use {what} {refusal['requested']} "
+        f"(allowed: {', '.join(refusal['allowed']) or 'none'})"
+    )

@@ -49,6 +49,8 @@ class ProjectView:
     state: str
     created_at: str
     retired_at: str | None
+    allowed_regions: tuple[str, ...] | None = None
+    allowed_node_families: tuple[str, ...] | None = None
     quotas: tuple[QuotaView, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
@@ -82,6 +84,12 @@ def _view(session: Session, project: Project, with_quotas: bool) -> ProjectView:
         project.state.value,
         project.created_at.isoformat(),
         project.retired_at.isoformat() if project.retired_at else None,
+        tuple(project.allowed_regions) if project.allowed_regions is not None else None,
+        (
+            tuple(project.allowed_node_families)
+            if project.allowed_node_families is not None
+            else None
+        ),
         quotas,
     )
 
@@ -141,6 +149,27 @@ def retire(session: Session, project_id: str) -> tuple[ProjectView, bool]:
         return _view(session, project, True), False
     project.state = ProjectState.RETIRED
     project.retired_at = dt.datetime.now(dt.UTC)
+    session.flush()
+    return _view(session, project, True), True
+
+
+def set_policy(
+    session: Session,
+    project_id: str,
+    regions: list[str] | None,
+    node_families: list[str] | None,
+) -> tuple[ProjectView, bool]:
+    """Keep the project to these regions and node families (None: any); a placement
+    outside them is refused before any lock (``policy_denied``). Running allocations
+    elsewhere are not touched."""
+    project = _get(session, project_id, for_update=True)
+    wanted = (
+        sorted(set(regions)) if regions is not None else None,
+        sorted(set(node_families)) if node_families is not None else None,
+    )
+    if (project.allowed_regions, project.allowed_node_families) == wanted:
+        return _view(session, project, True), False
+    project.allowed_regions, project.allowed_node_families = wanted
     session.flush()
     return _view(session, project, True), True
 

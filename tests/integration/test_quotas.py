@@ -222,3 +222,26 @@ def test_sixteen_processes_never_exceed_a_quota_nor_refuse_below_it(cp, engine, 
     assert usage(cp) == [(None, None, None, limit, limit)]
     with engine.connect() as conn:
         assert audit(conn) == []
+
+
+def test_a_policy_overlay_refuses_before_any_lock_and_keeps_requests_inside(cp, engine):
+    cp.set_project_policy("acme", ["region-b"], None)
+    refused = place(cp, 1, region="region-a")
+    assert isinstance(refused, Unavailable) and refused.code == "policy_denied"
+    assert refused.details == {
+        "project": "acme",
+        "rule": "region",
+        "requested": "region-a",
+        "allowed": ["region-b"],
+    }
+    # Naming no region: placed only where the policy allows.
+    for _ in range(3):
+        placed = place(cp, 8)
+        assert isinstance(placed, Placement) and placed.hostname.startswith("qb")
+    view, _ = cp.set_project_policy("acme", None, ["some-other-family"])
+    assert view.allowed_regions is None and view.allowed_node_families == ("some-other-family",)
+    family = place(cp, 1)
+    assert (family.code, family.reason) == ("policy_denied", "node_family")
+    assert "may not use node family h200-sxm" in family.message
+    with engine.connect() as conn:
+        assert audit(conn) == []

@@ -3,7 +3,13 @@ request, with its numbers, and which regions a request naming none must avoid.""
 
 from __future__ import annotations
 
-from controlplane.scheduler.quotas import QuotaRow, every_region_avoided, exceeded_message, judge
+from controlplane.scheduler.quotas import (
+    QuotaRow,
+    every_region_avoided,
+    exceeded_message,
+    judge,
+    policy_refusal,
+)
 
 
 def row(gpus=None, allocations=None, used=0, held=0, sku=None, shape=None, region=None):
@@ -66,3 +72,10 @@ def test_every_region_avoided_names_the_tightest_region():
     refusal = every_region_avoided("p", quotas, 1, ["r1", "r2"])
     assert refusal["regions_full"] == ["r1", "r2"]
     assert refusal["unit"] == "gpus" and refusal["requested"] == 1
+
+
+def test_a_policy_names_the_rule_a_request_breaks():
+    assert policy_refusal("p", None, None, "h200", "r1") is None
+    assert policy_refusal("p", ["r1"], None, "h200", None) is None
+    assert policy_refusal("p", ["r1"], None, "h200", "r2")["rule"] == "region"
+    assert policy_refusal("p", None, ["b200"], "h200", "r1")["rule"] == "node_family"

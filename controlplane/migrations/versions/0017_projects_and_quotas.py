@@ -4,7 +4,8 @@ Why: an allocation carried a free-text ``project_id`` and nothing else, so any c
 could take the whole fleet. Projects are now rows (id, name, state; a retired one keeps
 its allocations), every allocation belongs to one (``default`` for callers that name
 none, and for every earlier allocation without one; earlier free-text ids become projects
-of their own, so history keeps its owner). ``project_quotas`` limits what a project's
+of their own, so history keeps its owner), and may be kept to regions and node families
+(a policy overlay, refused before any lock). ``project_quotas`` limits what a project's
 active claims hold, in GPUs and allocations, over a scope (SKU, capacity shape, region,
 or all). Its usage columns are kept by triggers on the claims (controlplane/sql/quotas.sql)
 in the statement that writes the claims, and CHECKs refuse a usage above a limit, so no
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
 from controlplane import sql
 
@@ -43,6 +45,8 @@ def upgrade() -> None:
         sa.Column(
             "state", sa.String(length=40), server_default=sa.text("'active'"), nullable=False
         ),
+        sa.Column("allowed_regions", postgresql.ARRAY(sa.String(length=100)), nullable=True),
+        sa.Column("allowed_node_families", postgresql.ARRAY(sa.String(length=100)), nullable=True),
         sa.Column(
             "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
         ),
@@ -138,9 +142,10 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for table in ("allocation_resource_claims",):
-        for event in ("insert", "update", "delete"):
-            op.execute(f"DROP TRIGGER project_quotas_apply_claims_{event} ON {table}")
+    for event in ("insert", "update", "delete"):
+        op.execute(
+            f"DROP TRIGGER project_quotas_apply_claims_{event} ON allocation_resource_claims"
+        )
     op.execute("DROP TRIGGER project_quotas_usage_by_triggers ON project_quotas")
     for function in QUOTA_FUNCTIONS:
         op.execute(f"DROP FUNCTION {function}")
