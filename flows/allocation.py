@@ -166,7 +166,7 @@ def provision_allocation(
     image: str,
     users: list[dict[str, Any]],
     region: str = "",
-    project_id: str = "",
+    project: str = "",
     requested_by: str = "prefect",
     request_id: str = "",
 ) -> dict[str, Any]:
@@ -183,7 +183,8 @@ def provision_allocation(
         image: Catalog image slug (required for a slice SKU; empty for a baremetal SKU).
         users: Guest users: name and ssh_authorized_keys each.
         region: Place only in this region (empty: any region).
-        project_id: The tenant project the allocation belongs to (empty: none).
+        project: The tenant project the allocation belongs to and whose quotas and policy
+            it is placed under (empty: the default project).
         requested_by: Who asked (recorded on the allocation).
         request_id: Idempotency key: the same id never places twice (default: this run).
     """
@@ -198,7 +199,7 @@ def provision_allocation(
             sku,
             gpu_count,
             given(region),
-            given(project_id),
+            given(project),
             requested_by,
             request_id,
             catalog.slug if catalog else None,

@@ -21,6 +21,14 @@ def prefect_event(event: StoreEvent) -> Event:
         related.append(
             {"prefect.resource.id": f"gpuaas.node.{event.node}", "prefect.resource.role": "node"}
         )
+    if event.project:
+        # Automations can match one project's events (its role and id).
+        related.append(
+            {
+                "prefect.resource.id": f"gpuaas.project.{event.project}",
+                "prefect.resource.role": "project",
+            }
+        )
     return Event(
         id=event.id,
         event=event.name,
@@ -30,7 +38,7 @@ def prefect_event(event: StoreEvent) -> Event:
             "prefect.resource.name": f"allocation {event.allocation_id}",
         },
         related=related,
-        payload={**event.payload, "sku": event.sku, "node": event.node},
+        payload={**event.payload, "sku": event.sku, "node": event.node, "project": event.project},
     )
 
 

@@ -21,7 +21,7 @@ VALUES ('allocation', :allocation, :event, CAST(:payload AS jsonb))
 UNPUBLISHED = text(
     """
 SELECT o.id, o.aggregate_id, o.event_type, o.payload, o.created_at,
-       n.hostname, k.slug AS sku
+       n.hostname, k.slug AS sku, a.project_id AS project
 FROM outbox o
 LEFT JOIN allocations a ON o.aggregate_type = 'allocation' AND a.id = o.aggregate_id
 LEFT JOIN nodes n ON n.id = a.node_id

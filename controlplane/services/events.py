@@ -36,6 +36,7 @@ class StoreEvent:
     node: str | None
     sku: str | None
     payload: dict[str, Any]
+    project: str | None = None
 
 
 def publish(
@@ -52,6 +53,7 @@ def publish(
             node=row.hostname,
             sku=row.sku,
             payload=dict(row.payload or {}),
+            project=row.project,
         )
         for row in rows
     ]

@@ -178,7 +178,7 @@ def test_placement_is_idempotent_per_request_id(approved, engine):
         1,
         IMAGE,
         USERS,
-        project_id="proj-a",
+        project="proj-a",
         request_id="request-1",
         return_state=True,
     )

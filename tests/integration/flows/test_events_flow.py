@@ -82,6 +82,10 @@ def test_allocation_events_reach_prefect_once(cp, engine):
         placed_event.payload["gpu_count"] == 2 and placed_event.payload["node"] == placed.hostname
     )
     assert placed_event.related[0].id == f"gpuaas.node.{placed.hostname}"
+    # Every event names the allocation's project (the default one here).
+    assert all(e.payload["project"] == "default" for e in events)
+    assert placed_event.related[1].id == "gpuaas.project.default"
+    assert placed_event.related[1].role == "project"
 
 
 def test_a_batch_the_sender_did_not_deliver_stays_unpublished(cp, engine):
