@@ -394,6 +394,25 @@ class ControlPlane:
         with db.transaction(self.engine) as session:
             return projects.set_policy(session, project_id, regions, node_families)
 
+    def reserve_capacity(
+        self,
+        project_id: str,
+        sku: str,
+        region: str,
+        gpus: int,
+        nodes: list[str] | None = None,
+        ends_at: dt.datetime | None = None,
+    ) -> tuple[projects.ProjectView, int]:
+        """Hold GPUs of a SKU in a region (or on named nodes) for a project."""
+        with db.transaction(self.engine) as session:
+            return projects.reserve(session, project_id, sku, region, gpus, nodes, ends_at)
+
+    def unreserve_capacity(
+        self, project_id: str, reservation_id: int
+    ) -> tuple[projects.ProjectView, bool]:
+        with db.transaction(self.engine) as session:
+            return projects.unreserve(session, project_id, reservation_id)
+
     def set_project_quota(
         self,
         project_id: str,

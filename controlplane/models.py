@@ -446,6 +446,27 @@ class ProjectQuota(Base):
     )
 
 
+class ProjectReservation(Base):
+    """GPUs of a SKU in a region held for a project (on named nodes when ``node_ids`` is
+    set) until ``ends_at`` (None: until removed). Other projects may not take the GPUs of
+    its scope that the project has not used yet: a deferred trigger checks, as each
+    placement of another project commits, that the scope keeps that many free
+    (controlplane/sql/quotas.sql; docs/store-invariants.md, "Reserved capacity")."""
+
+    __tablename__ = "project_reservations"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="RESTRICT"))
+    sku_id: Mapped[int] = mapped_column(ForeignKey("skus.id", ondelete="RESTRICT"))
+    region_code: Mapped[str] = mapped_column(String(100))
+    gpus: Mapped[int] = mapped_column(Integer)
+    node_ids: Mapped[list[uuid.UUID] | None] = mapped_column(ARRAY(UUID(as_uuid=True)))
+    ends_at: Mapped[dt.datetime | None]
+    created_at: Mapped[dt.datetime] = utcnow_column()
+
+    __table_args__ = (CheckConstraint("gpus > 0", name="gpus_positive"),)
+
+
 class Allocation(Base):
     __tablename__ = "allocations"
 

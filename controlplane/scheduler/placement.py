@@ -71,6 +71,7 @@ IMAGE_CACHED_PREDICATE = """
 REGION_FILTER = """
     (CAST(:region AS text) IS NULL OR c.region_code = CAST(:region AS text))
     AND c.region_code <> ALL(CAST(:avoid_regions AS text[]))
+    AND c.node_id <> ALL(CAST(:avoid_nodes AS uuid[]))
     AND (CAST(:allowed_regions AS text[]) IS NULL
          OR c.region_code = ANY(CAST(:allowed_regions AS text[])))
 """
@@ -274,6 +275,22 @@ WHERE p.id = :project
 """
 )
 
+# Other projects' live reservations that may bind a request for this node family: their
+# scope, the GPUs free there and what their project has not used (reservation_room()).
+RESERVATIONS_QUERY = text(
+    """
+SELECT r.id, r.project_id, r.region_code, CAST(r.node_ids AS text[]), room.free_gpus,
+       room.unused_gpus
+FROM project_reservations r JOIN skus k ON k.id = r.sku_id
+CROSS JOIN LATERAL reservation_room(r.id) room
+WHERE r.project_id <> :project AND k.node_family = :family
+  AND (r.ends_at IS NULL OR r.ends_at > now())
+  AND (CAST(:region AS text) IS NULL OR r.region_code = CAST(:region AS text))
+  AND room.unused_gpus > 0
+"""
+)
+RESERVATIONS_EXIST = text("SELECT EXISTS (SELECT 1 FROM project_reservations)")
+
 SKU_QUERY = text(
     "SELECT id, slug, capacity_shape, node_family, allowed_gpu_counts FROM skus WHERE enabled"
 )
@@ -289,9 +306,14 @@ RACE_CONSTRAINTS = frozenset(
 )
 
 
-# A quota's CHECK refused the lock: a concurrent placement of the project took the room.
+# A quota's CHECK refused the lock (a concurrent placement of the project took the room),
+# or the reservation trigger refused its commit (another project's reserved GPUs).
 QUOTA_CONSTRAINTS = frozenset(
-    {"ck_project_quotas_gpus_within_limit", "ck_project_quotas_allocations_within_limit"}
+    {
+        "ck_project_quotas_gpus_within_limit",
+        "ck_project_quotas_allocations_within_limit",
+        "project_reservations_held",
+    }
 )
 
 
@@ -424,6 +446,9 @@ class Scheduler:
         self.candidate_nodes = candidate_nodes
         self.max_attempts = max_attempts
         self._skus: tuple[float, dict[str, SkuInfo]] = (0.0, {})
+        # Whether any reservation exists, read with the SKUs (and again after the store
+        # refused a placement for one): without any, no placement reads them.
+        self._reservations: tuple[float, bool] = (0.0, True)
 
     def _sku(self, conn: Connection, slug: str) -> SkuInfo | None:
         loaded_at, skus = self._skus
@@ -467,8 +492,11 @@ class Scheduler:
                     else:
                         placed = self._place_slice(conn, request, sku, image, verdict)
                 except QuotaRaced:
+                    self._reservations = (0.0, True)
                     continue
-                if isinstance(placed, Unavailable) and verdict.avoid_regions:
+                if isinstance(placed, Unavailable) and (
+                    verdict.avoid_regions or verdict.avoid_nodes
+                ):
                     return self._quota_or(conn, request, sku, verdict, placed)
                 return placed
             return Unavailable(
@@ -537,7 +565,34 @@ class Scheduler:
                 quotas.exceeded_message(verdict.exceeded),
                 verdict.exceeded,
             )
-        return dataclasses.replace(verdict, allowed_regions=allowed_regions)
+        regions, nodes, binding = quotas.reserved_scopes(
+            self._held_rooms(conn, request, sku), request.gpu_count
+        )
+        return dataclasses.replace(
+            verdict,
+            allowed_regions=allowed_regions,
+            avoid_regions=tuple(sorted(set(verdict.avoid_regions) | regions)),
+            avoid_nodes=tuple(sorted(nodes)),
+            reserved=tuple(binding),
+        )
+
+    def _held_rooms(
+        self, conn: Connection, request: PlacementRequest, sku: SkuInfo
+    ) -> list[quotas.HeldRoom]:
+        loaded_at, exist = self._reservations
+        if time.monotonic() - loaded_at > SKU_CACHE_SECONDS:
+            exist = conn.execute(RESERVATIONS_EXIST).scalar_one()
+            self._reservations = (time.monotonic(), exist)
+        if not exist:
+            return []
+        rows = conn.execute(
+            RESERVATIONS_QUERY,
+            {"project": project_of(request), "family": sku.node_family, "region": request.region},
+        ).all()
+        return [
+            quotas.HeldRoom(r[0], r[1], r[2], tuple(r[3]) if r[3] is not None else None, r[4], r[5])
+            for r in rows
+        ]
 
     def _quota_or(
         self,
@@ -547,9 +602,9 @@ class Scheduler:
         verdict: quotas.QuotaVerdict,
         refusal: Unavailable,
     ) -> Unavailable:
-        """A request kept out of full-quota regions found nothing elsewhere: if those
-        regions had the capacity, the quota is what refused it."""
-        params = {**self._common(request, sku, verdict), "avoid_regions": []}
+        """A request kept out of full-quota regions or reserved scopes found nothing
+        elsewhere: if they had the capacity, the quota or the reservation refused it."""
+        params = {**self._common(request, sku, verdict), "avoid_regions": [], "avoid_nodes": []}
         if sku.capacity_shape is CapacityShape.BAREMETAL:
             fits = conn.execute(BAREMETAL_DIAGNOSIS, params).scalar_one() > 0
         else:
@@ -557,6 +612,21 @@ class Scheduler:
             fits = conn.execute(SLICE_DIAGNOSIS, params).one()[2] >= request.gpu_count
         if not fits:
             return refusal
+        if verdict.reserved:
+            rows = [room.row() for room in verdict.reserved]
+            free = max(room.free_gpus for room in verdict.reserved)
+            return Unavailable(
+                "reserved_capacity",
+                None,
+                f"{request.gpu_count} GPUs are free only where they are reserved for other "
+                "projects: "
+                + "; ".join(
+                    f"{r['reserved_gpus']} of {r['free_gpus']} free in {r['region']} for "
+                    f"{r['project']}"
+                    for r in rows
+                ),
+                {"requested_gpus": request.gpu_count, "free_gpus": free, "reserved": rows},
+            )
         _, rows = self._quota_rows(conn, request, sku)
         exceeded = quotas.every_region_avoided(
             project_of(request), rows, request.gpu_count, verdict.avoid_regions
@@ -594,6 +664,7 @@ class Scheduler:
     ) -> dict[str, Any]:
         return {
             "avoid_regions": list(verdict.avoid_regions) if verdict else [],
+            "avoid_nodes": uuid_array(verdict.avoid_nodes) if verdict else "{}",
             "allowed_regions": verdict.allowed_regions if verdict else None,
             "family": sku.node_family,
             "region": request.region,

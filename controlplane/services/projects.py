@@ -17,9 +17,27 @@ from sqlalchemy.orm import Session
 
 from controlplane.enums import CapacityShape, ProjectState
 from controlplane.errors import GpuaasError, InvalidInput
-from controlplane.models import DEFAULT_PROJECT, Project, ProjectQuota, Sku
+from controlplane.models import (
+    DEFAULT_PROJECT,
+    Node,
+    Project,
+    ProjectQuota,
+    ProjectReservation,
+    Sku,
+)
 
 PROJECT_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+# A project's reservations, the GPUs free in each scope and what it has not used yet.
+RESERVATIONS = text(
+    """
+SELECT r.id, k.slug, r.region_code, r.gpus, r.node_ids, r.ends_at, room.free_gpus,
+       room.unused_gpus
+FROM project_reservations r JOIN skus k ON k.id = r.sku_id
+CROSS JOIN LATERAL reservation_room(r.id) room
+WHERE r.project_id = :project
+ORDER BY r.id
+"""
+)
 
 
 @dataclass(frozen=True)
@@ -43,6 +61,18 @@ class QuotaView:
 
 
 @dataclass(frozen=True)
+class ReservationView:
+    id: int
+    sku: str
+    region: str
+    gpus: int
+    nodes: tuple[str, ...] | None
+    ends_at: str | None
+    free_gpus: int
+    unused_gpus: int
+
+
+@dataclass(frozen=True)
 class ProjectView:
     id: str
     name: str
@@ -52,9 +82,14 @@ class ProjectView:
     allowed_regions: tuple[str, ...] | None = None
     allowed_node_families: tuple[str, ...] | None = None
     quotas: tuple[QuotaView, ...] = ()
+    reservations: tuple[ReservationView, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "quotas": [asdict(q) for q in self.quotas]}
+        return {
+            **asdict(self),
+            "quotas": [asdict(q) for q in self.quotas],
+            "reservations": [asdict(r) for r in self.reservations],
+        }
 
 
 def _view(session: Session, project: Project, with_quotas: bool) -> ProjectView:
@@ -78,6 +113,21 @@ def _view(session: Session, project: Project, with_quotas: bool) -> ProjectView:
             )
             for q, slug in rows
         )
+    reservations: tuple[ReservationView, ...] = ()
+    if with_quotas:
+        reservations = tuple(
+            ReservationView(
+                r.id,
+                r.slug,
+                r.region_code,
+                r.gpus,
+                hostnames(session, r.node_ids),
+                r.ends_at.isoformat() if r.ends_at else None,
+                r.free_gpus,
+                r.unused_gpus,
+            )
+            for r in session.execute(RESERVATIONS, {"project": project.id})
+        )
     return ProjectView(
         project.id,
         project.name,
@@ -91,7 +141,14 @@ def _view(session: Session, project: Project, with_quotas: bool) -> ProjectView:
             else None
         ),
         quotas,
+        reservations,
     )
+
+
+def hostnames(session: Session, node_ids: list | None) -> tuple[str, ...] | None:
+    if node_ids is None:
+        return None
+    return tuple(sorted(session.scalars(select(Node.hostname).where(Node.id.in_(node_ids)))))
 
 
 def _get(session: Session, project_id: str, for_update: bool = False) -> Project:
@@ -252,5 +309,95 @@ def set_quota(
     existing.gpu_limit = gpu_limit
     existing.allocation_limit = allocation_limit
     existing.updated_at = dt.datetime.now(dt.UTC)
+    session.flush()
+    return _view(session, project, True), True
+
+
+def reserve(
+    session: Session,
+    project_id: str,
+    sku: str,
+    region: str,
+    gpus: int,
+    nodes: list[str] | None = None,
+    ends_at: dt.datetime | None = None,
+) -> tuple[ProjectView, int]:
+    """Hold ``gpus`` GPUs of ``sku`` in ``region`` (on ``nodes`` when named) for the
+    project until ``ends_at``; returns the project and the reservation's id. What it holds
+    counts toward the project's quota: a reservation larger than a GPU limit that covers
+    it is refused. It does not take GPUs other projects already hold."""
+    if gpus < 1:
+        raise InvalidInput("invalid_gpus", f"a reservation holds 1 GPU or more, not {gpus}")
+    if ends_at is not None and ends_at <= dt.datetime.now(dt.UTC):
+        raise InvalidInput(
+            "ends_in_the_past", f"the reservation would end at {ends_at}, before now"
+        )
+    project = _get(session, project_id, for_update=True)
+    if project.state is not ProjectState.ACTIVE:
+        raise InvalidInput("project_retired", f"project {project_id} is retired")
+    found = session.execute(
+        select(Sku.id, Sku.capacity_shape, Sku.node_family).where(Sku.slug == sku)
+    ).one_or_none()
+    if found is None:
+        raise InvalidInput("sku_not_found", f"no SKU {sku!r}")
+    sku_id, shape, family = found
+    node_ids = None
+    if nodes:
+        rows = session.execute(
+            select(Node.hostname, Node.id, Node.region_code, Node.node_family).where(
+                Node.hostname.in_(nodes)
+            )
+        ).all()
+        known = {r.hostname: r for r in rows}
+        wrong = sorted(
+            set(nodes) - set(known)
+            | {h for h, r in known.items() if (r.region_code, r.node_family) != (region, family)}
+        )
+        if wrong:
+            raise InvalidInput(
+                "invalid_nodes",
+                f"not nodes of family {family} in {region}: {', '.join(wrong)}",
+            )
+        node_ids = [known[h].id for h in sorted(set(nodes))]
+    covering = session.scalars(
+        select(ProjectQuota).where(
+            ProjectQuota.project_id == project.id,
+            ProjectQuota.gpu_limit.is_not(None),
+            ProjectQuota.gpu_limit < gpus,
+            ProjectQuota.sku_id.is_(None) | (ProjectQuota.sku_id == sku_id),
+            ProjectQuota.capacity_shape.is_(None) | (ProjectQuota.capacity_shape == shape),
+            ProjectQuota.region_code.is_(None) | (ProjectQuota.region_code == region),
+        )
+    ).first()
+    if covering is not None:
+        raise InvalidInput(
+            "quota_exceeded",
+            f"a reservation of {gpus} GPUs exceeds the project's quota of "
+            f"{covering.gpu_limit} GPUs that covers it",
+            {"limit": covering.gpu_limit, "requested": gpus},
+        )
+    reservation = ProjectReservation(
+        project_id=project.id,
+        sku_id=sku_id,
+        region_code=region,
+        gpus=gpus,
+        node_ids=node_ids,
+        ends_at=ends_at,
+    )
+    session.add(reservation)
+    session.flush()
+    return _view(session, project, True), reservation.id
+
+
+def unreserve(session: Session, project_id: str, reservation_id: int) -> tuple[ProjectView, bool]:
+    project = _get(session, project_id, for_update=True)
+    reservation = session.scalars(
+        select(ProjectReservation).where(
+            ProjectReservation.id == reservation_id, ProjectReservation.project_id == project.id
+        )
+    ).one_or_none()
+    if reservation is None:
+        return _view(session, project, True), False
+    session.delete(reservation)
     session.flush()
     return _view(session, project, True), True

@@ -34,6 +34,9 @@ PARAMS = {
     "offset": 0,
     "image_id": None,
     "image_required": False,
+    "avoid_regions": [],
+    "avoid_nodes": "{}",
+    "allowed_regions": None,
 }
 
 

@@ -10,6 +10,9 @@ active claims hold, in GPUs and allocations, over a scope (SKU, capacity shape, 
 or all). Its usage columns are kept by triggers on the claims (controlplane/sql/quotas.sql)
 in the statement that writes the claims, and CHECKs refuse a usage above a limit, so no
 interleaving of concurrent placements can exceed one (docs/store-invariants.md, "Quotas").
+``project_reservations`` hold GPUs of a SKU in a region (or on named nodes) for a project:
+a deferred constraint trigger refuses, as another project's placement commits, one that
+leaves the scope fewer free GPUs than the holder has not used yet.
 
 Revision ID: 0017
 Revises: 0016
@@ -30,6 +33,8 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 QUOTA_FUNCTIONS = (
+    "project_reservations_held()",
+    "reservation_room(bigint)",
     "project_quotas_usage_by_triggers()",
     "project_quotas_apply_claims()",
     "project_quotas_apply(uuid[], integer[], integer[])",
@@ -138,6 +143,33 @@ def upgrade() -> None:
             postgresql_nulls_not_distinct=True,
         ),
     )
+    op.create_table(
+        "project_reservations",
+        sa.Column("id", sa.BigInteger(), autoincrement=True, nullable=False),
+        sa.Column("project_id", sa.String(length=100), nullable=False),
+        sa.Column("sku_id", sa.Integer(), nullable=False),
+        sa.Column("region_code", sa.String(length=100), nullable=False),
+        sa.Column("gpus", sa.Integer(), nullable=False),
+        sa.Column("node_ids", postgresql.ARRAY(sa.Uuid()), nullable=True),
+        sa.Column("ends_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+        ),
+        sa.CheckConstraint("gpus > 0", name=op.f("ck_project_reservations_gpus_positive")),
+        sa.ForeignKeyConstraint(
+            ["project_id"],
+            ["projects.id"],
+            name=op.f("fk_project_reservations_project_id_projects"),
+            ondelete="RESTRICT",
+        ),
+        sa.ForeignKeyConstraint(
+            ["sku_id"],
+            ["skus.id"],
+            name=op.f("fk_project_reservations_sku_id_skus"),
+            ondelete="RESTRICT",
+        ),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_project_reservations")),
+    )
     sql.apply(op.get_bind(), sql.QUOTAS)
 
 
@@ -146,9 +178,11 @@ def downgrade() -> None:
         op.execute(
             f"DROP TRIGGER project_quotas_apply_claims_{event} ON allocation_resource_claims"
         )
+    op.execute("DROP TRIGGER project_reservations_held ON allocation_resource_claims")
     op.execute("DROP TRIGGER project_quotas_usage_by_triggers ON project_quotas")
     for function in QUOTA_FUNCTIONS:
         op.execute(f"DROP FUNCTION {function}")
+    op.drop_table("project_reservations")
     op.drop_table("project_quotas")
     op.drop_index("ix_allocations_project_id", table_name="allocations")
     op.drop_constraint(
