@@ -274,7 +274,7 @@ def bare_claim_loop(url: str, clients: int, total: int, per_claim_checkout: bool
 # variable's value as a text parameter, and has no NULL (nor an empty value), so this
 # value stands for one.
 SAME_WORK_NULL = "-"
-SAME_WORK_NULLABLE = ("region", "region_code", "project")
+SAME_WORK_NULLABLE = ("region", "region_code")
 
 
 def pgbench_statement(sql: str, constants: dict[str, str]) -> str:
@@ -317,6 +317,11 @@ def same_work_scripts(engine: Engine, directory: Path) -> list[str]:
             # The mix boots no published image: no node image cache is required.
             "image_required": "false",
             "image_id": "NULL",
+            # The default project, with no quota, policy or reservation to avoid.
+            "project": "'default'",
+            "avoid_regions": "'{}'",
+            "avoid_nodes": "'{}'",
+            "allowed_regions": "NULL",
         }
         if shape is CapacityShape.BAREMETAL:
             snapshot, lock, ranking_sql = (
