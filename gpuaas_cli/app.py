@@ -6,6 +6,7 @@ Errors exit non-zero; with ``--json`` they print ``{"error": {"code", "message",
 
 from __future__ import annotations
 
+import datetime as dt
 import getpass
 import json
 import signal
@@ -735,6 +736,44 @@ def project_policy(
     run(
         as_json,
         lambda: project_result(control_plane().set_project_policy(project_id, region, family)),
+        render.render_project,
+    )
+
+
+@project_app.command("reserve")
+def project_reserve(
+    project_id: str,
+    sku: Annotated[str, typer.Option("--sku", help="The SKU whose GPUs are held.")],
+    region: Annotated[str, typer.Option("--region", help="The region they are held in.")],
+    gpus: Annotated[int, typer.Option("--gpus", help="How many GPUs.")],
+    node: Annotated[
+        list[str] | None, typer.Option("--node", help="Only on this node (repeatable).")
+    ] = None,
+    until: Annotated[
+        dt.datetime | None,
+        typer.Option("--until", help="When the reservation ends (ISO 8601; UTC if no zone)."),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Hold GPUs of a SKU in a region (or on named nodes) for a project: other projects
+    may not take the ones it has not used (docs/store-invariants.md, "Reserved capacity")."""
+    ends_at = until.replace(tzinfo=until.tzinfo or dt.UTC) if until else None
+
+    def reserve() -> dict[str, Any]:
+        view, reservation = control_plane().reserve_capacity(
+            project_id, sku, region, gpus, node, ends_at
+        )
+        return {"project": view.as_dict(), "reservation": reservation, "changed": True}
+
+    run(as_json, reserve, render.render_project)
+
+
+@project_app.command("unreserve")
+def project_unreserve(project_id: str, reservation: int, as_json: JsonFlag = False) -> None:
+    """Remove one of the project's reservations (by its id, shown by project show)."""
+    run(
+        as_json,
+        lambda: project_result(control_plane().unreserve_capacity(project_id, reservation)),
         render.render_project,
     )
 
