@@ -201,6 +201,14 @@ def render_occupancy(result: dict[str, Any]) -> None:
             for s in result["skus"]
         ],
     )
+    table(
+        "usage per project",
+        ["project", "GPUs in use", "allocations", "reserved GPUs not used yet"],
+        [
+            [p["project"], p["gpus_in_use"], p["allocations"], p["reserved_gpus"]]
+            for p in result.get("projects", [])
+        ],
+    )
 
 
 def render_images(rows: list[dict[str, Any]]) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from controlplane import fleet_picture
@@ -66,10 +67,36 @@ class SkuAvailability:
 
 
 @dataclass(frozen=True)
+class ProjectUsage:
+    """What a project's active claims hold and what its reservations keep for it."""
+
+    project: str
+    gpus_in_use: int
+    allocations: int
+    reserved_gpus: int
+
+
+@dataclass(frozen=True)
 class Occupancy:
     nodes: list[NodeOccupancy]
     skus: list[SkuAvailability]
     postures: dict[str, int]
+    projects: list[ProjectUsage] = field(default_factory=list)
+
+
+PROJECT_USAGE = text(
+    """
+SELECT p.id, u.gpus, u.allocations,
+       coalesce((SELECT sum(room.unused_gpus) FROM project_reservations r
+                 CROSS JOIN LATERAL reservation_room(r.id) room
+                 WHERE r.project_id = p.id AND (r.ends_at IS NULL OR r.ends_at > now())
+                   AND (CAST(:region AS text) IS NULL OR r.region_code = :region)), 0)
+FROM projects p
+CROSS JOIN LATERAL project_usage(p.id, NULL, NULL, CAST(:region AS text)) u
+WHERE p.state = 'active'
+ORDER BY p.id
+"""
+)
 
 
 def occupancy(session: Session, region: str | None = None) -> Occupancy:
@@ -136,7 +163,13 @@ def occupancy(session: Session, region: str | None = None) -> Occupancy:
                     placeable_gpu_counts=[n for n in allowed if n <= max(gpus, default=0)],
                 )
             )
-    return Occupancy(nodes=nodes, skus=skus, postures=dict(Counter(n.posture for n in nodes)))
+    projects = [ProjectUsage(*row) for row in session.execute(PROJECT_USAGE, {"region": region})]
+    return Occupancy(
+        nodes=nodes,
+        skus=skus,
+        postures=dict(Counter(n.posture for n in nodes)),
+        projects=projects,
+    )
 
 
 def picture(session: Session, region: str | None = None) -> fleet_picture.FleetPicture:

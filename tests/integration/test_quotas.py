@@ -269,6 +269,10 @@ def test_reserved_gpus_are_kept_for_their_project_until_it_uses_them(cp, engine)
     ]
     # Naming no region, acme goes to region-b.
     assert place(cp, 8).hostname.startswith("qb")
+    # Occupancy shows each project's usage and what its reservations still keep.
+    projects = {p.project: p for p in cp.occupancy().projects}
+    assert (projects["acme"].gpus_in_use, projects["acme"].allocations) == (16, 2)
+    assert (projects["beta"].gpus_in_use, projects["beta"].reserved_gpus) == (0, 24)
     # beta itself takes its reserved GPUs; what it uses no longer needs keeping.
     for _ in range(3):
         assert isinstance(place(cp, 8, region="region-a", project="beta"), Placement)
