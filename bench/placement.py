@@ -38,13 +38,18 @@ on) in a temporary directory, one database per phase, and removes it at the end:
    level is a fresh fleet analyzed while empty and bulk-filled with no ANALYZE after, as a
    morning rush leaves it (docs/store-invariants.md, "Plans and statistics").
 
+5. tenancy: the throughput mix spread over 50 projects, then the same with a quota on
+   every project and five region-wide reservations (alternating, ratios per round), and
+   the open loop at 100/s both ways (docs/store-invariants.md, "Projects, quotas and
+   policy").
+
 The process calls gc.freeze() once started, as a long-lived placing process should
 (docs/operations.md); --no-gc-freeze measures without it. Phases 1 and 2 run back to back
 in each of ``--rounds`` rounds (default 3); the summary gives the medians, and each
 scheduler/floor ratio is taken within its own round, since the load of a shared 2-core
 machine comes and goes between rounds.
 
-Usage: python bench/placement.py [--only floor|throughput|openloop|trace] [--rounds 3]
+Usage: python bench/placement.py [--only floor|throughput|openloop|trace|tenancy] [--rounds 3]
                                  [--trace-load 1.0 ...] [--rate 100 ...]
 """
 
@@ -75,6 +80,7 @@ import psycopg
 from sqlalchemy import Connection, Engine, create_engine, make_url, text
 
 from controlplane import db, migrate
+from controlplane.api import ControlPlane
 from controlplane.audit import CHECKS, audit
 from controlplane.embedded import EmbeddedPostgres
 from controlplane.enums import CapacityShape
@@ -92,6 +98,7 @@ from controlplane.scheduler.placement import (
 )
 from controlplane.scheduler.ranking import Policy
 from controlplane.services import allocations, wipes
+from controlplane.services.projects import QuotaScope
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
 
 SLICE = "h200-sxm-slice"
@@ -419,6 +426,7 @@ def throughput(
     total: int,
     candidates: int | None,
     mix: tuple[tuple[str, int], ...] = MIX,
+    projects: tuple[str, ...] = (),
 ) -> ThroughputResult:
     engine = db.create(url, pool_size=clients, max_overflow=0)
     scheduler = (
@@ -429,8 +437,11 @@ def throughput(
 
     def work(n: int, rng: random.Random, timed: bool) -> None:
         sku, gpus = rng.choice(mix)
+        project = rng.choice(projects) if projects else None
         start = time.perf_counter()
-        placed = scheduler.place(PlacementRequest(sku, gpus, requested_by=f"bench-{n}"))
+        placed = scheduler.place(
+            PlacementRequest(sku, gpus, project_id=project, requested_by=f"bench-{n}")
+        )
         end = time.perf_counter()
         if not timed:
             return
@@ -667,6 +678,82 @@ def run_throughput(
     return rate, statistics.median(lat), percentile(lat, 0.99)
 
 
+# -- 5. tenancy: the same load with quotas and reservations --------------------------------
+
+TENANCY_PROJECTS = tuple(f"tenant-{n:02d}" for n in range(50))
+# Generous enough that no request of the run is refused by its quota: the phase measures
+# what checking costs, not refusals. Five projects each hold 64 GPUs region-wide.
+TENANCY_GPU_LIMIT = 400
+TENANCY_ALLOCATION_LIMIT = 200
+TENANCY_RESERVED = 5
+TENANCY_RESERVED_GPUS = 64
+
+
+def tenancy_database(cluster: Cluster, name: str, fleet: FleetSpec, with_rules: bool) -> str:
+    """The fleet with the 50 projects; with their quotas and five reservations if asked."""
+    url = cluster.database(name, fleet)
+    engine = db.create(url)
+    cp = ControlPlane(engine)
+    for project in TENANCY_PROJECTS:
+        cp.create_project(project)
+        if with_rules:
+            cp.set_project_quota(project, QuotaScope(), TENANCY_GPU_LIMIT, TENANCY_ALLOCATION_LIMIT)
+    if with_rules:
+        for project in TENANCY_PROJECTS[:TENANCY_RESERVED]:
+            cp.reserve_capacity(project, SLICE, fleet.region, TENANCY_RESERVED_GPUS)
+    engine.dispose()
+    return url
+
+
+def run_tenancy(cluster: Cluster, fleet: FleetSpec, args: argparse.Namespace) -> None:
+    """Closed loop (the throughput mix, spread over 50 projects) and open loop at 100/s,
+    each without then with quotas on every project and five reservations, alternating in
+    each round; ratios within the round."""
+    print(
+        f"tenancy: {len(TENANCY_PROJECTS)} projects, each a quota of {TENANCY_GPU_LIMIT} GPUs "
+        f"and {TENANCY_ALLOCATION_LIMIT} allocations; {TENANCY_RESERVED} of them reserve "
+        f"{TENANCY_RESERVED_GPUS} GPUs region-wide; against the same projects without rules"
+    )
+    print(f"{'round':>5} {'rules':>6} {'placed/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'refused':>8}")
+    for number in range(1, args.rounds + 1):
+        found = {}
+        for with_rules in (False, True):
+            url = tenancy_database(cluster, f"bench_tenancy_{int(with_rules)}", fleet, with_rules)
+            run = throughput(
+                url, args.clients, args.placements, args.candidate_nodes, projects=TENANCY_PROJECTS
+            )
+            lat = [(end - start) * 1000 for start, end in run.spans]
+            found[with_rules] = (
+                run.placements / run.seconds,
+                statistics.median(lat),
+                percentile(lat, 0.99),
+            )
+            print(
+                f"{number:>5} {'on' if with_rules else 'off':>6} {found[with_rules][0]:>9.0f} "
+                f"{found[with_rules][1]:>7.1f} {found[with_rules][2]:>7.1f} "
+                f"{dict(run.unavailable) or 0!s:>8}; audit violations {run.audit_violations}"
+            )
+        print(
+            f"      with rules: throughput {found[True][0] / found[False][0]:.2f}x, "
+            f"p99 {found[True][2] / found[False][2]:.2f}x of the run without"
+        )
+    for with_rules in (False, True):
+        url = tenancy_database(cluster, f"bench_tenancy_open_{int(with_rules)}", fleet, with_rules)
+        engine = db.create(url, pool_size=OPEN_LOOP_POOL, max_overflow=0)
+        with engine.connect() as conn:
+            conn.execute(text("ANALYZE"))
+            conn.commit()
+        scheduler = Scheduler(engine, candidate_nodes=args.candidate_nodes or 16)
+        opened = open_loop(
+            scheduler, 100.0, args.open_loop_arrivals, args.seed, projects=TENANCY_PROJECTS
+        )
+        engine.dispose()
+        print(
+            f"open loop 100/s, rules {'on' if with_rules else 'off'}: placed {opened['placed']}, "
+            f"refused {opened['refused']}, p50 {opened['p50']:.1f} ms, p99 {opened['p99']:.1f} ms"
+        )
+
+
 def run_single_gpu(
     cluster: Cluster, fleet: FleetSpec, args: argparse.Namespace, floors: dict[str, float]
 ) -> float:
@@ -805,16 +892,20 @@ def open_loop(
     seed: int,
     sizes: tuple[int, ...] = OPEN_LOOP_SIZES,
     region: str | None = None,
+    projects: tuple[str, ...] = (),
 ) -> dict:
     """Poisson arrivals at ``rate``/s served by a pool of client threads; each latency runs
     from the request's arrival, so time spent queued for a thread or a connection counts.
     Untimed first: every pooled connection past psycopg's prepare threshold."""
     rng = random.Random(seed)
     schedule = [(rng.expovariate(rate), rng.choice(sizes)) for _ in range(arrivals)]
+    owners = [rng.choice(projects) if projects else None for _ in range(arrivals)]
 
-    def one(arrival: float, gpus: int) -> tuple[float, bool]:
+    def one(arrival: float, gpus: int, project: str | None) -> tuple[float, bool]:
         placed = scheduler.place(
-            PlacementRequest(SLICE, gpus, region=region, requested_by="open-loop")
+            PlacementRequest(
+                SLICE, gpus, region=region, project_id=project, requested_by="open-loop"
+            )
         )
         return time.perf_counter() - arrival, placed.placed
 
@@ -826,12 +917,12 @@ def open_loop(
         concurrent.futures.wait(warm)
         futures = []
         arrival = time.perf_counter()
-        for gap, gpus in schedule:
+        for (gap, gpus), project in zip(schedule, owners, strict=True):
             arrival += gap
             delay = arrival - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-            futures.append(pool.submit(one, arrival, gpus))
+            futures.append(pool.submit(one, arrival, gpus, project))
         done = [f.result() for f in futures]
     latencies = [seconds * 1000 for seconds, _ in done]
     return {
@@ -914,7 +1005,7 @@ def main() -> None:
     parser.add_argument("--open-loop-arrivals", type=int, default=400)
     parser.add_argument(
         "--only",
-        choices=["floor", "throughput", "openloop", "trace"],
+        choices=["floor", "throughput", "openloop", "trace", "tenancy"],
         action="append",
         help="run a subset",
     )
@@ -924,7 +1015,7 @@ def main() -> None:
         help="leave the start-up heap to Python's full collections (docs/operations.md)",
     )
     args = parser.parse_args()
-    phases = set(args.only or ["floor", "throughput", "openloop", "trace"])
+    phases = set(args.only or ["floor", "throughput", "openloop", "trace", "tenancy"])
     if not args.no_gc_freeze:
         # What a long-lived placing process does once started (docs/operations.md): the
         # imported modules' objects leave the collector's generations, so a full
@@ -963,6 +1054,8 @@ def main() -> None:
         if "trace" in phases:
             for load in args.trace_load or [1.0, 1.1]:
                 run_trace(cluster, args, load)
+        if "tenancy" in phases:
+            run_tenancy(cluster, fleet, args)
     finally:
         cluster.close()
 
