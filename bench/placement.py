@@ -327,8 +327,8 @@ def same_work_scripts(engine: Engine, directory: Path) -> list[str]:
             # The default project, with no quota, policy or reservation to avoid.
             "project": "'default'",
             "avoid_regions": "'{}'",
-            "avoid_nodes": "'{}'",
             "allowed_regions": "NULL",
+            "respect_reservations": "true",
         }
         if shape is CapacityShape.BAREMETAL:
             snapshot, lock, ranking_sql = (

@@ -250,6 +250,10 @@ class NodeCapacity(Base):
     busy_slots: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     slot_claims: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     exclusive_claims: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    # The project a reservation holds the node for, and until when (None: until removed),
+    # copied by trigger from project_reservation_nodes (controlplane/sql/quotas.sql).
+    reserved_for: Mapped[str | None] = mapped_column(String(100))
+    reserved_until: Mapped[dt.datetime | None]
 
     __table_args__ = (
         CheckConstraint(
@@ -447,11 +451,10 @@ class ProjectQuota(Base):
 
 
 class ProjectReservation(Base):
-    """GPUs of a SKU in a region held for a project (on named nodes when ``node_ids`` is
-    set) until ``ends_at`` (None: until removed). Other projects may not take the GPUs of
-    its scope that the project has not used yet: a deferred trigger checks, as each
-    placement of another project commits, that the scope keeps that many free
-    (controlplane/sql/quotas.sql; docs/store-invariants.md, "Reserved capacity")."""
+    """Whole nodes of a SKU's family in a region held for a project (at least ``gpus``
+    GPUs; the named nodes, or nodes free when it was made) until ``ends_at`` (None: until
+    removed). No other project is placed on them while it lasts; its project places there
+    as anywhere (docs/store-invariants.md, "Reserved capacity")."""
 
     __tablename__ = "project_reservations"
 
@@ -460,11 +463,25 @@ class ProjectReservation(Base):
     sku_id: Mapped[int] = mapped_column(ForeignKey("skus.id", ondelete="RESTRICT"))
     region_code: Mapped[str] = mapped_column(String(100))
     gpus: Mapped[int] = mapped_column(Integer)
-    node_ids: Mapped[list[uuid.UUID] | None] = mapped_column(ARRAY(UUID(as_uuid=True)))
     ends_at: Mapped[dt.datetime | None]
     created_at: Mapped[dt.datetime] = utcnow_column()
 
     __table_args__ = (CheckConstraint("gpus > 0", name="gpus_positive"),)
+
+
+class ProjectReservationNode(Base):
+    """A node a reservation holds: in one reservation at most (its primary key)."""
+
+    __tablename__ = "project_reservation_nodes"
+
+    node_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("nodes.id", ondelete="RESTRICT"), primary_key=True
+    )
+    reservation_id: Mapped[int] = mapped_column(
+        ForeignKey("project_reservations.id", ondelete="CASCADE")
+    )
+
+    __table_args__ = (Index("ix_project_reservation_nodes_reservation_id", "reservation_id"),)
 
 
 class Allocation(Base):

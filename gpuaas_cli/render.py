@@ -347,11 +347,10 @@ def render_project(result: dict[str, Any]) -> None:
     for quota in project["quotas"]:
         out.print(f"  quota {quota_line(quota)}")
     for r in project.get("reservations", []):
-        where = ", ".join(r["nodes"]) if r["nodes"] is not None else r["region"]
         until = f" until {r['ends_at']}" if r["ends_at"] else ""
         out.print(
-            f"  reservation {r['id']}: {r['gpus']} {r['sku']} GPUs in {where}{until} "
-            f"({r['unused_gpus']} not used yet, {r['free_gpus']} free there)"
+            f"  reservation {r['id']}: {r['gpus']} {r['sku']} GPUs in {r['region']}{until} "
+            f"on {', '.join(r['nodes'])} ({r['free_gpus']} of {r['held_gpus']} free)"
         )
     if "changed" in result and not result["changed"]:
         out.print("  (unchanged)")

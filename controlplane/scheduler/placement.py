@@ -71,14 +71,21 @@ IMAGE_CACHED_PREDICATE = """
 REGION_FILTER = """
     (CAST(:region AS text) IS NULL OR c.region_code = CAST(:region AS text))
     AND c.region_code <> ALL(CAST(:avoid_regions AS text[]))
-    AND c.node_id <> ALL(CAST(:avoid_nodes AS uuid[]))
     AND (CAST(:allowed_regions AS text[]) IS NULL
          OR c.region_code = ANY(CAST(:allowed_regions AS text[])))
 """
 
+# A node a reservation holds for another project is not a candidate while it lasts
+# (docs/store-invariants.md, "Reserved capacity"); the refusal diagnosis looks past
+# reservations (respect_reservations false) to tell reserved_capacity from no capacity.
+RESERVED_PREDICATE = """
+    (reserved_for IS NULL OR reserved_for = CAST(:project AS text) OR reserved_until <= now()
+     OR NOT CAST(:respect_reservations AS boolean))
+"""
+
 SLICE_NODE_FILTER = f"""
     c.slice_schedulable AND c.node_family = :family AND c.exclusive_claims = 0
-    AND {REGION_FILTER}
+    AND {REGION_FILTER} AND {RESERVED_PREDICATE}
     AND {IMAGE_CACHED_PREDICATE}
 """
 
@@ -138,6 +145,7 @@ WITH node_lock AS (
     SELECT node_id FROM node_capacity c
     WHERE node_id = ANY(CAST(:ranked AS uuid[])) AND free_gpus >= :gpus
       AND exclusive_claims = 0 AND slice_schedulable AND {IMAGE_CACHED_PREDICATE}
+      AND {RESERVED_PREDICATE}
     ORDER BY array_position(CAST(:ranked AS uuid[]), node_id)
     LIMIT 1
     FOR UPDATE SKIP LOCKED
@@ -192,7 +200,7 @@ _BAREMETAL_ORDER = {
 
 BAREMETAL_NODE_FILTER = f"""
     c.baremetal_schedulable AND c.node_family = :family AND c.gpu_count >= :gpus
-    AND {REGION_FILTER}
+    AND {REGION_FILTER} AND {RESERVED_PREDICATE}
 """
 
 BAREMETAL_SNAPSHOT = {
@@ -219,11 +227,12 @@ WHERE {BAREMETAL_NODE_FILTER}
 )
 
 BAREMETAL_LOCK = text(
-    """
+    f"""
 WITH node_lock AS (
     SELECT node_id FROM node_capacity
     WHERE node_id = ANY(CAST(:ranked AS uuid[])) AND baremetal_schedulable
       AND busy_slots = 0 AND slot_claims = 0 AND exclusive_claims = 0
+      AND {RESERVED_PREDICATE}
     ORDER BY array_position(CAST(:ranked AS uuid[]), node_id)
     LIMIT 1
     FOR UPDATE SKIP LOCKED
@@ -275,21 +284,20 @@ WHERE p.id = :project
 """
 )
 
-# Other projects' live reservations that may bind a request for this node family: their
-# scope, the GPUs free there and what their project has not used (reservation_room()).
-RESERVATIONS_QUERY = text(
+# Other projects' live reservations whose nodes could have taken a request: for the
+# reserved_capacity refusal (what is free there and for whom).
+RESERVED_FOR_OTHERS = text(
     """
-SELECT r.id, r.project_id, r.region_code, CAST(r.node_ids AS text[]), room.free_gpus,
-       room.unused_gpus
-FROM project_reservations r JOIN skus k ON k.id = r.sku_id
-CROSS JOIN LATERAL reservation_room(r.id) room
-WHERE r.project_id <> :project AND k.node_family = :family
+SELECT r.id, r.project_id, r.region_code, count(*) AS nodes, sum(c.free_gpus) AS free_gpus
+FROM project_reservations r
+JOIN project_reservation_nodes rn ON rn.reservation_id = r.id
+JOIN node_capacity c ON c.node_id = rn.node_id
+WHERE r.project_id <> CAST(:project AS text) AND c.node_family = :family
   AND (r.ends_at IS NULL OR r.ends_at > now())
-  AND (CAST(:region AS text) IS NULL OR r.region_code = CAST(:region AS text))
-  AND room.unused_gpus > 0
+  AND (CAST(:region AS text) IS NULL OR c.region_code = CAST(:region AS text))
+GROUP BY r.id ORDER BY r.id
 """
 )
-RESERVATIONS_EXIST = text("SELECT EXISTS (SELECT 1 FROM project_reservations)")
 
 SKU_QUERY = text(
     "SELECT id, slug, capacity_shape, node_family, allowed_gpu_counts FROM skus WHERE enabled"
@@ -306,14 +314,9 @@ RACE_CONSTRAINTS = frozenset(
 )
 
 
-# A quota's CHECK refused the lock (a concurrent placement of the project took the room),
-# or the reservation trigger refused its commit (another project's reserved GPUs).
+# A quota's CHECK refused the lock: a concurrent placement of the project took the room.
 QUOTA_CONSTRAINTS = frozenset(
-    {
-        "ck_project_quotas_gpus_within_limit",
-        "ck_project_quotas_allocations_within_limit",
-        "project_reservations_held",
-    }
+    {"ck_project_quotas_gpus_within_limit", "ck_project_quotas_allocations_within_limit"}
 )
 
 
@@ -446,9 +449,6 @@ class Scheduler:
         self.candidate_nodes = candidate_nodes
         self.max_attempts = max_attempts
         self._skus: tuple[float, dict[str, SkuInfo]] = (0.0, {})
-        # Whether any reservation exists, read with the SKUs (and again after the store
-        # refused a placement for one): without any, no placement reads them.
-        self._reservations: tuple[float, bool] = (0.0, True)
 
     def _sku(self, conn: Connection, slug: str) -> SkuInfo | None:
         loaded_at, skus = self._skus
@@ -492,12 +492,9 @@ class Scheduler:
                     else:
                         placed = self._place_slice(conn, request, sku, image, verdict)
                 except QuotaRaced:
-                    self._reservations = (0.0, True)
                     continue
-                if isinstance(placed, Unavailable) and (
-                    verdict.avoid_regions or verdict.avoid_nodes
-                ):
-                    return self._quota_or(conn, request, sku, verdict, placed)
+                if isinstance(placed, Unavailable) and placed.code == "sku_unavailable":
+                    return self._explain(conn, request, sku, verdict, placed)
                 return placed
             return Unavailable(
                 "sku_unavailable",
@@ -565,36 +562,9 @@ class Scheduler:
                 quotas.exceeded_message(verdict.exceeded),
                 verdict.exceeded,
             )
-        regions, nodes, binding = quotas.reserved_scopes(
-            self._held_rooms(conn, request, sku), request.gpu_count
-        )
-        return dataclasses.replace(
-            verdict,
-            allowed_regions=allowed_regions,
-            avoid_regions=tuple(sorted(set(verdict.avoid_regions) | regions)),
-            avoid_nodes=tuple(sorted(nodes)),
-            reserved=tuple(binding),
-        )
+        return dataclasses.replace(verdict, allowed_regions=allowed_regions)
 
-    def _held_rooms(
-        self, conn: Connection, request: PlacementRequest, sku: SkuInfo
-    ) -> list[quotas.HeldRoom]:
-        loaded_at, exist = self._reservations
-        if time.monotonic() - loaded_at > SKU_CACHE_SECONDS:
-            exist = conn.execute(RESERVATIONS_EXIST).scalar_one()
-            self._reservations = (time.monotonic(), exist)
-        if not exist:
-            return []
-        rows = conn.execute(
-            RESERVATIONS_QUERY,
-            {"project": project_of(request), "family": sku.node_family, "region": request.region},
-        ).all()
-        return [
-            quotas.HeldRoom(r[0], r[1], r[2], tuple(r[3]) if r[3] is not None else None, r[4], r[5])
-            for r in rows
-        ]
-
-    def _quota_or(
+    def _explain(
         self,
         conn: Connection,
         request: PlacementRequest,
@@ -602,38 +572,53 @@ class Scheduler:
         verdict: quotas.QuotaVerdict,
         refusal: Unavailable,
     ) -> Unavailable:
-        """A request kept out of full-quota regions or reserved scopes found nothing
-        elsewhere: if they had the capacity, the quota or the reservation refused it."""
-        params = {**self._common(request, sku, verdict), "avoid_regions": [], "avoid_nodes": []}
-        if sku.capacity_shape is CapacityShape.BAREMETAL:
-            fits = conn.execute(BAREMETAL_DIAGNOSIS, params).scalar_one() > 0
-        else:
-            params.update(image_id=None, image_required=False)
-            fits = conn.execute(SLICE_DIAGNOSIS, params).one()[2] >= request.gpu_count
-        if not fits:
+        """A request that found no capacity: if the regions its quota kept it out of had
+        the capacity, the quota refused it; if other projects' reserved nodes had it, their
+        reservations did. Read only on refusals."""
+        if refusal.reason in ("image_not_cached", "contended"):
             return refusal
-        if verdict.reserved:
-            rows = [room.row() for room in verdict.reserved]
-            free = max(room.free_gpus for room in verdict.reserved)
-            return Unavailable(
-                "reserved_capacity",
-                None,
-                f"{request.gpu_count} GPUs are free only where they are reserved for other "
-                "projects: "
-                + "; ".join(
-                    f"{r['reserved_gpus']} of {r['free_gpus']} free in {r['region']} for "
-                    f"{r['project']}"
-                    for r in rows
-                ),
-                {"requested_gpus": request.gpu_count, "free_gpus": free, "reserved": rows},
+        params = self._common(request, sku, verdict)
+        unavoided = {**params, "avoid_regions": []}
+        if verdict.avoid_regions and self._fits(conn, request, sku, unavoided):
+            _, rows = self._quota_rows(conn, request, sku)
+            exceeded = quotas.every_region_avoided(
+                project_of(request), rows, request.gpu_count, verdict.avoid_regions
             )
-        _, rows = self._quota_rows(conn, request, sku)
-        exceeded = quotas.every_region_avoided(
-            project_of(request), rows, request.gpu_count, verdict.avoid_regions
-        )
+            return Unavailable(
+                "quota_exceeded", exceeded["unit"], quotas.exceeded_message(exceeded), exceeded
+            )
+        past_reservations = {**params, "respect_reservations": False}
+        if self._fits(conn, request, sku, params) or not self._fits(
+            conn, request, sku, past_reservations
+        ):
+            return refusal
+        reserved = [
+            {
+                "reservation": r.id,
+                "project": r.project_id,
+                "region": r.region_code,
+                "nodes": r.nodes,
+                "free_gpus": r.free_gpus,
+            }
+            for r in conn.execute(RESERVED_FOR_OTHERS, params)
+        ]
         return Unavailable(
-            "quota_exceeded", exceeded["unit"], quotas.exceeded_message(exceeded), exceeded
+            "reserved_capacity",
+            None,
+            f"{request.gpu_count} GPUs are free only on nodes reserved for other projects: "
+            + "; ".join(
+                f"{r['free_gpus']} free on {r['nodes']} node(s) in {r['region']} for {r['project']}"
+                for r in reserved
+            ),
+            {"requested_gpus": request.gpu_count, "reserved": reserved},
         )
+
+    def _fits(
+        self, conn: Connection, request: PlacementRequest, sku: SkuInfo, params: dict[str, Any]
+    ) -> bool:
+        if sku.capacity_shape is CapacityShape.BAREMETAL:
+            return conn.execute(BAREMETAL_DIAGNOSIS, params).scalar_one() > 0
+        return conn.execute(SLICE_DIAGNOSIS, params).one()[2] >= request.gpu_count
 
     @staticmethod
     def _check_request(request: PlacementRequest, sku: SkuInfo | None) -> Unavailable | None:
@@ -664,7 +649,7 @@ class Scheduler:
     ) -> dict[str, Any]:
         return {
             "avoid_regions": list(verdict.avoid_regions) if verdict else [],
-            "avoid_nodes": uuid_array(verdict.avoid_nodes) if verdict else "{}",
+            "respect_reservations": True,
             "allowed_regions": verdict.allowed_regions if verdict else None,
             "family": sku.node_family,
             "region": request.region,

@@ -57,55 +57,11 @@ class QuotaRow:
 
 
 @dataclass(frozen=True)
-class HeldRoom:
-    """Another project's reservation that may bind the request: its scope (a region, or
-    named nodes in it), the GPUs free there and what its project has not used yet."""
-
-    reservation: int
-    project: str
-    region: str
-    node_ids: tuple[str, ...] | None
-    free_gpus: int
-    unused_gpus: int
-
-    def row(self) -> dict[str, Any]:
-        return {
-            "reservation": self.reservation,
-            "project": self.project,
-            "region": self.region,
-            "nodes": len(self.node_ids) if self.node_ids is not None else "all",
-            "free_gpus": self.free_gpus,
-            "reserved_gpus": self.unused_gpus,
-        }
-
-
-def reserved_scopes(held: Iterable[HeldRoom], gpus: int) -> tuple[set[str], set[str], list]:
-    """The regions and nodes a request of ``gpus`` GPUs must keep out of so that every
-    other project's reservation keeps its unused GPUs free, and those reservations."""
-    regions: set[str] = set()
-    nodes: set[str] = set()
-    binding = []
-    for room in held:
-        if room.free_gpus - gpus >= room.unused_gpus:
-            continue
-        binding.append(room)
-        if room.node_ids is None:
-            regions.add(room.region)
-        else:
-            nodes.update(room.node_ids)
-    return regions, nodes, binding
-
-
-@dataclass(frozen=True)
 class QuotaVerdict:
-    """Either a refusal (``exceeded``: the quota and its numbers) or the regions (and
-    nodes) to avoid."""
+    """Either a refusal (``exceeded``: the quota and its numbers) or the regions to avoid."""
 
     exceeded: dict[str, Any] | None = None
     avoid_regions: tuple[str, ...] = field(default_factory=tuple)
-    avoid_nodes: tuple[str, ...] = field(default_factory=tuple)
-    # Other projects' reservations that made the scheduler avoid their scope.
-    reserved: tuple[HeldRoom, ...] = field(default_factory=tuple)
     # The project's policy overlay: only these regions (None: any).
     allowed_regions: list[str] | None = None
 

@@ -68,7 +68,8 @@ class SkuAvailability:
 
 @dataclass(frozen=True)
 class ProjectUsage:
-    """What a project's active claims hold and what its reservations keep for it."""
+    """What a project's active claims hold, and the free GPUs on nodes its reservations
+    hold for it."""
 
     project: str
     gpus_in_use: int
@@ -87,10 +88,11 @@ class Occupancy:
 PROJECT_USAGE = text(
     """
 SELECT p.id, u.gpus, u.allocations,
-       coalesce((SELECT sum(room.unused_gpus) FROM project_reservations r
-                 CROSS JOIN LATERAL reservation_room(r.id) room
+       coalesce((SELECT sum(c.free_gpus) FROM project_reservations r
+                 JOIN project_reservation_nodes rn ON rn.reservation_id = r.id
+                 JOIN node_capacity c ON c.node_id = rn.node_id
                  WHERE r.project_id = p.id AND (r.ends_at IS NULL OR r.ends_at > now())
-                   AND (CAST(:region AS text) IS NULL OR r.region_code = :region)), 0)
+                   AND (CAST(:region AS text) IS NULL OR c.region_code = :region)), 0)
 FROM projects p
 CROSS JOIN LATERAL project_usage(p.id, NULL, NULL, CAST(:region AS text)) u
 WHERE p.state = 'active'

@@ -23,21 +23,41 @@ from controlplane.models import (
     Project,
     ProjectQuota,
     ProjectReservation,
+    ProjectReservationNode,
     Sku,
 )
 
 PROJECT_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
-# A project's reservations, the GPUs free in each scope and what it has not used yet.
+# A project's reservations: their nodes and the GPUs free on them now.
 RESERVATIONS = text(
     """
-SELECT r.id, k.slug, r.region_code, r.gpus, r.node_ids, r.ends_at, room.free_gpus,
-       room.unused_gpus
-FROM project_reservations r JOIN skus k ON k.id = r.sku_id
-CROSS JOIN LATERAL reservation_room(r.id) room
+SELECT r.id, k.slug, r.region_code, r.gpus, r.ends_at,
+       array_agg(n.hostname ORDER BY n.hostname) AS nodes,
+       coalesce(sum(c.free_gpus), 0) AS free_gpus, coalesce(sum(c.gpu_count), 0) AS held_gpus
+FROM project_reservations r
+JOIN skus k ON k.id = r.sku_id
+JOIN project_reservation_nodes rn ON rn.reservation_id = r.id
+JOIN nodes n ON n.id = rn.node_id
+JOIN node_capacity c ON c.node_id = rn.node_id
 WHERE r.project_id = :project
+GROUP BY r.id, k.slug
 ORDER BY r.id
 """
 )
+# Whole free nodes of a family in a region that no live reservation holds, for a new one;
+# their counters rows are the placement mutex, so no placement lands on them meanwhile.
+FREE_NODES = text(
+    """
+SELECT c.node_id, c.gpu_count FROM node_capacity c JOIN nodes n ON n.id = c.node_id
+WHERE c.region_code = :region AND c.node_family = :family
+  AND CASE WHEN :shape = 'baremetal' THEN c.baremetal_schedulable ELSE c.slice_schedulable END
+  AND c.busy_slots = 0 AND c.slot_claims = 0 AND c.exclusive_claims = 0
+  AND c.reserved_for IS NULL
+ORDER BY n.hostname
+FOR UPDATE OF c SKIP LOCKED
+"""
+)
+ENDED_RESERVATIONS = text("DELETE FROM project_reservations WHERE ends_at <= now()")
 
 
 @dataclass(frozen=True)
@@ -66,10 +86,11 @@ class ReservationView:
     sku: str
     region: str
     gpus: int
-    nodes: tuple[str, ...] | None
+    nodes: tuple[str, ...]
     ends_at: str | None
+    # GPUs on its nodes, and those of them free now (not used by the project yet).
+    held_gpus: int
     free_gpus: int
-    unused_gpus: int
 
 
 @dataclass(frozen=True)
@@ -121,10 +142,10 @@ def _view(session: Session, project: Project, with_quotas: bool) -> ProjectView:
                 r.slug,
                 r.region_code,
                 r.gpus,
-                hostnames(session, r.node_ids),
+                tuple(r.nodes),
                 r.ends_at.isoformat() if r.ends_at else None,
+                r.held_gpus,
                 r.free_gpus,
-                r.unused_gpus,
             )
             for r in session.execute(RESERVATIONS, {"project": project.id})
         )
@@ -143,12 +164,6 @@ def _view(session: Session, project: Project, with_quotas: bool) -> ProjectView:
         quotas,
         reservations,
     )
-
-
-def hostnames(session: Session, node_ids: list | None) -> tuple[str, ...] | None:
-    if node_ids is None:
-        return None
-    return tuple(sorted(session.scalars(select(Node.hostname).where(Node.id.in_(node_ids)))))
 
 
 def _get(session: Session, project_id: str, for_update: bool = False) -> Project:
@@ -322,10 +337,11 @@ def reserve(
     nodes: list[str] | None = None,
     ends_at: dt.datetime | None = None,
 ) -> tuple[ProjectView, int]:
-    """Hold ``gpus`` GPUs of ``sku`` in ``region`` (on ``nodes`` when named) for the
-    project until ``ends_at``; returns the project and the reservation's id. What it holds
-    counts toward the project's quota: a reservation larger than a GPU limit that covers
-    it is refused. It does not take GPUs other projects already hold."""
+    """Hold whole nodes of ``sku``'s family in ``region`` for the project until
+    ``ends_at``: the named ``nodes``, or free nodes until they have ``gpus`` GPUs. No other
+    project is placed on them while it lasts. What it holds counts toward the project's
+    quota: a reservation larger than a GPU limit that covers it is refused. Returns the
+    project and the reservation's id."""
     if gpus < 1:
         raise InvalidInput("invalid_gpus", f"a reservation holds 1 GPU or more, not {gpus}")
     if ends_at is not None and ends_at <= dt.datetime.now(dt.UTC):
@@ -341,24 +357,6 @@ def reserve(
     if found is None:
         raise InvalidInput("sku_not_found", f"no SKU {sku!r}")
     sku_id, shape, family = found
-    node_ids = None
-    if nodes:
-        rows = session.execute(
-            select(Node.hostname, Node.id, Node.region_code, Node.node_family).where(
-                Node.hostname.in_(nodes)
-            )
-        ).all()
-        known = {r.hostname: r for r in rows}
-        wrong = sorted(
-            set(nodes) - set(known)
-            | {h for h, r in known.items() if (r.region_code, r.node_family) != (region, family)}
-        )
-        if wrong:
-            raise InvalidInput(
-                "invalid_nodes",
-                f"not nodes of family {family} in {region}: {', '.join(wrong)}",
-            )
-        node_ids = [known[h].id for h in sorted(set(nodes))]
     covering = session.scalars(
         select(ProjectQuota).where(
             ProjectQuota.project_id == project.id,
@@ -376,17 +374,67 @@ def reserve(
             f"{covering.gpu_limit} GPUs that covers it",
             {"limit": covering.gpu_limit, "requested": gpus},
         )
+    # Ended reservations let their nodes go before new ones are chosen.
+    session.execute(ENDED_RESERVATIONS)
+    if nodes:
+        node_ids = named_nodes(session, sorted(set(nodes)), region, family)
+    else:
+        node_ids = []
+        held = 0
+        for row in session.execute(
+            FREE_NODES, {"region": region, "family": family, "shape": shape.value}
+        ):
+            if held >= gpus:
+                break
+            node_ids.append(row.node_id)
+            held += row.gpu_count
+        if held < gpus:
+            raise InvalidInput(
+                "not_enough_free_nodes",
+                f"only {held} GPUs are on whole free {family} nodes in {region} that no "
+                f"reservation holds, for {gpus} to reserve",
+                {"free_gpus": held, "requested": gpus},
+            )
     reservation = ProjectReservation(
-        project_id=project.id,
-        sku_id=sku_id,
-        region_code=region,
-        gpus=gpus,
-        node_ids=node_ids,
-        ends_at=ends_at,
+        project_id=project.id, sku_id=sku_id, region_code=region, gpus=gpus, ends_at=ends_at
     )
     session.add(reservation)
     session.flush()
+    session.add_all(
+        ProjectReservationNode(node_id=node_id, reservation_id=reservation.id)
+        for node_id in node_ids
+    )
+    session.flush()
     return _view(session, project, True), reservation.id
+
+
+def named_nodes(session: Session, hostnames: list[str], region: str, family: str) -> list:
+    """The named nodes' ids, refused unless each is a node of ``family`` in ``region`` that
+    no live reservation holds."""
+    rows = session.execute(
+        select(Node.hostname, Node.id, Node.region_code, Node.node_family).where(
+            Node.hostname.in_(hostnames)
+        )
+    ).all()
+    known = {r.hostname: r for r in rows}
+    wrong = sorted(
+        set(hostnames) - set(known)
+        | {h for h, r in known.items() if (r.region_code, r.node_family) != (region, family)}
+    )
+    if wrong:
+        raise InvalidInput(
+            "invalid_nodes", f"not nodes of family {family} in {region}: {', '.join(wrong)}"
+        )
+    taken = session.scalars(
+        select(Node.hostname)
+        .join(ProjectReservationNode, ProjectReservationNode.node_id == Node.id)
+        .where(Node.hostname.in_(hostnames))
+    ).all()
+    if taken:
+        raise InvalidInput(
+            "nodes_reserved", f"already held by a reservation: {', '.join(sorted(taken))}"
+        )
+    return [known[h].id for h in hostnames]
 
 
 def unreserve(session: Session, project_id: str, reservation_id: int) -> tuple[ProjectView, bool]:

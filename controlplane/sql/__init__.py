@@ -37,5 +37,5 @@ def apply(connection: Connection, name: str) -> None:
 
 def declared(kind: str) -> set[str]:
     """Names of the functions (``kind="FUNCTION"``) or triggers the files declare."""
-    pattern = re.compile(rf"CREATE (?:OR REPLACE |CONSTRAINT )?{kind} (\w+)")
+    pattern = re.compile(rf"CREATE OR REPLACE {kind} (\w+)")
     return {name for file in FILES for name in pattern.findall(read(file))}

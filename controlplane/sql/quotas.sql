@@ -127,72 +127,23 @@ CREATE OR REPLACE TRIGGER project_quotas_usage_by_triggers
     BEFORE INSERT OR UPDATE ON project_quotas
     FOR EACH ROW EXECUTE FUNCTION project_quotas_usage_by_triggers();
 
--- Reserved capacity (docs/store-invariants.md, "Reserved capacity"): a reservation's
--- scope (its SKU's node family in its region, or its named nodes), the GPUs free there
--- now, and what its project has not used of it yet.
-CREATE OR REPLACE FUNCTION reservation_room(
-    p_reservation bigint, OUT free_gpus integer, OUT unused_gpus integer)
-    LANGUAGE sql STABLE AS $$
-    WITH r AS (
-        SELECT res.*, k.node_family, k.capacity_shape
-        FROM project_reservations res JOIN skus k ON k.id = res.sku_id
-        WHERE res.id = p_reservation),
-    scope AS (
-        SELECT c.node_id, c.free_gpus, c.slice_schedulable, c.baremetal_schedulable
-        FROM node_capacity c, r
-        WHERE c.region_code = r.region_code AND c.node_family = r.node_family
-          AND (r.node_ids IS NULL OR c.node_id = ANY(r.node_ids)))
-    SELECT
-        (SELECT coalesce(sum(s.free_gpus), 0)::int FROM scope s, r
-         WHERE CASE WHEN r.capacity_shape = 'baremetal' THEN s.baremetal_schedulable
-                    ELSE s.slice_schedulable END),
-        (SELECT greatest(r.gpus - coalesce(sum(
-                    CASE WHEN c.claim_kind = 'slot' THEN 1 ELSE a.gpu_count END), 0), 0)::int
-         FROM r
-         LEFT JOIN allocations a ON a.project_id = r.project_id AND a.sku_id = r.sku_id
-         LEFT JOIN allocation_resource_claims c ON c.allocation_id = a.id AND c.state = 'active'
-              AND c.node_id IN (SELECT node_id FROM scope)
-         GROUP BY r.gpus)
-$$;
-
--- As a placement commits (deferred: the counters are final by then), each reservation of
--- another project whose scope holds the new claim's node must still find as many free
--- GPUs as its project has not used. Reservations are locked in id order, so placements
--- of other projects into one scope are judged one after another.
-CREATE OR REPLACE FUNCTION project_reservations_held() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    held record;
-    room record;
+-- Reserved capacity (docs/store-invariants.md, "Reserved capacity"): the node's counters
+-- row carries the project a reservation holds it for and until when, read by the
+-- placement statements like every other placement key.
+CREATE OR REPLACE FUNCTION node_capacity_on_reservation() RETURNS trigger
+    LANGUAGE plpgsql AS $$
 BEGIN
-    IF NEW.state <> 'active' OR NOT EXISTS (SELECT 1 FROM project_reservations) THEN
-        RETURN NULL;
+    IF TG_OP = 'INSERT' THEN
+        UPDATE node_capacity c SET reserved_for = r.project_id, reserved_until = r.ends_at
+        FROM project_reservations r
+        WHERE c.node_id = NEW.node_id AND r.id = NEW.reservation_id;
+    ELSE
+        UPDATE node_capacity SET reserved_for = NULL, reserved_until = NULL
+        WHERE node_id = OLD.node_id;
     END IF;
-    FOR held IN
-        SELECT res.id, res.project_id, res.region_code FROM project_reservations res
-        JOIN skus k ON k.id = res.sku_id
-        JOIN nodes n ON n.id = NEW.node_id
-        JOIN allocations a ON a.id = NEW.allocation_id
-        WHERE res.project_id <> a.project_id
-          AND (res.ends_at IS NULL OR res.ends_at > now())
-          AND res.region_code = n.region_code AND k.node_family = n.node_family
-          AND (res.node_ids IS NULL OR NEW.node_id = ANY(res.node_ids))
-        ORDER BY res.id
-        FOR UPDATE OF res
-    LOOP
-        SELECT * INTO room FROM reservation_room(held.id);
-        IF room.free_gpus < room.unused_gpus THEN
-            RAISE EXCEPTION 'GPUs reserved for project % in % (reservation %): % free, % reserved',
-                held.project_id, held.region_code, held.id, room.free_gpus, room.unused_gpus
-                USING ERRCODE = 'check_violation', CONSTRAINT = 'project_reservations_held';
-        END IF;
-    END LOOP;
     RETURN NULL;
 END
 $$;
--- A constraint trigger cannot be replaced in place: dropped and created again, so the file
--- still applies twice to the same end.
-DROP TRIGGER IF EXISTS project_reservations_held ON allocation_resource_claims;
-CREATE CONSTRAINT TRIGGER project_reservations_held
-    AFTER INSERT ON allocation_resource_claims
-    DEFERRABLE INITIALLY DEFERRED
-    FOR EACH ROW EXECUTE FUNCTION project_reservations_held();
+CREATE OR REPLACE TRIGGER node_capacity_on_reservation
+    AFTER INSERT OR DELETE ON project_reservation_nodes
+    FOR EACH ROW EXECUTE FUNCTION node_capacity_on_reservation();

@@ -382,7 +382,7 @@ def test_projects_and_quotas_from_the_command_line(registered):
     assert "sku h200-sxm-slice: 2/2 GPUs" in human.stdout, human.stdout + human.stderr
     reserve = ("project", "reserve", "acme", "--sku", "h200-sxm-slice", "--region", "r1")
     held = gpuaas(env, *reserve, "--gpus", "2", "--until", "2099-01-01T00:00:00")
-    assert "2 h200-sxm-slice GPUs in r1 until 2099-01-01T00:00:00+00:00" in held.stdout, (
+    assert "2 h200-sxm-slice GPUs in r1 until 2099-01-01T00:00:00+00:00 on " in held.stdout, (
         held.stdout + held.stderr
     )
     assert error_json(env, *reserve, "--gpus", "3")["code"] == "quota_exceeded"

@@ -35,8 +35,9 @@ PARAMS = {
     "image_id": None,
     "image_required": False,
     "avoid_regions": [],
-    "avoid_nodes": "{}",
     "allowed_regions": None,
+    "project": "default",
+    "respect_reservations": True,
 }
 
 
@@ -125,7 +126,7 @@ def test_the_locking_statement_locks_by_primary_key(filled):
         "allocation": "00000000-0000-0000-0000-000000000001",
         "sku_id": 1,
         "region_code": None,
-        "project": None,
+        "project": "default",
         "actor": "plan",
         "event": "{}",
     }

@@ -4,7 +4,9 @@ write whatever wrote it, and 16 processes placing against one quota at once."""
 
 from __future__ import annotations
 
+import datetime as dt
 import multiprocessing
+import time
 import uuid
 from concurrent.futures import ProcessPoolExecutor
 
@@ -247,14 +249,15 @@ def test_a_policy_overlay_refuses_before_any_lock_and_keeps_requests_inside(cp, 
         assert audit(conn) == []
 
 
-def test_reserved_gpus_are_kept_for_their_project_until_it_uses_them(cp, engine):
-    """region-a has 4 nodes x 8 GPUs; beta reserves 24 of them."""
+def test_reserved_nodes_are_kept_for_their_project(cp, engine):
+    """region-a has 4 nodes x 8 GPUs; beta reserves 24 GPUs there: three whole nodes."""
     cp.create_project("beta")
     view, reservation = cp.reserve_capacity("beta", SLICE, "region-a", 24)
     [held] = view.reservations
-    assert (held.id, held.free_gpus, held.unused_gpus) == (reservation, 32, 24)
-    # acme takes the 8 unreserved GPUs of region-a, then nothing more there.
-    assert isinstance(place(cp, 8, region="region-a"), Placement)
+    assert (held.id, len(held.nodes), held.held_gpus, held.free_gpus) == (reservation, 3, 24, 24)
+    # acme takes the one node no reservation holds, then nothing more in region-a.
+    first = place(cp, 8, region="region-a")
+    assert isinstance(first, Placement) and first.hostname not in held.nodes
     refused = place(cp, 1, region="region-a")
     assert isinstance(refused, Unavailable) and refused.code == "reserved_capacity"
     assert refused.details["reserved"] == [
@@ -262,83 +265,50 @@ def test_reserved_gpus_are_kept_for_their_project_until_it_uses_them(cp, engine)
             "reservation": reservation,
             "project": "beta",
             "region": "region-a",
-            "nodes": "all",
+            "nodes": 3,
             "free_gpus": 24,
-            "reserved_gpus": 24,
         }
     ]
     # Naming no region, acme goes to region-b.
     assert place(cp, 8).hostname.startswith("qb")
-    # Occupancy shows each project's usage and what its reservations still keep.
     projects = {p.project: p for p in cp.occupancy().projects}
     assert (projects["acme"].gpus_in_use, projects["acme"].allocations) == (16, 2)
     assert (projects["beta"].gpus_in_use, projects["beta"].reserved_gpus) == (0, 24)
-    # beta itself takes its reserved GPUs; what it uses no longer needs keeping.
+    # beta places on its reserved nodes like anywhere else.
     for _ in range(3):
-        assert isinstance(place(cp, 8, region="region-a", project="beta"), Placement)
-    assert cp.show_project("beta").reservations[0].unused_gpus == 0
+        placed = place(cp, 8, region="region-a", project="beta")
+        assert isinstance(placed, Placement) and placed.hostname in held.nodes
+    assert cp.show_project("beta").reservations[0].free_gpus == 0
     with engine.connect() as conn:
         assert audit(conn) == []
 
 
-def test_a_direct_claim_on_reserved_gpus_is_refused_by_the_store(cp, engine):
+def test_an_ended_or_removed_reservation_holds_nothing(cp):
     cp.create_project("beta")
-    cp.reserve_capacity("beta", SLICE, "region-a", 32)
-    with engine.begin() as conn:
-        node, slot = conn.execute(
-            text(
-                "SELECT s.node_id, s.id FROM node_resource_slots s JOIN nodes n"
-                " ON n.id = s.node_id WHERE n.region_code = 'region-a' LIMIT 1"
-            )
-        ).one()
-        sku = conn.execute(text("SELECT id FROM skus WHERE slug = :s"), {"s": SLICE}).scalar_one()
-    allocation = uuid.uuid4()
-    with (
-        pytest.raises(IntegrityError, match="reserved for project beta"),
-        engine.begin() as conn,
-    ):
-        conn.execute(
-            text(
-                "INSERT INTO allocations (id, capacity_shape, sku_id, gpu_count, node_id,"
-                " project_id) VALUES (:a, 'gpu_slice', :k, 1, :n, 'acme')"
-            ),
-            {"a": allocation, "k": sku, "n": node},
-        )
-        conn.execute(
-            text(
-                "UPDATE node_resource_slots SET status = 'reserved', generation = generation + 1"
-                " WHERE id = :s"
-            ),
-            {"s": slot},
-        )
-        conn.execute(
-            text(
-                "INSERT INTO allocation_resource_claims (allocation_id, node_id, slot_id,"
-                " claim_kind) VALUES (:a, :n, :s, 'slot')"
-            ),
-            {"a": allocation, "n": node, "s": slot},
-        )
-
-
-def test_an_ended_or_removed_reservation_holds_nothing(cp, engine):
-    cp.create_project("beta")
-    _, reservation = cp.reserve_capacity("beta", SLICE, "region-a", 32)
+    ends = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2)
+    cp.reserve_capacity("beta", SLICE, "region-a", 32, ends_at=ends)
     assert place(cp, 1, region="region-a").code == "reserved_capacity"
-    with engine.begin() as conn:
-        conn.execute(text("UPDATE project_reservations SET ends_at = now() - interval '1 s'"))
+    time.sleep(max((ends - dt.datetime.now(dt.UTC)).total_seconds(), 0) + 0.5)
     assert isinstance(place(cp, 1, region="region-a"), Placement)
-    with engine.begin() as conn:
-        conn.execute(text("UPDATE project_reservations SET ends_at = NULL"))
+    # A new reservation lets the ended one's nodes go first; removing it frees them.
+    _, reservation = cp.reserve_capacity("beta", SLICE, "region-a", 24)
+    assert place(cp, 8, region="region-a").code == "reserved_capacity"
     _, removed = cp.unreserve_capacity("beta", reservation)
     assert removed
-    assert isinstance(place(cp, 1, region="region-a"), Placement)
+    assert isinstance(place(cp, 8, region="region-a"), Placement)
 
 
-def test_a_reservation_beyond_the_projects_quota_is_refused(cp):
+def test_bad_reservations_are_refused_and_change_nothing(cp):
+    cp.create_project("beta")
     cp.set_project_quota("acme", QuotaScope(sku=SLICE), gpu_limit=8, allocation_limit=None)
     with pytest.raises(GpuaasError, match="exceeds the project's quota of 8 GPUs"):
         cp.reserve_capacity("acme", SLICE, "region-a", 16)
-    with pytest.raises(GpuaasError, match="not nodes of family"):
-        cp.reserve_capacity("acme", SLICE, "region-a", 4, nodes=["qb-0001", "nope"])
+    with pytest.raises(GpuaasError, match="not nodes of family h200-sxm in region-a: nope"):
+        cp.reserve_capacity("beta", SLICE, "region-a", 4, nodes=["nope"])
+    with pytest.raises(GpuaasError, match="only 32 GPUs are on whole free"):
+        cp.reserve_capacity("beta", SLICE, "region-a", 40)
+    assert cp.show_project("beta").reservations == ()
     view, _ = cp.reserve_capacity("acme", SLICE, "region-a", 8)
-    assert view.reservations[0].gpus == 8
+    [node] = view.reservations[0].nodes
+    with pytest.raises(GpuaasError, match=f"already held by a reservation: {node}"):
+        cp.reserve_capacity("beta", SLICE, "region-a", 8, nodes=[node])

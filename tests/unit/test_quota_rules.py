@@ -4,13 +4,11 @@ request, with its numbers, and which regions a request naming none must avoid.""
 from __future__ import annotations
 
 from controlplane.scheduler.quotas import (
-    HeldRoom,
     QuotaRow,
     every_region_avoided,
     exceeded_message,
     judge,
     policy_refusal,
-    reserved_scopes,
 )
 
 
@@ -81,13 +79,3 @@ def test_a_policy_names_the_rule_a_request_breaks():
     assert policy_refusal("p", ["r1"], None, "h200", None) is None
     assert policy_refusal("p", ["r1"], None, "h200", "r2")["rule"] == "region"
     assert policy_refusal("p", None, ["b200"], "h200", "r1")["rule"] == "node_family"
-
-
-def test_a_request_keeps_out_of_scopes_it_would_leave_short_of_their_reservation():
-    region_wide = HeldRoom(1, "beta", "r1", None, free_gpus=10, unused_gpus=8)
-    on_nodes = HeldRoom(2, "gamma", "r2", ("n1", "n2"), free_gpus=16, unused_gpus=4)
-    regions, nodes, binding = reserved_scopes([region_wide, on_nodes], 4)
-    assert (regions, nodes, binding) == ({"r1"}, set(), [region_wide])
-    regions, nodes, binding = reserved_scopes([region_wide, on_nodes], 13)
-    assert (regions, nodes) == ({"r1"}, {"n1", "n2"})
-    assert reserved_scopes([region_wide], 2) == (set(), set(), [])

@@ -10,9 +10,9 @@ active claims hold, in GPUs and allocations, over a scope (SKU, capacity shape, 
 or all). Its usage columns are kept by triggers on the claims (controlplane/sql/quotas.sql)
 in the statement that writes the claims, and CHECKs refuse a usage above a limit, so no
 interleaving of concurrent placements can exceed one (docs/store-invariants.md, "Quotas").
-``project_reservations`` hold GPUs of a SKU in a region (or on named nodes) for a project:
-a deferred constraint trigger refuses, as another project's placement commits, one that
-leaves the scope fewer free GPUs than the holder has not used yet.
+``project_reservations`` hold whole nodes for a project (``project_reservation_nodes``, a
+node in one at most); triggers copy the holder onto the node's counters row, which the
+placement statements read, so no other project is placed there while it lasts.
 
 Revision ID: 0017
 Revises: 0016
@@ -33,8 +33,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 QUOTA_FUNCTIONS = (
-    "project_reservations_held()",
-    "reservation_room(bigint)",
+    "node_capacity_on_reservation()",
     "project_quotas_usage_by_triggers()",
     "project_quotas_apply_claims()",
     "project_quotas_apply(uuid[], integer[], integer[])",
@@ -150,7 +149,6 @@ def upgrade() -> None:
         sa.Column("sku_id", sa.Integer(), nullable=False),
         sa.Column("region_code", sa.String(length=100), nullable=False),
         sa.Column("gpus", sa.Integer(), nullable=False),
-        sa.Column("node_ids", postgresql.ARRAY(sa.Uuid()), nullable=True),
         sa.Column("ends_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column(
             "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
@@ -170,6 +168,31 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_project_reservations")),
     )
+    op.create_table(
+        "project_reservation_nodes",
+        sa.Column("node_id", sa.Uuid(), nullable=False),
+        sa.Column("reservation_id", sa.BigInteger(), nullable=False),
+        sa.ForeignKeyConstraint(
+            ["node_id"],
+            ["nodes.id"],
+            name=op.f("fk_project_reservation_nodes_node_id_nodes"),
+            ondelete="RESTRICT",
+        ),
+        sa.ForeignKeyConstraint(
+            ["reservation_id"],
+            ["project_reservations.id"],
+            name=op.f("fk_project_reservation_nodes_reservation_id_project_reservations"),
+            ondelete="CASCADE",
+        ),
+        sa.PrimaryKeyConstraint("node_id", name=op.f("pk_project_reservation_nodes")),
+    )
+    op.create_index(
+        "ix_project_reservation_nodes_reservation_id",
+        "project_reservation_nodes",
+        ["reservation_id"],
+    )
+    op.add_column("node_capacity", sa.Column("reserved_for", sa.String(length=100)))
+    op.add_column("node_capacity", sa.Column("reserved_until", sa.DateTime(timezone=True)))
     sql.apply(op.get_bind(), sql.QUOTAS)
 
 
@@ -178,10 +201,13 @@ def downgrade() -> None:
         op.execute(
             f"DROP TRIGGER project_quotas_apply_claims_{event} ON allocation_resource_claims"
         )
-    op.execute("DROP TRIGGER project_reservations_held ON allocation_resource_claims")
+    op.execute("DROP TRIGGER node_capacity_on_reservation ON project_reservation_nodes")
     op.execute("DROP TRIGGER project_quotas_usage_by_triggers ON project_quotas")
     for function in QUOTA_FUNCTIONS:
         op.execute(f"DROP FUNCTION {function}")
+    op.drop_column("node_capacity", "reserved_until")
+    op.drop_column("node_capacity", "reserved_for")
+    op.drop_table("project_reservation_nodes")
     op.drop_table("project_reservations")
     op.drop_table("project_quotas")
     op.drop_index("ix_allocations_project_id", table_name="allocations")
