@@ -69,6 +69,12 @@ CHECKS: dict[str, str] = {
             FROM allocation_resource_claims WHERE node_id = n.id AND state = 'active') c ON true
         WHERE (k.free_slots, k.busy_slots, k.slot_claims, k.exclusive_claims)
               <> (s.free_slots, s.busy_slots, c.slot_claims, c.exclusive_claims)""",
+    "reservation_marks_drifted": """
+        SELECT c.node_id FROM node_capacity c
+        LEFT JOIN project_reservation_nodes rn ON rn.node_id = c.node_id
+        LEFT JOIN project_reservations r ON r.id = rn.reservation_id
+        WHERE c.reserved_for IS DISTINCT FROM r.project_id
+           OR c.reserved_until IS DISTINCT FROM r.ends_at""",
     "quota_usage_drifted": """
         SELECT q.id FROM project_quotas q
         CROSS JOIN LATERAL project_usage(q.project_id, q.sku_id, q.capacity_shape,
