@@ -745,9 +745,9 @@ def project_reserve(
     project_id: str,
     sku: Annotated[str, typer.Option("--sku", help="The SKU whose GPUs are held.")],
     region: Annotated[str, typer.Option("--region", help="The region they are held in.")],
-    gpus: Annotated[int, typer.Option("--gpus", help="How many GPUs.")],
+    gpus: Annotated[int, typer.Option("--gpus", help="How many GPUs (whole nodes).")],
     node: Annotated[
-        list[str] | None, typer.Option("--node", help="Only on this node (repeatable).")
+        list[str] | None, typer.Option("--node", help="Hold this node (repeatable).")
     ] = None,
     until: Annotated[
         dt.datetime | None,
@@ -755,8 +755,9 @@ def project_reserve(
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Hold GPUs of a SKU in a region (or on named nodes) for a project: other projects
-    may not take the ones it has not used (docs/store-invariants.md, "Reserved capacity")."""
+    """Hold whole nodes of a SKU's family in a region for a project (the named ones, or
+    free nodes carrying --gpus GPUs): no other project is placed on them while it lasts
+    (docs/store-invariants.md, "Reserved capacity")."""
     ends_at = until.replace(tzinfo=until.tzinfo or dt.UTC) if until else None
 
     def reserve() -> dict[str, Any]:
