@@ -79,19 +79,24 @@ def judge(project: str, quotas: Iterable[QuotaRow], gpus: int, region: str | Non
             continue
         if quota.region is not None and quota.region != region:
             continue
-        unit, limit, in_use, requested = short
-        return QuotaVerdict(
-            exceeded={
-                "project": project,
-                "unit": unit,
-                "limit": limit,
-                "in_use": in_use,
-                "requested": requested,
-                "scope": quota.scope(),
-                "quota": quota.describe(),
-            }
-        )
+        return QuotaVerdict(exceeded=exceeded_details(project, quota, short))
     return QuotaVerdict(avoid_regions=tuple(sorted(avoid)))
+
+
+def exceeded_details(
+    project: str, quota: QuotaRow, short: tuple[str, int, int, int]
+) -> dict[str, Any]:
+    """A quota_exceeded refusal's details: the quota, its scope and its numbers."""
+    unit, limit, in_use, requested = short
+    return {
+        "project": project,
+        "unit": unit,
+        "limit": limit,
+        "in_use": in_use,
+        "requested": requested,
+        "scope": quota.scope(),
+        "quota": quota.describe(),
+    }
 
 
 def exceeded_message(exceeded: dict[str, Any]) -> str:
@@ -108,17 +113,8 @@ def every_region_avoided(
     """The refusal when no region the request could use has room: the tightest of them."""
     rows = [q for q in quotas if q.region in set(avoided)]
     quota = min(rows, key=lambda q: q.describe())
-    unit, limit, in_use, requested = quota.short_of(gpus) or ("gpus", 0, 0, gpus)
-    return {
-        "project": project,
-        "unit": unit,
-        "limit": limit,
-        "in_use": in_use,
-        "requested": requested,
-        "scope": quota.scope(),
-        "quota": quota.describe(),
-        "regions_full": sorted(set(avoided)),
-    }
+    short = quota.short_of(gpus) or ("gpus", 0, 0, gpus)
+    return {**exceeded_details(project, quota, short), "regions_full": sorted(set(avoided))}
 
 
 def policy_refusal(
