@@ -897,9 +897,10 @@ def run_open_loop(cluster: Cluster, args: argparse.Namespace) -> list[float]:
 PLACEMENT_TABLES = ("nodes", "node_capacity", "node_resource_slots", "allocation_resource_claims")
 STATISTICS_STATE = text(
     """
-SELECT t.name, c.reltuples
+SELECT t.name, c.reltuples, s.analyze_count
 FROM unnest(CAST(:tables AS text[])) WITH ORDINALITY AS t(name, position)
 JOIN pg_class c ON c.oid = CAST(t.name AS regclass)
+JOIN pg_stat_all_tables s ON s.relid = c.oid
 ORDER BY t.position
 """
 )
@@ -920,12 +921,14 @@ def autovacuum_off(url: str) -> None:
 
 def statistics_state(engine: Engine) -> str:
     """What the planner knows of each placement table: nothing (``reltuples`` is -1 until
-    the first ANALYZE, and nothing here vacuums), or the row count of its last ANALYZE."""
+    the first ANALYZE, and nothing here vacuums), or the row count of its last ANALYZE
+    and how many there were."""
     with engine.connect() as conn:
         rows = conn.execute(STATISTICS_STATE, {"tables": list(PLACEMENT_TABLES)}).all()
     return ", ".join(
-        f"{name} " + (f"analyzed at {tuples:.0f} rows" if tuples >= 0 else "never analyzed")
-        for name, tuples in rows
+        f"{name} "
+        + (f"analyzed {count}x, last at {tuples:.0f} rows" if tuples >= 0 else "never analyzed")
+        for name, tuples, count in rows
     )
 
 
