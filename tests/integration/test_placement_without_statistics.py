@@ -1,12 +1,14 @@
 """Placement on a store whose tables were never analyzed (autovacuum off, or a fleet placed
 on before autovacuum's first pass): the snapshot reaches each candidate node's slots
-through that node's index entries whatever the statistics say
+through that node's index entries whatever the statistics say, and the control plane's
+own registration, import and approval calls take the statistics a new fleet needs
 (docs/store-invariants.md, "Plans and statistics"). The plans read are the generic plans
 the scheduler's connections run (prepared, ``plan_cache_mode=force_generic_plan``);
 nothing here is timed."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Iterator
@@ -15,10 +17,18 @@ import pytest
 from sqlalchemy import Engine, text
 
 from controlplane import db
-from controlplane.scheduler.placement import SLICE_LOCK, SLICE_SNAPSHOT
+from controlplane.api import ControlPlane
+from controlplane.audit import audit
+from controlplane.scheduler.placement import (
+    SLICE_LOCK,
+    SLICE_SNAPSHOT,
+    PlacementRequest,
+    Scheduler,
+)
 from controlplane.scheduler.ranking import Policy
-from gpuaas_lab.synthetic import FleetSpec, create_fleet
+from gpuaas_lab.synthetic import FleetSpec, create_fleet, register_fleet
 
+SLICE = "h200-sxm-slice"
 PARAMS = {
     "family": "h200-sxm",
     "region": None,
@@ -171,3 +181,43 @@ def test_the_snapshot_reads_slots_by_node_on_tables_never_analyzed(never_analyze
     )
     for table in (*SHAPE_TABLES, "allocation_resource_claims"):
         assert reltuples(never_analyzed, table) == -1, table
+
+
+@pytest.mark.slow
+def test_a_fleet_registered_through_the_control_plane_has_statistics_and_fills(never_analyzed):
+    """Registration, topology import and approval, one node at a time as the flows call
+    them: the control plane analyzes the tables they change (not the claims, which only
+    placements fill), and placements then fill every GPU."""
+    fleet = FleetSpec(nodes=100, baremetal_nodes=20, prefix="r")
+    register_fleet(ControlPlane(never_analyzed), fleet)
+
+    for table in SHAPE_TABLES:
+        assert reltuples(never_analyzed, table) > 0, table
+    assert reltuples(never_analyzed, "allocation_resource_claims") == -1
+    with never_analyzed.connect() as conn:
+        (common,) = conn.execute(
+            text(
+                "SELECT CAST(most_common_vals AS text) FROM pg_stats WHERE "
+                "schemaname = current_schema() AND tablename = 'node_resource_slots' "
+                "AND attname = 'status'"
+            )
+        ).one()
+    assert common == "{available}"
+
+    explained = generic_plan(never_analyzed, SLICE_SNAPSHOT[Policy.BEST_FIT], PARAMS)
+    assert_slots_reached_by_key(explained)
+    assert_slots_reached_by_key(
+        generic_plan(never_analyzed, SLICE_LOCK, lock_params(never_analyzed))
+    )
+
+    scheduler = Scheduler(never_analyzed)
+    placed, sizes = 0, itertools.cycle((1, 2, 4, 8))
+    while True:
+        gpus = next(sizes)
+        if scheduler.place(PlacementRequest(SLICE, gpus, requested_by="fill")).placed:
+            placed += gpus
+        elif gpus == 1:
+            break
+    assert placed == (fleet.nodes - fleet.baremetal_nodes) * 8
+    with never_analyzed.connect() as conn:
+        assert audit(conn) == []
