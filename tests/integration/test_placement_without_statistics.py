@@ -195,14 +195,15 @@ def test_a_fleet_registered_through_the_control_plane_has_statistics_and_fills(n
         assert reltuples(never_analyzed, table) > 0, table
     assert reltuples(never_analyzed, "allocation_resource_claims") == -1
     with never_analyzed.connect() as conn:
-        (common,) = conn.execute(
+        values, frequencies = conn.execute(
             text(
-                "SELECT CAST(most_common_vals AS text) FROM pg_stats WHERE "
-                "schemaname = current_schema() AND tablename = 'node_resource_slots' "
+                "SELECT CAST(most_common_vals AS text), most_common_freqs FROM pg_stats "
+                "WHERE schemaname = current_schema() AND tablename = 'node_resource_slots' "
                 "AND attname = 'status'"
             )
         ).one()
-    assert common == "{available}"
+    # Taken during the fleet's arrival: one node's slots at most were not yet approved.
+    assert values.strip("{}").split(",")[0] == "available" and frequencies[0] > 0.9
 
     explained = generic_plan(never_analyzed, SLICE_SNAPSHOT[Policy.BEST_FIT], PARAMS)
     assert_slots_reached_by_key(explained)
