@@ -22,9 +22,8 @@ STALE_TABLES = text(
     """
 SELECT CAST(CAST(c.oid AS regclass) AS text)
 FROM pg_class c
-JOIN pg_stat_all_tables t ON t.relid = c.oid
 WHERE c.oid = ANY(CAST(:tables AS regclass[]))
-  AND t.n_mod_since_analyze >
+  AND pg_stat_get_mod_since_analyze(c.oid) >
       CASE WHEN c.reltuples < 0 THEN 0
            ELSE current_setting('autovacuum_analyze_threshold')::float8
                 + current_setting('autovacuum_analyze_scale_factor')::float8 * c.reltuples
