@@ -37,6 +37,11 @@ on) in a temporary directory, one database per phase, and removes it at the end:
    request's arrival (queueing included), at fill levels empty, half, 90% and full; each
    level is a fresh fleet analyzed while empty and bulk-filled with no ANALYZE after, as a
    morning rush leaves it (docs/store-invariants.md, "Plans and statistics").
+5. never analyzed: the same open loop at 100/s (``--no-statistics-rate``) fills 1,000 nodes
+   (800 sliceable x 8) on three fresh fleets, autovacuum off for every table: analyzed
+   once while empty (the baseline), never analyzed (written with set-based SQL), and
+   registered, imported and approved node by node through the control plane; p50/p99,
+   placements/s and the p99 against the baseline, and what statistics each fleet had.
 
 5. tenancy: the throughput mix spread over 50 projects, then the same with a quota on
    every project and five region-wide reservations (alternating, ratios per round), and
@@ -49,8 +54,9 @@ in each of ``--rounds`` rounds (default 3); the summary gives the medians, and e
 scheduler/floor ratio is taken within its own round, since the load of a shared 2-core
 machine comes and goes between rounds.
 
-Usage: python bench/placement.py [--only floor|throughput|openloop|trace|tenancy] [--rounds 3]
-                                 [--trace-load 1.0 ...] [--rate 100 ...]
+Usage: python bench/placement.py [--only floor|throughput|openloop|nostats|trace|tenancy]
+                                 [--rounds 3] [--trace-load 1.0 ...] [--rate 100 ...]
+                                 [--no-statistics-rate 100]
 """
 
 from __future__ import annotations
@@ -99,7 +105,7 @@ from controlplane.scheduler.placement import (
 from controlplane.scheduler.ranking import Policy
 from controlplane.services import allocations, wipes
 from controlplane.services.projects import QuotaScope
-from gpuaas_lab.synthetic import FleetSpec, create_fleet
+from gpuaas_lab.synthetic import FleetSpec, create_fleet, register_fleet
 
 SLICE = "h200-sxm-slice"
 BAREMETAL = "h200-sxm-baremetal"
@@ -133,8 +139,8 @@ class Cluster:
         self.pg = EmbeddedPostgres(data_dir=self.parent / "pg", durable=True)
         self.pg.start()
 
-    def database(self, name: str, fleet: FleetSpec) -> str:
-        """A fresh, migrated database holding ``fleet``; returns its URL."""
+    def migrated(self, name: str) -> str:
+        """A fresh, migrated database without a fleet; returns its URL."""
         with psycopg.connect(
             host=str(self.pg.socket_dir), user=self.pg._role(), dbname="postgres", autocommit=True
         ) as conn:
@@ -143,6 +149,13 @@ class Cluster:
         url = self.pg.url(name)
         engine = db.create(url)
         migrate.upgrade(engine)
+        engine.dispose()
+        return url
+
+    def database(self, name: str, fleet: FleetSpec) -> str:
+        """A fresh, migrated database holding ``fleet``; returns its URL."""
+        url = self.migrated(name)
+        engine = db.create(url)
         create_fleet(engine, fleet)
         engine.dispose()
         return url
@@ -916,7 +929,7 @@ def open_loop(
         ]
         concurrent.futures.wait(warm)
         futures = []
-        arrival = time.perf_counter()
+        arrival = first = time.perf_counter()
         for (gap, gpus), project in zip(schedule, owners, strict=True):
             arrival += gap
             delay = arrival - time.perf_counter()
@@ -924,13 +937,17 @@ def open_loop(
                 time.sleep(delay)
             futures.append(pool.submit(one, arrival, gpus, project))
         done = [f.result() for f in futures]
+        elapsed = time.perf_counter() - first
     latencies = [seconds * 1000 for seconds, _ in done]
+    placed = sum(ok for _, ok in done)
     return {
-        "placed": sum(placed for _, placed in done),
-        "refused": sum(not placed for _, placed in done),
+        "placed": placed,
+        "refused": len(done) - placed,
         "p50": statistics.median(latencies),
         "p99": percentile(latencies, 0.99),
         "max": max(latencies),
+        # Placements per second from the first arrival to the last answer.
+        "throughput": placed / elapsed,
     }
 
 
@@ -969,6 +986,105 @@ def run_open_loop(cluster: Cluster, args: argparse.Namespace) -> list[float]:
     return p99s
 
 
+# -- 5. a store never analyzed ------------------------------------------------------------
+
+# The placement tables, whose statistics (or their absence) the phase reports.
+PLACEMENT_TABLES = ("nodes", "node_capacity", "node_resource_slots", "allocation_resource_claims")
+STATISTICS_STATE = text(
+    """
+SELECT t.name, c.reltuples, s.analyze_count
+FROM unnest(CAST(:tables AS text[])) WITH ORDINALITY AS t(name, position)
+JOIN pg_class c ON c.oid = CAST(t.name AS regclass)
+JOIN pg_stat_all_tables s ON s.relid = c.oid
+ORDER BY t.position
+"""
+)
+
+
+def autovacuum_off(url: str) -> None:
+    """No table of the database is ever analyzed behind the bench's back: autovacuum
+    (whose ANALYZE would come within a minute of the fleet's arrival) is off for each."""
+    engine = db.create(url)
+    with engine.begin() as conn:
+        tables = conn.execute(
+            text("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+        ).scalars()
+        for table in list(tables):
+            conn.execute(text(f'ALTER TABLE "{table}" SET (autovacuum_enabled = false)'))
+    engine.dispose()
+
+
+def statistics_state(engine: Engine) -> str:
+    """What the planner knows of each placement table: nothing (``reltuples`` is -1 until
+    the first ANALYZE, and nothing here vacuums), or the row count of its last ANALYZE
+    and how many there were."""
+    with engine.connect() as conn:
+        rows = conn.execute(STATISTICS_STATE, {"tables": list(PLACEMENT_TABLES)}).all()
+    return ", ".join(
+        f"{name} "
+        + (f"analyzed {count}x, last at {tuples:.0f} rows" if tuples >= 0 else "never analyzed")
+        for name, tuples, count in rows
+    )
+
+
+def run_no_statistics(cluster: Cluster, args: argparse.Namespace) -> None:
+    """The issue's fill at ``--no-statistics-rate`` (default 100/s) on three fresh fleets of
+    the same size, autovacuum off for every table: analyzed once while empty (the
+    baseline), never analyzed, and registered, imported and approved node by node through
+    the control plane's own calls (whatever statistics those calls keep)."""
+    fleet = FleetSpec(nodes=args.nodes, baremetal_nodes=args.nodes // 5, prefix="u")
+    slice_gpus = (fleet.nodes - fleet.baremetal_nodes) * fleet.slots_per_node
+    rate = args.no_statistics_rate
+    arrivals = math.ceil(1.1 * slice_gpus / statistics.mean(OPEN_LOOP_SIZES))
+    print(
+        f"never analyzed: {fleet.nodes - fleet.baremetal_nodes} sliceable nodes x 8 slots "
+        f"filled by {arrivals} Poisson arrivals at {rate:.0f}/s (sizes {OPEN_LOOP_SIZES}), "
+        f"{OPEN_LOOP_THREADS} client threads, a pool of {OPEN_LOOP_POOL}, durable commits; "
+        "autovacuum off for every table"
+    )
+    runs = (
+        ("analyzed once while empty", "bench_stats_analyzed"),
+        ("never analyzed", "bench_stats_never"),
+        ("registered through the control plane", "bench_stats_registered"),
+    )
+    print(
+        f"{'fleet':<38} {'placed':>7} {'refused':>8} {'p50 ms':>9} {'p99 ms':>9} "
+        f"{'placed/s':>9} {'p99 vs baseline':>16}"
+    )
+    baseline = None
+    states = []
+    for label, name in runs:
+        url = cluster.migrated(name)
+        autovacuum_off(url)
+        engine = db.create(url, pool_size=OPEN_LOOP_POOL, max_overflow=0)
+        started = time.perf_counter()
+        if name == "bench_stats_registered":
+            register_fleet(ControlPlane(engine), fleet)
+        else:
+            create_fleet(engine, fleet, analyze=False)
+        registered = time.perf_counter() - started
+        if name == "bench_stats_analyzed":
+            with engine.connect() as conn:
+                conn.execute(text("ANALYZE"))
+                conn.commit()
+        states.append((label, registered, statistics_state(engine)))
+        scheduler = Scheduler(engine, candidate_nodes=args.candidate_nodes or 16)
+        found = open_loop(scheduler, rate, arrivals, args.seed)
+        baseline = baseline or found
+        print(
+            f"{label:<38} {found['placed']:>7} {found['refused']:>8} {found['p50']:>9.1f} "
+            f"{found['p99']:>9.1f} {found['throughput']:>9.1f} "
+            f"{'x' + format(found['p99'] / baseline['p99'], '.2f'):>16}"
+        )
+        with engine.connect() as conn:
+            violations = audit(conn)
+        if violations:
+            print(f"  store audit violations: {sum(len(v.rows) for v in violations)}")
+        engine.dispose()
+    for label, registered, state in states:
+        print(f"  {label}: fleet written in {registered:.1f} s; at the first arrival: {state}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
@@ -1004,8 +1120,14 @@ def main() -> None:
     )
     parser.add_argument("--open-loop-arrivals", type=int, default=400)
     parser.add_argument(
+        "--no-statistics-rate",
+        type=float,
+        default=100.0,
+        help="arrival rate per second of the never-analyzed fills (default 100)",
+    )
+    parser.add_argument(
         "--only",
-        choices=["floor", "throughput", "openloop", "trace", "tenancy"],
+        choices=["floor", "throughput", "openloop", "nostats", "trace", "tenancy"],
         action="append",
         help="run a subset",
     )
@@ -1015,7 +1137,7 @@ def main() -> None:
         help="leave the start-up heap to Python's full collections (docs/operations.md)",
     )
     args = parser.parse_args()
-    phases = set(args.only or ["floor", "throughput", "openloop", "trace", "tenancy"])
+    phases = set(args.only or ["floor", "throughput", "openloop", "nostats", "trace", "tenancy"])
     if not args.no_gc_freeze:
         # What a long-lived placing process does once started (docs/operations.md): the
         # imported modules' objects leave the collector's generations, so a full
@@ -1051,6 +1173,8 @@ def main() -> None:
         summarise(rounds)
         if "openloop" in phases:
             run_open_loop(cluster, args)
+        if "nostats" in phases:
+            run_no_statistics(cluster, args)
         if "trace" in phases:
             for load in args.trace_load or [1.0, 1.1]:
                 run_trace(cluster, args, load)

@@ -96,6 +96,13 @@ SLICE_NODE_FILTER = f"""
 # slot claims cannot have a claim conflict, so only the others pay for that check. A
 # node of the page without any eligible slot still yields one row (slot columns NULL),
 # so the caller can tell an exhausted fleet from a page of ineligible nodes.
+#
+# The slots are read per page node whatever the statistics say: a LATERAL subquery with
+# its own ORDER BY is planned on its own (never merged into a join), the node's id a
+# parameter of every scan of it. As a plain join the plan hung on estimates: on tables
+# never analyzed the planner took `status = 'available'` for a rare value and rescanned
+# every available slot of the fleet for each page node (docs/store-invariants.md, "Plans
+# and statistics").
 SLICE_SNAPSHOT = {
     policy: text(
         f"""
@@ -109,8 +116,12 @@ WITH top AS (
 SELECT CAST(top.node_id AS text), top.hostname, top.clean, CAST(s.id AS text), s.slot_index,
        s.numa_node, s.gpu_count
 FROM top
-LEFT JOIN node_resource_slots s ON s.node_id = top.node_id
-    AND {SLOT_ROW_PREDICATE} AND (top.slot_claims = 0 OR {CLAIM_FREE_PREDICATE})
+LEFT JOIN LATERAL (
+    SELECT s.id, s.slot_index, s.numa_node, s.gpu_count
+    FROM node_resource_slots s
+    WHERE s.node_id = top.node_id
+      AND {SLOT_ROW_PREDICATE} AND (top.slot_claims = 0 OR {CLAIM_FREE_PREDICATE})
+    ORDER BY s.slot_index) s ON true
 """
     )
     for policy, order in _SLICE_ORDER.items()

@@ -20,6 +20,7 @@ from controlplane.models import Evidence, Node
 from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
+from controlplane.repositories import statistics
 from controlplane.secrets import is_secret_key
 
 HOSTNAME = re.compile(
@@ -221,6 +222,7 @@ def register(session: Session, spec: NodeSpec) -> tuple[Node, bool]:
     node.host_action_limit = spec.host_action_limit
     node.updated_at = dt.datetime.now(dt.UTC)
     session.flush()
+    statistics.analyze_if_stale(session)
     return node, created
 
 

@@ -24,6 +24,7 @@ from controlplane.models import Node, NodeResourceSlot
 from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
+from controlplane.repositories import statistics
 
 # Slot fields that come from discovery; a change to any of them needs re-approval.
 DISCOVERED_FIELDS = (
@@ -356,6 +357,7 @@ def import_topology(
         )
     # What the import did stays with its task: a sweep judges the node from the store.
     task.summary = {**summary, "import": asdict(result)}
+    statistics.analyze_if_stale(session)
     return result
 
 
@@ -438,6 +440,7 @@ def approve(
             node_id=node.id,
             slot_id=rows[index].id,
         )
+    statistics.analyze_if_stale(session)
     return result
 
 
