@@ -43,10 +43,10 @@ on) in a temporary directory, one database per phase, and removes it at the end:
    registered, imported and approved node by node through the control plane; p50/p99,
    placements/s and the p99 against the baseline, and what statistics each fleet had.
 
-5. tenancy: the throughput mix spread over 50 projects, then the same with a quota on
-   every project and five region-wide reservations (alternating, ratios per round), and
-   the open loop at 100/s both ways (docs/store-invariants.md, "Projects, quotas and
-   policy").
+6. tenancy: the throughput mix spread over 50 projects, and the open loop at 100/s, each
+   without and with a quota on every project and five region-wide reservations (order
+   swapped every round; ratios per round and their medians; docs/store-invariants.md,
+   "Projects, quotas and policy").
 
 The process calls gc.freeze() once started, as a long-lived placing process should
 (docs/operations.md); --no-gc-freeze measures without it. Phases 1 and 2 run back to back
@@ -691,7 +691,7 @@ def run_throughput(
     return rate, statistics.median(lat), percentile(lat, 0.99)
 
 
-# -- 5. tenancy: the same load with quotas and reservations --------------------------------
+# -- 6. tenancy: the same load with quotas and reservations --------------------------------
 
 TENANCY_PROJECTS = tuple(f"tenant-{n:02d}" for n in range(50))
 # Generous enough that no request of the run is refused by its quota: the phase measures
@@ -720,51 +720,72 @@ def tenancy_database(cluster: Cluster, name: str, fleet: FleetSpec, with_rules: 
 
 def run_tenancy(cluster: Cluster, fleet: FleetSpec, args: argparse.Namespace) -> None:
     """Closed loop (the throughput mix, spread over 50 projects) and open loop at 100/s,
-    each without then with quotas on every project and five reservations, alternating in
-    each round; ratios within the round."""
+    each without and with quotas on every project and five reservations, in each round;
+    ratios within the round, then their medians. The order swaps every round (off, on;
+    then on, off), so neither side always runs on the cluster the other has just written
+    to."""
     print(
         f"tenancy: {len(TENANCY_PROJECTS)} projects, each a quota of {TENANCY_GPU_LIMIT} GPUs "
         f"and {TENANCY_ALLOCATION_LIMIT} allocations; {TENANCY_RESERVED} of them reserve "
         f"{TENANCY_RESERVED_GPUS} GPUs region-wide; against the same projects without rules"
     )
-    print(f"{'round':>5} {'rules':>6} {'placed/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'refused':>8}")
+    print(
+        f"{'round':>5} {'rules':>6} {'placed/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'open p50':>9} {'open p99':>9} {'refused':>8}"
+    )
+    ratios: dict[str, list[float]] = {"throughput": [], "p99": [], "open-loop p99": []}
     for number in range(1, args.rounds + 1):
         found = {}
-        for with_rules in (False, True):
+        for with_rules in (False, True) if number % 2 else (True, False):
             url = tenancy_database(cluster, f"bench_tenancy_{int(with_rules)}", fleet, with_rules)
             run = throughput(
                 url, args.clients, args.placements, args.candidate_nodes, projects=TENANCY_PROJECTS
             )
             lat = [(end - start) * 1000 for start, end in run.spans]
+            url = tenancy_database(
+                cluster, f"bench_tenancy_open_{int(with_rules)}", fleet, with_rules
+            )
+            engine = db.create(url, pool_size=OPEN_LOOP_POOL, max_overflow=0)
+            with engine.connect() as conn:
+                conn.execute(text("ANALYZE"))
+                conn.commit()
+            opened = open_loop(
+                Scheduler(engine, candidate_nodes=args.candidate_nodes or 16),
+                100.0,
+                args.open_loop_arrivals,
+                args.seed + number,
+                projects=TENANCY_PROJECTS,
+            )
+            engine.dispose()
             found[with_rules] = (
                 run.placements / run.seconds,
                 statistics.median(lat),
                 percentile(lat, 0.99),
+                opened["p50"],
+                opened["p99"],
             )
+            refused = run.unavailable + Counter({"open loop": opened["refused"]})
             print(
                 f"{number:>5} {'on' if with_rules else 'off':>6} {found[with_rules][0]:>9.0f} "
-                f"{found[with_rules][1]:>7.1f} {found[with_rules][2]:>7.1f} "
-                f"{dict(run.unavailable) or 0!s:>8}; audit violations {run.audit_violations}"
+                + " ".join(
+                    f"{figure:>{width}.1f}"
+                    for figure, width in zip(found[with_rules][1:], (7, 7, 9, 9), strict=True)
+                )
+                + f" {dict(+refused) or 0!s:>8}; audit violations {run.audit_violations}"
             )
+        ratios["throughput"].append(found[True][0] / found[False][0])
+        ratios["p99"].append(found[True][2] / found[False][2])
+        ratios["open-loop p99"].append(found[True][4] / found[False][4])
         print(
-            f"      with rules: throughput {found[True][0] / found[False][0]:.2f}x, "
-            f"p99 {found[True][2] / found[False][2]:.2f}x of the run without"
+            "      with rules: "
+            + ", ".join(f"{name} {values[-1]:.2f}x" for name, values in ratios.items())
+            + " of the run without"
         )
-    for with_rules in (False, True):
-        url = tenancy_database(cluster, f"bench_tenancy_open_{int(with_rules)}", fleet, with_rules)
-        engine = db.create(url, pool_size=OPEN_LOOP_POOL, max_overflow=0)
-        with engine.connect() as conn:
-            conn.execute(text("ANALYZE"))
-            conn.commit()
-        scheduler = Scheduler(engine, candidate_nodes=args.candidate_nodes or 16)
-        opened = open_loop(
-            scheduler, 100.0, args.open_loop_arrivals, args.seed, projects=TENANCY_PROJECTS
-        )
-        engine.dispose()
-        print(
-            f"open loop 100/s, rules {'on' if with_rules else 'off'}: placed {opened['placed']}, "
-            f"refused {opened['refused']}, p50 {opened['p50']:.1f} ms, p99 {opened['p99']:.1f} ms"
-        )
+    print(
+        f"tenancy, median over {args.rounds} rounds, with rules against without: "
+        + ", ".join(f"{name} {statistics.median(values):.2f}x" for name, values in ratios.items())
+        + " (targets: throughput >= 0.90x, p99 <= 1.10x)"
+    )
 
 
 def run_single_gpu(
