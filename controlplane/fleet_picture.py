@@ -1,5 +1,6 @@
 """The fleet picture: nodes x slots coloured by what an operator needs to know of each slot,
-with a legend and counts per region and node family (docs/operations.md, "The fleet picture").
+with a legend, counts per region and node family, and what each project holds and has
+reserved (docs/operations.md, "The fleet picture").
 
 Pure: ``build`` takes rows the store already gives (node occupancy, slot statuses, SKUs) and
 the renderers turn the picture into a self-contained HTML page (``gpuaas occupancy --html``)
@@ -63,6 +64,9 @@ class Cell:
     gpu_count: int
     category: Category
     status: str
+    # The project whose allocation holds the slot (or the whole node), and that allocation.
+    project: str | None = None
+    allocation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,20 @@ class PictureNode:
     reason: str | None
     baremetal: bool
     cells: tuple[Cell, ...]
+    # The project a live reservation holds the whole node for.
+    reserved_for: str | None = None
+
+
+@dataclass(frozen=True)
+class ProjectLine:
+    """What one project holds among the nodes drawn, and what is reserved for it."""
+
+    project: str
+    gpus: int = 0
+    allocations: int = 0
+    reserved_nodes: int = 0
+    # GPUs free on the nodes reserved for it: what it alone can still take there.
+    reserved_free_gpus: int = 0
 
 
 @dataclass(frozen=True)
@@ -84,6 +102,7 @@ class FleetPicture:
     counts: dict[tuple[str, str], dict[Category, int]]
     # node family -> SKU slugs sold from it
     skus: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    projects: tuple[ProjectLine, ...] = ()
 
     def totals(self) -> dict[Category, int]:
         total: Counter[Category] = Counter()
@@ -98,8 +117,10 @@ def build(
     skus: Iterable[tuple[str, str]] = (),
 ) -> FleetPicture:
     """The picture from node occupancy rows (hostname, region_code, node_family, admin_state,
-    posture, admin_state_reason, exclusive, gpu_count), slot rows (hostname, slot_index,
-    status, gpu_count) and (SKU slug, node family) pairs."""
+    posture, admin_state_reason, exclusive, gpu_count; optionally reserved_for, and the
+    baremetal allocation's project and id as exclusive_project, exclusive_allocation),
+    slot rows (hostname, slot_index, status, gpu_count; optionally the holding
+    allocation's project and id) and (SKU slug, node family) pairs."""
     slots_of: dict[str, list[Mapping[str, Any]]] = {}
     for slot in slot_rows:
         slots_of.setdefault(slot["hostname"], []).append(slot)
@@ -113,6 +134,10 @@ def build(
                 gpu_count=slot["gpu_count"],
                 category=Category.BAREMETAL if baremetal else SLOT_CATEGORY[str(slot["status"])],
                 status=str(slot["status"]),
+                project=row.get("exclusive_project") if baremetal else slot.get("project"),
+                allocation=(
+                    row.get("exclusive_allocation") if baremetal else slot.get("allocation")
+                ),
             )
             for slot in sorted(slots_of.get(row["hostname"], []), key=lambda s: s["slot_index"])
         ) or (_whole_node(row),)
@@ -126,6 +151,7 @@ def build(
                 reason=row.get("admin_state_reason"),
                 baremetal=baremetal,
                 cells=cells,
+                reserved_for=row.get("reserved_for"),
             )
         )
         group = counts.setdefault((row["region_code"], row["node_family"]), Counter())
@@ -141,14 +167,51 @@ def build(
             for key, group in sorted(counts.items())
         },
         skus={family: tuple(sorted(slugs)) for family, slugs in families.items()},
+        projects=_project_lines(nodes),
+    )
+
+
+def _project_lines(nodes: Iterable[PictureNode]) -> tuple[ProjectLine, ...]:
+    """Per project, from the cells drawn: GPUs and allocations held, nodes reserved for it
+    and the GPUs still free on them."""
+    gpus: Counter[str] = Counter()
+    allocations: dict[str, set[str]] = {}
+    reserved_nodes: Counter[str] = Counter()
+    reserved_free: Counter[str] = Counter()
+    for node in nodes:
+        for cell in node.cells:
+            if cell.project is not None:
+                gpus[cell.project] += cell.gpu_count
+                allocations.setdefault(cell.project, set()).add(cell.allocation or "")
+        if node.reserved_for is not None:
+            reserved_nodes[node.reserved_for] += 1
+            reserved_free[node.reserved_for] += sum(
+                c.gpu_count for c in node.cells if c.category is Category.AVAILABLE
+            )
+    return tuple(
+        ProjectLine(
+            project=project,
+            gpus=gpus[project],
+            allocations=len(allocations.get(project, ())),
+            reserved_nodes=reserved_nodes[project],
+            reserved_free_gpus=reserved_free[project],
+        )
+        for project in sorted(set(gpus) | set(reserved_nodes))
     )
 
 
 def _whole_node(row: Mapping[str, Any]) -> Cell:
     """A node without slots (sold whole): baremetal when held, else by its admin state."""
     if row["exclusive"]:
-        category, status = Category.BAREMETAL, "allocated"
-    elif str(row["admin_state"]) == "available":
+        return Cell(
+            slot_index=None,
+            gpu_count=row["gpu_count"],
+            category=Category.BAREMETAL,
+            status="allocated",
+            project=row.get("exclusive_project"),
+            allocation=row.get("exclusive_allocation"),
+        )
+    if str(row["admin_state"]) == "available":
         category, status = Category.AVAILABLE, "available"
     else:
         category, status = Category.DISABLED, str(row["admin_state"])
@@ -165,7 +228,8 @@ def _svg_row(node: PictureNode) -> str:
             f'<rect class="slot" data-category="baremetal"'
             f' data-gpus="{sum(c.gpu_count for c in node.cells)}"'
             f' x="0" y="0" width="{width}" height="{CELL - GAP}" fill="{colour}">'
-            f"<title>{html.escape(node.hostname)}: one baremetal allocation</title>"
+            f"<title>{html.escape(node.hostname)}: one baremetal allocation"
+            f"{_held_by(node.cells[0])}</title>"
             "</rect>"
         )
     else:
@@ -178,7 +242,7 @@ def _svg_row(node: PictureNode) -> str:
                 f' x="{x}" y="0" width="{width}" height="{CELL - GAP}"'
                 f' fill="{STYLE[cell.category][0]}">'
                 f"<title>{html.escape(node.hostname)} {_where(cell)}: {cell.status},"
-                f" {cell.gpu_count} GPU(s)</title></rect>"
+                f" {cell.gpu_count} GPU(s){_held_by(cell)}</title></rect>"
             )
             x += cell.gpu_count * CELL
     width = max(sum(c.gpu_count for c in node.cells) * CELL, CELL)
@@ -190,6 +254,32 @@ def _svg_row(node: PictureNode) -> str:
 
 def _where(cell: Cell) -> str:
     return "whole node" if cell.slot_index is None else f"slot {cell.slot_index}"
+
+
+def _held_by(cell: Cell) -> str:
+    return f", project {html.escape(cell.project)}" if cell.project else ""
+
+
+def _posture(node: PictureNode) -> str:
+    """The node's posture, its reason and its reservation, as plain text."""
+    return (
+        node.posture
+        + (f" ({node.reason})" if node.reason else "")
+        + (f"; reserved for {node.reserved_for}" if node.reserved_for else "")
+    )
+
+
+PROJECT_HEADINGS = ("project", "GPUs held", "allocations", "reserved nodes", "free reserved GPUs")
+
+
+def _project_cells(line: ProjectLine) -> tuple[str, ...]:
+    return (
+        line.project,
+        str(line.gpus),
+        str(line.allocations),
+        str(line.reserved_nodes),
+        str(line.reserved_free_gpus),
+    )
 
 
 def to_html(picture: FleetPicture, title: str = "gpuaas fleet") -> str:
@@ -216,8 +306,26 @@ def to_html(picture: FleetPicture, title: str = "gpuaas fleet") -> str:
         f"<td>{html.escape(n.node_family)}</td>"
         f"<td>{html.escape(n.posture)}"
         + (f"<br><small>{html.escape(n.reason)}</small>" if n.reason else "")
+        + (
+            f'<br><small class="reserved">reserved for {html.escape(n.reserved_for)}</small>'
+            if n.reserved_for
+            else ""
+        )
         + f"</td><td>{_svg_row(n)}</td></tr>"
         for n in picture.nodes
+    )
+    project_rows = "".join(
+        f'<tr data-project="{html.escape(line.project)}">'
+        + "".join(f"<td>{html.escape(cell)}</td>" for cell in _project_cells(line))
+        + "</tr>"
+        for line in picture.projects
+    )
+    projects = (
+        '<table class="projects"><tr>'
+        + "".join(f"<th>{heading}</th>" for heading in PROJECT_HEADINGS)
+        + f"</tr>\n{project_rows}</table>"
+        if picture.projects
+        else ""
     )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -235,6 +343,7 @@ each slot is drawn as wide as its GPUs.</p>
 <ul class="legend">{legend}</ul>
 <table class="counts"><tr><th>region</th><th>node family</th><th>SKUs</th>{header}</tr>
 {count_rows}</table>
+{projects}
 <table class="nodes"><tr><th>node</th><th>region</th><th>family</th><th>posture</th>
 <th>slots</th></tr>
 {node_rows}</table>
@@ -260,9 +369,18 @@ def to_markdown(picture: FleetPicture) -> str:
             + " | ".join(str(counts[c]) for c in Category)
             + " |"
         )
+    if picture.projects:
+        lines += [
+            "",
+            "| " + " | ".join(PROJECT_HEADINGS) + " |",
+            "|" + "---|" * len(PROJECT_HEADINGS),
+        ]
+        lines += [
+            "| " + " | ".join(cell.replace("|", "/") for cell in _project_cells(line)) + " |"
+            for line in picture.projects
+        ]
     lines += ["", "| node | posture | slots |", "|---|---|---|"]
     for node in picture.nodes:
         squares = "".join(STYLE[c.category][1] * c.gpu_count for c in node.cells) or "-"
-        posture = node.posture + (f" ({node.reason})" if node.reason else "")
-        lines.append(f"| {node.hostname} | {posture.replace('|', '/')} | {squares} |")
+        lines.append(f"| {node.hostname} | {_posture(node).replace('|', '/')} | {squares} |")
     return "\n".join(lines)

@@ -120,7 +120,17 @@ SELECT n.id, n.hostname, n.region_code, n.node_family, n.profile_intent, n.admin
        EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.node_id = n.id
                AND c.state = 'active' AND c.claim_kind = 'node_exclusive') AS exclusive,
        (SELECT count(*) FROM allocation_resource_claims c WHERE c.node_id = n.id
-               AND c.state = 'active' AND c.claim_kind = 'slot') AS slot_claims
+               AND c.state = 'active' AND c.claim_kind = 'slot') AS slot_claims,
+       (SELECT a.project_id FROM allocation_resource_claims c
+        JOIN allocations a ON a.id = c.allocation_id
+        WHERE c.node_id = n.id AND c.state = 'active' AND c.claim_kind = 'node_exclusive')
+           AS exclusive_project,
+       (SELECT CAST(c.allocation_id AS text) FROM allocation_resource_claims c
+        WHERE c.node_id = n.id AND c.state = 'active' AND c.claim_kind = 'node_exclusive')
+           AS exclusive_allocation,
+       (SELECT k.reserved_for FROM node_capacity k
+        WHERE k.node_id = n.id AND (k.reserved_until IS NULL OR k.reserved_until > now()))
+           AS reserved_for
 FROM nodes n LEFT JOIN node_resource_slots s ON s.node_id = n.id
 WHERE n.retired_at IS NULL
 GROUP BY n.id
@@ -130,8 +140,11 @@ ORDER BY n.hostname
 
 SLOT_STATUS_SQL = text(
     """
-SELECT n.hostname, s.slot_index, s.status, s.gpu_count
+SELECT n.hostname, s.slot_index, s.status, s.gpu_count, a.project_id AS project,
+       CAST(a.id AS text) AS allocation
 FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id
+LEFT JOIN allocation_resource_claims c ON c.slot_id = s.id AND c.state = 'active'
+LEFT JOIN allocations a ON a.id = c.allocation_id
 WHERE n.retired_at IS NULL
 ORDER BY n.hostname, s.slot_index
 """
@@ -143,5 +156,6 @@ def node_occupancy_rows(session: Session) -> list[dict]:
 
 
 def slot_status_rows(session: Session) -> list[dict]:
-    """Every slot of the nodes in service: hostname, slot_index, status, gpu_count."""
+    """Every slot of the nodes in service: hostname, slot_index, status, gpu_count, and the
+    project and allocation of its active claim (None when free)."""
     return [dict(row._mapping) for row in session.execute(SLOT_STATUS_SQL)]

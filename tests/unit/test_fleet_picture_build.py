@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from controlplane.enums import SlotStatus
-from controlplane.fleet_picture import SLOT_CATEGORY, Category, build, to_html, to_markdown
+from controlplane.fleet_picture import (
+    SLOT_CATEGORY,
+    Category,
+    ProjectLine,
+    build,
+    to_html,
+    to_markdown,
+)
 
 
 def node(hostname, region="r1", family="h100", exclusive=False, reason=None, state="available"):
@@ -81,3 +88,35 @@ def test_a_node_without_slots_is_drawn_whole_by_its_allocation_or_admin_state():
         ("down", [(None, Category.DISABLED, 8)]),
     ]
     assert picture.totals()[Category.BAREMETAL] == 8
+
+
+def test_each_project_gets_its_gpus_allocations_and_reserved_nodes():
+    held = [
+        {**row, "project": "acme", "allocation": "a1"} for row in slots("a", "active", "active")
+    ]
+    picture = build(
+        [
+            node("a"),
+            {
+                **node("b", exclusive=True),
+                "exclusive_project": "acme",
+                "exclusive_allocation": "a2",
+            },
+            {**node("c"), "reserved_for": "globex"},
+        ],
+        held
+        + slots("b", "active", "active", gpus=4)
+        + [{**row, "project": "globex", "allocation": "g1"} for row in slots("c", "active")]
+        + [{**row, "slot_index": 1} for row in slots("c", "available")]
+        + [{**row, "slot_index": 2} for row in slots("c", "available", gpus=2)],
+    )
+    lines = {line.project: line for line in picture.projects}
+    assert (lines["acme"].gpus, lines["acme"].allocations, lines["acme"].reserved_nodes) == (
+        10,
+        2,
+        0,
+    )
+    assert lines["globex"] == ProjectLine("globex", 1, 1, 1, 3)
+    markdown = to_markdown(picture)
+    assert "| globex | 1 | 1 | 1 | 3 |" in markdown and "; reserved for globex |" in markdown
+    assert 'data-project="acme"' in to_html(picture)
