@@ -9,6 +9,8 @@ import zipfile
 from email.parser import Parser
 from pathlib import Path
 
+import yaml
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -34,9 +36,10 @@ def test_metadata_builds_without_deprecation_warnings(tmp_path):
 
 
 def test_every_collection_file_carries_the_collections_licence():
-    """galaxy.yml says GPL-3.0-or-later: so does every Python file the collection ships."""
-    galaxy = (REPO_ROOT / "galaxy.yml").read_text()
-    assert "GPL-3.0-or-later" in galaxy
+    """galaxy.yml says GPL-3.0-or-later: so does every Python file the collection ships,
+    and every role's meta/main.yml (Galaxy shows a role's own licence)."""
+    galaxy = yaml.safe_load((REPO_ROOT / "galaxy.yml").read_text())
+    assert galaxy["license"] == ["GPL-3.0-or-later"]
     header = "# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)"
     files = sorted((REPO_ROOT / "plugins").rglob("*.py"))
     without = [
@@ -45,6 +48,18 @@ def test_every_collection_file_carries_the_collections_licence():
         if f.name != "__init__.py" and header not in f.read_text().splitlines()[:5]
     ]
     assert files and without == []
+    roles = sorted(path for path in (REPO_ROOT / "roles").iterdir() if path.is_dir())
+    licences = {
+        role.name: yaml.safe_load((role / "meta" / "main.yml").read_text())["galaxy_info"]
+        for role in roles
+    }
+    disagreeing = {
+        name: info.get("license")
+        for name, info in licences.items()
+        if info.get("license") != "GPL-3.0-or-later"
+    }
+    assert roles
+    assert disagreeing == {}
 
 
 def test_the_release_artifacts_hold_what_a_controller_runs_and_nothing_else(tmp_path):
