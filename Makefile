@@ -4,12 +4,16 @@ VENV := $(CURDIR)/.venv
 export PATH := $(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup demo test test-lab lint sanity maas-script artifacts bench clean
+.PHONY: setup setup-demo demo test test-lab lint sanity maas-script artifacts bench clean
 
+# Set-up in two layers (scripts/setup.sh): what the demo needs, and the tests' tools on top.
 setup:
-	@scripts/setup.sh
+	@scripts/setup.sh test
 
-demo: setup
+setup-demo:
+	@scripts/setup.sh demo
+
+demo: setup-demo
 	gpuaas demo
 
 # The two test tiers (README, "Test tiers"): what every change passes, and the lab proofs.

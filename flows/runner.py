@@ -29,6 +29,7 @@ from typing import Any
 from sqlalchemy.engine import URL, make_url
 
 from controlplane.db import DATABASE_URL_ENV
+from controlplane.errors import GpuaasError
 from controlplane.paths import state_dir
 from controlplane.secrets import (
     environment_secrets,
@@ -433,13 +434,35 @@ class KeepEvents:
         return True
 
 
+def processed_hosts(events: list[dict[str, Any]]) -> set[str]:
+    """The hosts the play recap lists: every host a play matched and ran on."""
+    return {
+        host
+        for event in events
+        if event.get("event") == "playbook_on_stats"
+        for host in (event.get("event_data") or {}).get("processed") or {}
+    }
+
+
+def no_hosts_matched(run: PlaybookRun, artifact_dir: str) -> GpuaasError:
+    """ansible-playbook exits 0 when no play matches a host (an unparsed inventory, a wrong
+    limit): a run that did nothing must not read as one that succeeded."""
+    limit = f" under --limit {run.limit}" if run.limit else ""
+    return GpuaasError(
+        "no_hosts_matched",
+        f"{run.playbook} matched no host of its inventory{limit}: nothing ran",
+        {"playbook": run.playbook, "limit": run.limit, "artifact_dir": artifact_dir},
+    )
+
+
 def run_playbook(
     run: PlaybookRun,
     private_data_dir: Path | None = None,
     on_event: EventObserver | None = None,
 ) -> RunResult:
     """Run a playbook; the private data directory is kept, scrubbed of the run's secrets.
-    ``on_event`` sees each runner event as it arrives (see ``KeepEvents``)."""
+    ``on_event`` sees each runner event as it arrives (see ``KeepEvents``). A run that
+    matched no host raises ``no_hosts_matched``."""
     import ansible_runner
 
     collection = find_collection()
@@ -471,7 +494,10 @@ def run_playbook(
         finally:
             if (private_data_dir / "artifacts").is_dir():
                 scrub_artifacts(private_data_dir, secrets.known)
-    hosts, tasks = parse_events(list(runner.events), secrets.known)
+    events = list(runner.events)
+    hosts, tasks = parse_events(events, secrets.known)
+    if runner.status == "successful" and not (hosts or processed_hosts(events)):
+        raise no_hosts_matched(run, str(runner.config.artifact_dir))
     return RunResult(
         playbook=run.playbook,
         status=runner.status,

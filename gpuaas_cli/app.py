@@ -30,9 +30,11 @@ from controlplane.hostkeys import replace_file
 from controlplane.scheduler.placement import PlacementRequest, Unavailable
 from controlplane.services.inventory import NodeSpec
 from controlplane.services.requests import PlacedRequest
-from gpuaas_cli import lab, render
+from gpuaas_cli import helpfix, lab, render
 from gpuaas_cli.render import jsonable, out
 from gpuaas_cli.store import control_plane
+
+helpfix.install()
 
 HELP = (
     "Operate a gpuaas fleet: nodes, slots, allocations, the image catalog, storage "

@@ -183,7 +183,9 @@ def unavailable_reason() -> str | None:
     """Why lab hosts cannot run here, or None."""
     if os.geteuid() != 0:
         return "lab hosts need root (bridges, taps and the image build); run as root"
-    for tool in ("mmdebstrap", "qemu-system-x86_64", "qemu-img", "mkfs.ext4", "mkfs.vfat"):
+    if shutil.which("mmdebstrap") is None:
+        return "mmdebstrap is not installed (scripts/system-packages-test.txt)"
+    for tool in ("qemu-system-x86_64", "qemu-img", "mkfs.ext4", "mkfs.vfat"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed (scripts/system-packages.txt)"
     for tool in ("mcopy", "mmd", "sgdisk", "ssh", "ssh-keygen", "ip"):

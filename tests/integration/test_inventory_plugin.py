@@ -192,3 +192,20 @@ def test_host_vars_that_would_bypass_the_pinned_keys_are_refused(engine):
             cp.register_node(NodeSpec("j22u15", "r1", host_vars=host_vars))
         assert error.value.code == "host_key_checking_in_host_vars"
     assert cp.list_nodes() == []
+
+
+def test_a_host_list_on_the_command_line_is_an_inventory():
+    """`-i 10.0.0.5,` is the usual way to run a playbook against one host: the shipped
+    ansible.cfg parses it (host_list), where it used to warn, match no host and exit 0."""
+    listed = ansible(
+        "ansible-playbook",
+        "-i",
+        "10.0.0.5,",
+        "playbooks/bootstrap.yml",
+        "--list-hosts",
+        env=dict(os.environ),
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "Unable to parse" not in listed.stderr
+    first_play = listed.stdout.split("play #2")[0]
+    assert "hosts (1):" in first_play and "10.0.0.5" in first_play, listed.stdout

@@ -7,7 +7,12 @@ import sys
 import tarfile
 import zipfile
 from email.parser import Parser
+from importlib.metadata import distribution
 from pathlib import Path
+
+import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,9 +39,10 @@ def test_metadata_builds_without_deprecation_warnings(tmp_path):
 
 
 def test_every_collection_file_carries_the_collections_licence():
-    """galaxy.yml says GPL-3.0-or-later: so does every Python file the collection ships."""
-    galaxy = (REPO_ROOT / "galaxy.yml").read_text()
-    assert "GPL-3.0-or-later" in galaxy
+    """galaxy.yml says GPL-3.0-or-later: so does every Python file the collection ships,
+    and every role's meta/main.yml (Galaxy shows a role's own licence)."""
+    galaxy = yaml.safe_load((REPO_ROOT / "galaxy.yml").read_text())
+    assert galaxy["license"] == ["GPL-3.0-or-later"]
     header = "# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)"
     files = sorted((REPO_ROOT / "plugins").rglob("*.py"))
     without = [
@@ -45,6 +51,18 @@ def test_every_collection_file_carries_the_collections_licence():
         if f.name != "__init__.py" and header not in f.read_text().splitlines()[:5]
     ]
     assert files and without == []
+    roles = sorted(path for path in (REPO_ROOT / "roles").iterdir() if path.is_dir())
+    licences = {
+        role.name: yaml.safe_load((role / "meta" / "main.yml").read_text())["galaxy_info"]
+        for role in roles
+    }
+    disagreeing = {
+        name: info.get("license")
+        for name, info in licences.items()
+        if info.get("license") != "GPL-3.0-or-later"
+    }
+    assert roles
+    assert disagreeing == {}
 
 
 def test_the_release_artifacts_hold_what_a_controller_runs_and_nothing_else(tmp_path):
@@ -112,3 +130,41 @@ def build_outputs() -> set[str]:
     return {p.name for p in REPO_ROOT.iterdir()} | {
         f"build/{p.name}" for p in (REPO_ROOT / "build").glob("*")
     }
+
+
+def pins(name: str) -> dict[str, str]:
+    lines = (REPO_ROOT / name).read_text().split()
+    return {canonicalize_name(line.split("==")[0]): line for line in lines}
+
+
+def package_list(name: str) -> set[str]:
+    text = (REPO_ROOT / "scripts" / name).read_text()
+    return {line.split("#")[0].strip() for line in text.splitlines()} - {""}
+
+
+def runtime_closure(*roots: str) -> set[str]:
+    """The installed distributions the roots need without extras (markers evaluated here)."""
+    needed: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in needed:
+            continue
+        needed.add(name)
+        for line in distribution(name).requires or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    return needed
+
+
+def test_the_demo_layer_holds_what_the_product_and_the_lab_need():
+    """make demo installs requirements.lock and scripts/system-packages.txt only: everything
+    the project and the lab package need at run time is pinned there, the test layer adds
+    only what nothing outside the tests needs, and no pin or package is in both layers."""
+    demo, test = pins("requirements.lock"), pins("requirements-test.lock")
+    assert all("==" in line for line in [*demo.values(), *test.values()])
+    assert demo.keys() & test.keys() == set()
+    needed = runtime_closure("gpuaas-fleet", "gpuaas-fleet-lab")
+    assert needed & test.keys() == set()
+    assert package_list("system-packages.txt") & package_list("system-packages-test.txt") == set()

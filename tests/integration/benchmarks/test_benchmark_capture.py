@@ -29,7 +29,7 @@ TOOLS = ("sysbench", "fio", "iperf3")
 def iperf_server(tmp_path):
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing:
-        pytest.skip(f"not installed: {missing} (scripts/system-packages.txt)")
+        pytest.skip(f"not installed: {missing} (scripts/system-packages-test.txt)")
     port = free_port()
     with open(tmp_path / "iperf3.log", "wb") as log:
         server = subprocess.Popen(

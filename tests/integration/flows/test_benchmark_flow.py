@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("prefect")]
 @pytest.fixture
 def nodes(tmp_path, database_url, monkeypatch, prefect_harness) -> ControlPlane:
     if shutil.which("sysbench") is None:
-        pytest.skip("sysbench is not installed (scripts/system-packages.txt)")
+        pytest.skip("sysbench is not installed (scripts/system-packages-test.txt)")
     monkeypatch.setenv("GPUAAS_DATABASE_URL", database_url)
     monkeypatch.setenv("GPUAAS_RUNS_DIR", str(tmp_path / "runs"))
     cp = ControlPlane.from_environment()

@@ -45,7 +45,9 @@ def debian_slice_node(tmp_path, database_url, monkeypatch, prefect_harness):
         unavailable_reason()
         or guest_unavailable_reason()
         or (
-            f"{', '.join(missing)} not installed (scripts/system-packages.txt)" if missing else None
+            f"{', '.join(missing)} not installed (scripts/system-packages-test.txt)"
+            if missing
+            else None
         )
     )
     cp = flow_control_plane(reason, tmp_path, database_url, monkeypatch)
