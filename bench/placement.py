@@ -342,6 +342,7 @@ def same_work_scripts(engine: Engine, directory: Path) -> list[str]:
             "avoid_regions": "'{}'",
             "allowed_regions": "NULL",
             "respect_reservations": "true",
+            "own_reserved_only": "false",
         }
         if shape is CapacityShape.BAREMETAL:
             snapshot, lock, ranking_sql = (

@@ -83,9 +83,18 @@ RESERVED_PREDICATE = """
      OR NOT CAST(:respect_reservations AS boolean))
 """
 
+# A project that holds a reservation is placed on its own reserved nodes first (a pass
+# with own_reserved_only), and elsewhere only when they have no room: what it reserved is
+# used before the capacity every project shares.
+OWN_RESERVED_PREDICATE = """
+    (NOT CAST(:own_reserved_only AS boolean)
+     OR (c.reserved_for = CAST(:project AS text)
+         AND (c.reserved_until IS NULL OR c.reserved_until > now())))
+"""
+
 SLICE_NODE_FILTER = f"""
     c.slice_schedulable AND c.node_family = :family AND c.exclusive_claims = 0
-    AND {REGION_FILTER} AND {RESERVED_PREDICATE}
+    AND {REGION_FILTER} AND {RESERVED_PREDICATE} AND {OWN_RESERVED_PREDICATE}
     AND {IMAGE_CACHED_PREDICATE}
 """
 
@@ -211,7 +220,7 @@ _BAREMETAL_ORDER = {
 
 BAREMETAL_NODE_FILTER = f"""
     c.baremetal_schedulable AND c.node_family = :family AND c.gpu_count >= :gpus
-    AND {REGION_FILTER} AND {RESERVED_PREDICATE}
+    AND {REGION_FILTER} AND {RESERVED_PREDICATE} AND {OWN_RESERVED_PREDICATE}
 """
 
 BAREMETAL_SNAPSHOT = {
@@ -285,7 +294,9 @@ LEFT JOIN (claim CROSS JOIN alloc) ON true
 QUOTA_QUERY = text(
     """
 SELECT p.state, s.slug, q.capacity_shape, q.region_code, q.gpu_limit, q.allocation_limit,
-       q.gpus_used, q.allocations_used, p.allowed_regions, p.allowed_node_families
+       q.gpus_used, q.allocations_used, p.allowed_regions, p.allowed_node_families,
+       EXISTS (SELECT 1 FROM project_reservations r WHERE r.project_id = p.id
+               AND (r.ends_at IS NULL OR r.ends_at > now())) AS holds_reservation
 FROM projects p
 LEFT JOIN project_quotas q ON q.project_id = p.id
     AND (q.sku_id IS NULL OR q.sku_id = :sku_id)
@@ -437,6 +448,12 @@ def placed_event(shape: CapacityShape, sku: SkuInfo, gpus: int) -> str:
     return json.dumps({"capacity_shape": shape.value, "sku": sku.slug, "gpu_count": gpus})
 
 
+def _passes(verdict: quotas.QuotaVerdict) -> tuple[bool, ...]:
+    """The candidate passes of a placement: its project's own reserved nodes first when it
+    holds a reservation, then every node it may use."""
+    return (True, False) if verdict.holds_reservation else (False,)
+
+
 @dataclass
 class _Race:
     """What one request lost to concurrent ones: locking statements and candidates."""
@@ -573,7 +590,9 @@ class Scheduler:
                 quotas.exceeded_message(verdict.exceeded),
                 verdict.exceeded,
             )
-        return dataclasses.replace(verdict, allowed_regions=allowed_regions)
+        return dataclasses.replace(
+            verdict, allowed_regions=allowed_regions, holds_reservation=found[10]
+        )
 
     def _explain(
         self,
@@ -661,6 +680,7 @@ class Scheduler:
         return {
             "avoid_regions": list(verdict.avoid_regions) if verdict else [],
             "respect_reservations": True,
+            "own_reserved_only": False,
             "allowed_regions": verdict.allowed_regions if verdict else None,
             "family": sku.node_family,
             "region": request.region,
@@ -707,11 +727,29 @@ class Scheduler:
         if image is not None:
             params.update(image_id=image[0], image_required=image[1])
         race = _Race()
+        for own_reserved_only in _passes(verdict):
+            placed = self._slice_pass(
+                conn, {**params, "own_reserved_only": own_reserved_only}, request, sku, race
+            )
+            if placed is not None:
+                return placed
+        return self._diagnose_slice(conn, params, request, race)
+
+    def _slice_pass(
+        self,
+        conn: Connection,
+        params: dict[str, Any],
+        request: PlacementRequest,
+        sku: SkuInfo,
+        race: _Race,
+    ) -> Placement | None:
+        """Page through the candidates the filter admits until one is locked; None when
+        they run out or the attempts do."""
         offset = 0
         while race.attempts < self.max_attempts:
             snapshot = self._slice_snapshot(conn, params, offset)
             if not snapshot:
-                break
+                return None
             choices = ranking.rank_slice_nodes(
                 snapshot, request.gpu_count, params["salt"], self.policy
             )
@@ -722,7 +760,7 @@ class Scheduler:
             if placed is not None:
                 return placed
             offset = 0
-        return self._diagnose_slice(conn, params, request, race)
+        return None
 
     def _lock_slice(
         self,
@@ -846,8 +884,28 @@ class Scheduler:
         verdict: quotas.QuotaVerdict,
     ) -> Placement | Unavailable:
         params = self._common(request, sku, verdict)
-        event = placed_event(CapacityShape.BAREMETAL, sku, request.gpu_count)
         race = _Race()
+        candidates_seen = False
+        for own_reserved_only in _passes(verdict):
+            placed, seen = self._baremetal_pass(
+                conn, {**params, "own_reserved_only": own_reserved_only}, request, sku, race
+            )
+            if placed is not None:
+                return placed
+            candidates_seen = candidates_seen or seen
+        return self._diagnose_baremetal(conn, params, request, race, candidates_seen)
+
+    def _baremetal_pass(
+        self,
+        conn: Connection,
+        params: dict[str, Any],
+        request: PlacementRequest,
+        sku: SkuInfo,
+        race: _Race,
+    ) -> tuple[Placement | None, bool]:
+        """Lock the best free node the filter admits; None when they run out or the
+        attempts do, and whether any candidate was seen."""
+        event = placed_event(CapacityShape.BAREMETAL, sku, request.gpu_count)
         candidates_seen = False
         while race.attempts < self.max_attempts:
             rows = conn.execute(
@@ -890,7 +948,17 @@ class Scheduler:
                 claims=(claim,),
                 attempts=race.attempts,
                 passed_over=race.passed_over,
-            )
+            ), True
+        return None, candidates_seen
+
+    @staticmethod
+    def _diagnose_baremetal(
+        conn: Connection,
+        params: dict[str, Any],
+        request: PlacementRequest,
+        race: _Race,
+        candidates_seen: bool,
+    ) -> Unavailable:
         eligible = conn.execute(BAREMETAL_DIAGNOSIS, params).scalar_one()
         details = {
             "requested_gpus": request.gpu_count,

@@ -64,6 +64,8 @@ class QuotaVerdict:
     avoid_regions: tuple[str, ...] = field(default_factory=tuple)
     # The project's policy overlay: only these regions (None: any).
     allowed_regions: list[str] | None = None
+    # The project holds a live reservation: its reserved nodes are tried first.
+    holds_reservation: bool = False
 
 
 def judge(project: str, quotas: Iterable[QuotaRow], gpus: int, region: str | None) -> QuotaVerdict:

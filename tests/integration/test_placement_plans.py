@@ -38,6 +38,7 @@ PARAMS = {
     "allowed_regions": None,
     "project": "default",
     "respect_reservations": True,
+    "own_reserved_only": False,
 }
 
 

@@ -42,6 +42,7 @@ PARAMS = {
     "allowed_regions": None,
     "project": "default",
     "respect_reservations": True,
+    "own_reserved_only": False,
 }
 SHAPE_TABLES = ("nodes", "node_capacity", "node_resource_slots")
 RELTUPLES = text("SELECT reltuples FROM pg_class WHERE oid = CAST(:table AS regclass)")

@@ -283,6 +283,44 @@ def test_reserved_nodes_are_kept_for_their_project(cp, engine):
         assert audit(conn) == []
 
 
+def test_a_holder_uses_its_reserved_nodes_before_shared_capacity(cp, engine):
+    """Best fit alone would put beta's first slice on acme's partly used node; beta's own
+    reserved node comes first, and beta goes elsewhere only once that node is full."""
+    cp.create_project("beta")
+    shared = place(cp, 1, region="region-a")
+    _, _ = cp.reserve_capacity("beta", SLICE, "region-a", 8)
+    [held] = cp.show_project("beta").reservations[0].nodes
+    assert held != shared.hostname
+    for gpus in (1, 4, 2, 1):
+        assert place(cp, gpus, project="beta").hostname == held
+    assert place(cp, 1, project="beta").hostname == shared.hostname
+    # Whole nodes too: beta's named reservation of a slice node comes before the node
+    # built for baremetal that the baremetal ranking puts first.
+    create_fleet(
+        engine, FleetSpec(nodes=2, baremetal_nodes=1, prefix="qc", region="region-c", mac_base=2000)
+    )
+    with engine.connect() as conn:
+        sliced = conn.execute(
+            text(
+                "SELECT n.hostname FROM nodes n WHERE n.region_code = 'region-c' AND EXISTS "
+                "(SELECT 1 FROM node_resource_slots s WHERE s.node_id = n.id)"
+            )
+        ).scalar_one()
+    cp.reserve_capacity("beta", BAREMETAL, "region-c", 8, nodes=[sliced])
+    whole = cp.place(
+        PlacementRequest(
+            sku=BAREMETAL, gpu_count=8, region="region-c", project_id="beta", requested_by="t"
+        )
+    )
+    assert isinstance(whole, Placement) and whole.hostname == sliced
+    other = cp.place(
+        PlacementRequest(sku=BAREMETAL, gpu_count=8, region="region-c", requested_by="t")
+    )
+    assert isinstance(other, Placement) and other.hostname != sliced
+    with engine.connect() as conn:
+        assert audit(conn) == []
+
+
 def test_an_ended_or_removed_reservation_holds_nothing(cp):
     cp.create_project("beta")
     ends = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2)
