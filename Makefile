@@ -16,7 +16,7 @@ setup-demo:
 demo: setup-demo
 	gpuaas demo
 
-# The two test tiers (README, "Test tiers"): what every change passes, and the lab proofs.
+# The two test tiers (docs/testing.md, "Test tiers"): what every change passes, and the lab proofs.
 test: setup
 	scripts/run-tests.sh test
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The two test tiers (README, "Test tiers"); pytest markers decide where a test runs
+# The two test tiers (docs/testing.md, "Test tiers"); pytest markers decide where a test runs
 # (tests/tiers.py), the scenario's name where a Molecule scenario runs (scripts/molecule.sh).
 #
 #   scripts/run-tests.sh test   make test, what CI runs: lint, unit and integration tests,

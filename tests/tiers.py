@@ -1,4 +1,4 @@
-"""The two test tiers (README, "Test tiers").
+"""The two test tiers (docs/testing.md, "Test tiers").
 
 ``make test`` runs every test not marked ``lab``; ``make test-lab`` runs the tests marked
 ``lab``. A test that boots lab hosts (Debian hosts under QEMU, marker ``labhost``) runs in a
