@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# make lint: ruff (check and format), the built MAAS commissioning script up to date, and
-# ansible-lint (production profile, .ansible-lint).
+# make lint: ruff (check and format), the built MAAS commissioning script up to date,
+# ansible-lint (production profile, .ansible-lint) and the changelog fragments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -9,3 +9,4 @@ ruff check .
 ruff format --check .
 python scripts/maas/build_commissioning_script.py --check
 ansible-lint -q
+antsibull-changelog lint
