@@ -15,6 +15,8 @@ from gpuaas_cli.commands.common import JsonFlag, actor, control_plane, out, run
 
 app = typer.Typer(no_args_is_help=True, help="Place, inspect and release allocations.")
 
+AllocationArg = Annotated[str, typer.Argument(help="Allocation id.")]
+
 
 def parse_allocation_id(value: str) -> uuid.UUID:
     try:
@@ -66,9 +68,7 @@ def alloc_create(
 
 
 @app.command("release")
-def alloc_release(
-    allocation: Annotated[str, typer.Argument(help="Allocation id.")], as_json: JsonFlag = False
-) -> None:
+def alloc_release(allocation: AllocationArg, as_json: JsonFlag = False) -> None:
     """Release claims; slots go to cleanup until a wipe proof is recorded."""
     run(
         as_json,
@@ -81,9 +81,7 @@ def alloc_release(
 
 
 @app.command("show")
-def alloc_show(
-    allocation: Annotated[str, typer.Argument(help="Allocation id.")], as_json: JsonFlag = False
-) -> None:
+def alloc_show(allocation: AllocationArg, as_json: JsonFlag = False) -> None:
     """Show an allocation with its claims."""
     run(
         as_json,

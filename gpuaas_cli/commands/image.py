@@ -13,13 +13,16 @@ from gpuaas_cli.commands.common import JsonFlag, control_plane, out, run
 
 app = typer.Typer(no_args_is_help=True, help="The slice OS image catalog.")
 
+SlugArg = Annotated[str, typer.Argument(help="Catalog slug, e.g. ubuntu-24.04-h200-cuda.")]
+SkuOpt = Annotated[list[str], typer.Option("--sku", help="Compatible slice SKU (repeatable).")]
+
 
 @app.command("register")
 def image_register(
-    slug: Annotated[str, typer.Argument(help="Catalog slug, e.g. ubuntu-24.04-h200-cuda.")],
+    slug: SlugArg,
     sha256: Annotated[str, typer.Option("--sha256", help="Digest the nodes verify.")],
     path: Annotated[str, typer.Option("--path", help="Raw image path on the nodes.")],
-    sku: Annotated[list[str], typer.Option("--sku", help="Compatible slice SKU (repeatable).")],
+    sku: SkuOpt,
     disabled: Annotated[
         bool, typer.Option("--disabled", help="Register without offering it.")
     ] = False,
@@ -42,13 +45,13 @@ def image_register(
 
 @app.command("publish")
 def image_publish(
-    slug: Annotated[str, typer.Argument(help="Catalog slug, e.g. ubuntu-24.04-h200-cuda.")],
+    slug: SlugArg,
     file: Annotated[Path, typer.Option("--file", help="The raw disk image to publish.")],
     registry: Annotated[
         str,
         typer.Option("--registry", help="Where to push it: HOST[:PORT]/NAMESPACE/NAME[:TAG]."),
     ],
-    sku: Annotated[list[str], typer.Option("--sku", help="Compatible slice SKU (repeatable).")],
+    sku: SkuOpt,
     path: Annotated[
         str | None,
         typer.Option("--path", help="Path on the nodes (default: the node image cache)."),

@@ -20,6 +20,8 @@ from gpuaas_cli.commands.common import (
 
 app = typer.Typer(no_args_is_help=True, help="Import topology, approve and manage slots.")
 
+SlotOpt = Annotated[int, typer.Option("--slot")]
+
 
 def read_topology(source: str) -> Any:
     """A topology map file, or the slice_topology module's result holding one."""
@@ -71,10 +73,7 @@ def slots_list(
 
 @app.command("disable")
 def slots_disable(
-    node: NodeOpt,
-    slot: Annotated[int, typer.Option("--slot")],
-    reason: ReasonOpt,
-    as_json: JsonFlag = False,
+    node: NodeOpt, slot: SlotOpt, reason: ReasonOpt, as_json: JsonFlag = False
 ) -> None:
     """Take a slot out of scheduling."""
     run(
@@ -86,10 +85,7 @@ def slots_disable(
 
 @app.command("repair")
 def slots_repair(
-    node: NodeOpt,
-    slot: Annotated[int, typer.Option("--slot")],
-    reason: ReasonOpt,
-    as_json: JsonFlag = False,
+    node: NodeOpt, slot: SlotOpt, reason: ReasonOpt, as_json: JsonFlag = False
 ) -> None:
     """Move a cleanup_blocked slot to cleanup (disk may hold data) or disabled."""
     run(
@@ -116,7 +112,7 @@ def slots_wipe_nonce(node: NodeOpt, as_json: JsonFlag = False) -> None:
 @app.command("wipe-proof")
 def slots_wipe_proof(
     node: NodeOpt,
-    slot: Annotated[int, typer.Option("--slot")],
+    slot: SlotOpt,
     source: Annotated[str, typer.Option("--from", help="Proof JSON (disk_wipe result), or -.")],
     as_json: JsonFlag = False,
 ) -> None:
