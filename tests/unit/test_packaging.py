@@ -94,7 +94,12 @@ def test_the_release_artifacts_hold_what_a_controller_runs_and_nothing_else(tmp_
         if "__pycache__" not in path.parts
     }
     assert data and data <= packaged, data - packaged
-    assert {"flows/runner.py", "flows/collection.py", "gpuaas_cli/app.py"} <= packaged
+    assert {
+        "flows/runner.py",
+        "flows/collection.py",
+        "gpuaas_cli/app.py",
+        "gpuaas_cli/commands/common.py",
+    } <= packaged
     assert {name.split("/")[0] for name in packaged} == {
         "controlplane",
         "flows",

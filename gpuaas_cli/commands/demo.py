@@ -1,0 +1,18 @@
+"""``gpuaas demo``: the lab package's end-to-end demo."""
+
+from __future__ import annotations
+
+import typer
+
+from gpuaas_cli.commands.common import error_contract
+from gpuaas_cli.lab import import_lab
+
+app = typer.Typer()
+
+
+@app.command("demo")
+def demo_command() -> None:
+    """Run the end-to-end demo on the configured (default: embedded) database."""
+    with error_contract(False):
+        demo = import_lab("demo")
+    demo.main()
