@@ -409,7 +409,7 @@ class ProjectQuota(Base):
     region (any combination; NULL matches all). ``gpus_used`` and ``allocations_used`` are
     kept by triggers from the claims (controlplane/sql/quotas.sql) in the placement's own
     transaction, and the CHECKs refuse a usage above the limit, whatever wrote it
-    (docs/store-invariants.md, "Quotas")."""
+    (docs/store-invariants.md, "Projects, quotas and policy")."""
 
     __tablename__ = "project_quotas"
 

@@ -4,11 +4,11 @@ before placing.
 The policy overlay (regions and node families a project may use) refuses a request
 outside it before any lock is taken, naming the rule.
 
-The store is what enforces a quota (docs/store-invariants.md, "Quotas": usage counters
-kept by triggers in the placing statement, CHECKs on the limits). This only decides what
-the placement can know in advance: a refusal that names the rule with its numbers, and the
-regions a request that names none must avoid because a region-scoped quota there has no
-room. A concurrent placement can still take the room between this read and the lock; the
+The store is what enforces a quota (docs/store-invariants.md, "Projects, quotas and
+policy": usage counters kept by triggers in the placing statement, CHECKs on the limits).
+This only decides what the placement can know in advance: a refusal that names the rule
+with its numbers, and the regions a request that names none must avoid because a
+region-scoped quota there has no room. A concurrent placement can still take the room between this read and the lock; the
 CHECK then refuses the lock and the scheduler reads the quotas again.
 """
 

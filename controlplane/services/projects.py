@@ -1,4 +1,4 @@
-"""Projects and their quotas (docs/store-invariants.md, "Quotas").
+"""Projects and their quotas (docs/store-invariants.md, "Projects, quotas and policy").
 
 A project is created once, lists its quotas with what they hold now, and is retired for
 good (its allocations keep their history; it places nothing new). A quota's usage is the

@@ -1,6 +1,6 @@
--- Project quotas (docs/store-invariants.md, "Quotas"): what each project's active claims
--- hold, counted into every quota row whose scope matches, in the statement that changes
--- the claims. The CHECKs on project_quotas then refuse a usage above a limit in that same
+-- Project quotas (docs/store-invariants.md, "Projects, quotas and policy"): what each
+-- project's active claims hold, counted into every quota row whose scope matches, in the
+-- statement that changes the claims. The CHECKs on project_quotas then refuse a usage above a limit in that same
 -- transaction, whatever code wrote the claims.
 
 -- What a project's active claims hold in a scope (NULL matches every SKU, shape or region;
@@ -23,7 +23,7 @@ $$;
 -- of its active claims, ``gpus`` the change in GPUs they hold. An allocation counts once
 -- while it holds any active claim. PL/pgSQL, not SQL: a session keeps its plan, where a
 -- SQL function's statement is planned again on every call (0.7 ms of each placement's
--- locking statement against 0.1-0.2 ms; docs/store-invariants.md, "Quotas").
+-- locking statement against 0.1-0.2 ms; docs/store-invariants.md, "Projects, quotas and policy").
 CREATE OR REPLACE FUNCTION project_quotas_apply(
     p_allocations uuid[], p_claims integer[], p_gpus integer[]) RETURNS void
     LANGUAGE plpgsql AS $$

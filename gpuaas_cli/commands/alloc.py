@@ -60,9 +60,13 @@ def alloc_create(
         as_json,
         create,
         lambda r: out.print(
-            f"{'already placed' if r.replayed else 'placed'} {r.allocation_id}: "
-            f"{r.capacity_shape} x{r.gpu_count} on {r.node}"
-            + (f" slots {list(r.slot_indexes)}" if r.slot_indexes else " (whole node)")
+            f"{'already placed' if r['replayed'] else 'placed'} {r['allocation_id']}: "
+            f"{r['capacity_shape']} x{r['gpu_count']} on {r['node']}"
+            + (
+                f" slots {[slot['slot_index'] for slot in r['slots']]}"
+                if r["slots"]
+                else " (whole node)"
+            )
         ),
     )
 

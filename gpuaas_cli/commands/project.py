@@ -128,7 +128,7 @@ def project_quota_set(
 ) -> None:
     """Set the limits of one scope (the whole project unless --sku, --shape or --region);
     neither --gpus nor --allocations removes that scope's quota. The store enforces it in
-    every placement's own transaction (docs/store-invariants.md, "Quotas")."""
+    every placement's own transaction (docs/store-invariants.md, "Projects, quotas and policy")."""
     from controlplane.services.projects import QuotaScope
 
     change_project(

@@ -236,6 +236,13 @@ def test_alloc_create_show_list_release_and_wipe_proof(registered, engine, tmp_p
     assert placed["node"] == "j22u15" and len(placed["slots"]) == 2 and not placed["replayed"]
     again = ok_json(env, *create)
     assert again["replayed"] and again["allocation_id"] == placed["allocation_id"]
+    # The human form of both, as an operator reads them.
+    indexes = sorted(s["slot_index"] for s in placed["slots"])
+    told = gpuaas(env, *create)
+    assert told.returncode == 0, told.stderr
+    assert " ".join(told.stdout.split()) == (
+        f"already placed {placed['allocation_id']}: gpu_slice x2 on j22u15 slots {indexes}"
+    )
     reused = error_json(env, *create[:5], "4", *create[6:])
     assert reused["code"] == "request_id_reused"
     shown = ok_json(env, "alloc", "show", placed["allocation_id"])
@@ -273,6 +280,9 @@ def test_alloc_create_show_list_release_and_wipe_proof(registered, engine, tmp_p
     )
     recorded = ok_json(env, *record)
     assert recorded["status"] == "available" and recorded["verified"] is True, recorded
+    fresh = gpuaas(env, "alloc", "create", "--sku", "h200-sxm-slice", "--gpus", "1")
+    assert fresh.returncode == 0, fresh.stderr
+    assert fresh.stdout.startswith("placed ") and "x1 on j22u15 slots [" in fresh.stdout
 
 
 def test_storage_approval_is_recorded_once_per_reference(registered, engine):

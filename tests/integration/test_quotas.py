@@ -1,6 +1,7 @@
-"""Project quotas on real PostgreSQL (docs/store-invariants.md, "Quotas"): every refusal
-with its numbers, quota given back when the claims end, the store refusing an over-limit
-write whatever wrote it, and 16 processes placing against one quota at once."""
+"""Project quotas on real PostgreSQL (docs/store-invariants.md, "Projects, quotas and
+policy"): every refusal with its numbers, quota given back when the claims end, the store
+refusing an over-limit write whatever wrote it, and 16 processes placing against one quota
+at once."""
 
 from __future__ import annotations
 

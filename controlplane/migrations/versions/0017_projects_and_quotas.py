@@ -9,7 +9,8 @@ of their own, so history keeps its owner), and may be kept to regions and node f
 active claims hold, in GPUs and allocations, over a scope (SKU, capacity shape, region,
 or all). Its usage columns are kept by triggers on the claims (controlplane/sql/quotas.sql)
 in the statement that writes the claims, and CHECKs refuse a usage above a limit, so no
-interleaving of concurrent placements can exceed one (docs/store-invariants.md, "Quotas").
+interleaving of concurrent placements can exceed one (docs/store-invariants.md,
+"Projects, quotas and policy").
 ``project_reservations`` hold whole nodes for a project (``project_reservation_nodes``, a
 node in one at most); triggers copy the holder onto the node's counters row, which the
 placement statements read, so no other project is placed there while it lasts.
