@@ -8,8 +8,9 @@ The store is what enforces a quota (docs/store-invariants.md, "Projects, quotas 
 policy": usage counters kept by triggers in the placing statement, CHECKs on the limits).
 This only decides what the placement can know in advance: a refusal that names the rule
 with its numbers, and the regions a request that names none must avoid because a
-region-scoped quota there has no room. A concurrent placement can still take the room between this read and the lock; the
-CHECK then refuses the lock and the scheduler reads the quotas again.
+region-scoped quota there has no room. A concurrent placement can still take the room
+between this read and the lock; the CHECK then refuses the lock and the scheduler reads
+the quotas again.
 """
 
 from __future__ import annotations
