@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# make lint: ruff (check and format), the built MAAS commissioning script up to date,
-# ansible-lint (production profile, .ansible-lint) and the changelog fragments.
+# make lint: ruff (check and format), the built MAAS commissioning script up to date, and
+# ansible-lint (production profile, .ansible-lint). The changelog fragments are linted by
+# scripts/sanity.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -9,4 +10,3 @@ ruff check .
 ruff format --check .
 python scripts/maas/build_commissioning_script.py --check
 ansible-lint -q
-antsibull-changelog lint
