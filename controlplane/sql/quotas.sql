@@ -21,31 +21,37 @@ $$;
 
 -- Apply per-allocation changes of active claims: ``claims`` is the change in the number
 -- of its active claims, ``gpus`` the change in GPUs they hold. An allocation counts once
--- while it holds any active claim. PL/pgSQL, not SQL: a session keeps its plan, where a
--- SQL function's statement is planned again on every call (0.7 ms of each placement's
--- locking statement against 0.1-0.2 ms; docs/store-invariants.md, "Projects, quotas and policy").
+-- while it holds any active claim. One allocation at a time, each read by its key: a
+-- session keeps its plans, and a plan that joined the changes to the allocations and
+-- nodes tables was chosen for the tables' size when first run, then scanned them whole on
+-- every placement as they grew (docs/store-invariants.md, "Projects, quotas and policy").
 CREATE OR REPLACE FUNCTION project_quotas_apply(
     p_allocations uuid[], p_claims integer[], p_gpus integer[]) RETURNS void
     LANGUAGE plpgsql AS $$
+DECLARE
+    i integer;
+    owner record;
+    held integer;
+    allocations_change integer;
 BEGIN
-    UPDATE project_quotas q
-    SET gpus_used = q.gpus_used + d.gpus, allocations_used = q.allocations_used + d.allocations,
-        updated_at = now()
-    FROM (
-        SELECT q.id, sum(ch.gpus) AS gpus,
-               sum((held.now > 0)::int - (held.now - ch.claims > 0)::int) AS allocations
-        FROM unnest(p_allocations, p_claims, p_gpus) AS ch(allocation_id, claims, gpus)
-        JOIN allocations a ON a.id = ch.allocation_id
-        JOIN nodes n ON n.id = a.node_id
-        CROSS JOIN LATERAL (
-            SELECT count(*) AS now FROM allocation_resource_claims c
-            WHERE c.allocation_id = ch.allocation_id AND c.state = 'active') held
-        JOIN project_quotas q ON q.project_id = a.project_id
-            AND (q.sku_id IS NULL OR q.sku_id = a.sku_id)
-            AND (q.capacity_shape IS NULL OR q.capacity_shape = a.capacity_shape)
-            AND (q.region_code IS NULL OR q.region_code = n.region_code)
-        GROUP BY q.id) d
-    WHERE q.id = d.id AND (d.gpus, d.allocations) <> (0, 0);
+    FOR i IN 1 .. coalesce(array_length(p_allocations, 1), 0) LOOP
+        SELECT a.project_id, a.sku_id, a.capacity_shape, n.region_code INTO owner
+        FROM allocations a JOIN nodes n ON n.id = a.node_id
+        WHERE a.id = p_allocations[i];
+        CONTINUE WHEN NOT FOUND;
+        SELECT count(*) INTO held FROM allocation_resource_claims c
+        WHERE c.allocation_id = p_allocations[i] AND c.state = 'active';
+        allocations_change := (held > 0)::int - (held - p_claims[i] > 0)::int;
+        CONTINUE WHEN p_gpus[i] = 0 AND allocations_change = 0;
+        UPDATE project_quotas q
+        SET gpus_used = q.gpus_used + p_gpus[i],
+            allocations_used = q.allocations_used + allocations_change,
+            updated_at = now()
+        WHERE q.project_id = owner.project_id
+          AND (q.sku_id IS NULL OR q.sku_id = owner.sku_id)
+          AND (q.capacity_shape IS NULL OR q.capacity_shape = owner.capacity_shape)
+          AND (q.region_code IS NULL OR q.region_code = owner.region_code);
+    END LOOP;
 END
 $$;
 
