@@ -61,7 +61,15 @@ from tests.integration.flows.test_burst import (
     start,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.vm, pytest.mark.lab]
+# One site per run: its lab fleet, slice host and database addresses are shared by every
+# test of the module, so the module stays on one xdist worker.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.root,
+    pytest.mark.vm,
+    pytest.mark.lab,
+    pytest.mark.xdist_group("site"),
+]
 
 FLEET_HOSTS = 30
 CONTROLLERS = 3
