@@ -39,8 +39,10 @@ BEGIN
         FROM allocations a JOIN nodes n ON n.id = a.node_id
         WHERE a.id = p_allocations[i];
         CONTINUE WHEN NOT FOUND;
-        SELECT count(*) INTO held FROM allocation_resource_claims c
-        WHERE c.allocation_id = p_allocations[i] AND c.state = 'active';
+        -- The state is filtered after the allocation's own claims are read: as a second
+        -- index condition the plan also walked every active claim of the fleet.
+        SELECT count(*) FILTER (WHERE c.state = 'active') INTO held
+        FROM allocation_resource_claims c WHERE c.allocation_id = p_allocations[i];
         allocations_change := (held > 0)::int - (held - p_claims[i] > 0)::int;
         CONTINUE WHEN p_gpus[i] = 0 AND allocations_change = 0;
         UPDATE project_quotas q
