@@ -23,23 +23,11 @@ from controlplane.scheduler.placement import (
 )
 from controlplane.scheduler.ranking import Policy
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
+from tests.integration.placement_params import PLAN_PARAMS
 
 SLICE = "h200-sxm-slice"
 BAREMETAL = "h200-sxm-baremetal"
-PARAMS = {
-    "family": "h200-sxm",
-    "region": None,
-    "salt": "plan",
-    "k": 16,
-    "offset": 0,
-    "image_id": None,
-    "image_required": False,
-    "avoid_regions": [],
-    "allowed_regions": None,
-    "project": "default",
-    "respect_reservations": True,
-    "own_reserved_only": False,
-}
+PARAMS = PLAN_PARAMS
 
 
 @pytest.fixture(scope="module")

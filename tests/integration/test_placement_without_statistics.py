@@ -27,23 +27,10 @@ from controlplane.scheduler.placement import (
 )
 from controlplane.scheduler.ranking import Policy
 from gpuaas_lab.synthetic import FleetSpec, create_fleet, register_fleet
+from tests.integration.placement_params import PLAN_PARAMS
 
 SLICE = "h200-sxm-slice"
-PARAMS = {
-    "family": "h200-sxm",
-    "region": None,
-    "salt": "plan",
-    "k": 16,
-    "offset": 0,
-    "image_id": None,
-    "image_required": False,
-    "gpus": 1,
-    "avoid_regions": [],
-    "allowed_regions": None,
-    "project": "default",
-    "respect_reservations": True,
-    "own_reserved_only": False,
-}
+PARAMS = {**PLAN_PARAMS, "gpus": 1}
 SHAPE_TABLES = ("nodes", "node_capacity", "node_resource_slots")
 RELTUPLES = text("SELECT reltuples FROM pg_class WHERE oid = CAST(:table AS regclass)")
 
