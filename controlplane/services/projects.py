@@ -26,6 +26,7 @@ from controlplane.models import (
     ProjectReservationNode,
     Sku,
 )
+from controlplane.scheduler.quotas import QuotaRow
 
 PROJECT_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 # A project's reservations: their nodes and the GPUs free on them now.
@@ -70,17 +71,6 @@ class QuotaScope:
 
 
 @dataclass(frozen=True)
-class QuotaView:
-    sku: str | None
-    capacity_shape: str | None
-    region: str | None
-    gpu_limit: int | None
-    allocation_limit: int | None
-    gpus_used: int
-    allocations_used: int
-
-
-@dataclass(frozen=True)
 class ReservationView:
     id: int
     sku: str
@@ -102,7 +92,7 @@ class ProjectView:
     retired_at: str | None
     allowed_regions: tuple[str, ...] | None = None
     allowed_node_families: tuple[str, ...] | None = None
-    quotas: tuple[QuotaView, ...] = ()
+    quotas: tuple[QuotaRow, ...] = ()
     reservations: tuple[ReservationView, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
@@ -114,7 +104,7 @@ class ProjectView:
 
 
 def _view(session: Session, project: Project, with_quotas: bool) -> ProjectView:
-    quotas: tuple[QuotaView, ...] = ()
+    quotas: tuple[QuotaRow, ...] = ()
     if with_quotas:
         rows = session.execute(
             select(ProjectQuota, Sku.slug)
@@ -123,7 +113,7 @@ def _view(session: Session, project: Project, with_quotas: bool) -> ProjectView:
             .order_by(ProjectQuota.id)
         ).all()
         quotas = tuple(
-            QuotaView(
+            QuotaRow(
                 slug,
                 q.capacity_shape.value if q.capacity_shape else None,
                 q.region_code,
