@@ -434,14 +434,15 @@ class KeepEvents:
         return True
 
 
-def processed_hosts(events: list[dict[str, Any]]) -> set[str]:
-    """The hosts the play recap lists: every host a play matched and ran on."""
-    return {
-        host
+def processed_hosts(events: list[dict[str, Any]]) -> set[str] | None:
+    """The hosts the play recap lists: every host a play matched and ran on; None when the
+    events hold no recap, which says nothing either way."""
+    recaps = [
+        (event.get("event_data") or {}).get("processed") or {}
         for event in events
         if event.get("event") == "playbook_on_stats"
-        for host in (event.get("event_data") or {}).get("processed") or {}
-    }
+    ]
+    return {host for recap in recaps for host in recap} if recaps else None
 
 
 def no_hosts_matched(run: PlaybookRun, artifact_dir: str) -> GpuaasError:
@@ -496,7 +497,7 @@ def run_playbook(
                 scrub_artifacts(private_data_dir, secrets.known)
     events = list(runner.events)
     hosts, tasks = parse_events(events, secrets.known)
-    if runner.status == "successful" and not (hosts or processed_hosts(events)):
+    if runner.status == "successful" and not hosts and processed_hosts(events) == set():
         raise no_hosts_matched(run, str(runner.config.artifact_dir))
     return RunResult(
         playbook=run.playbook,
