@@ -53,11 +53,14 @@ class Step:
     is kept until the kill: it stops the run at the step's end. With one, the hold is
     taken once the run waits on the freeze (granted at once, or queued behind row locks
     the waiting transaction holds, granted the moment it commits) and the freeze
-    released: the hold then pauses the run at the step's end."""
+    released: the hold then pauses the run at the step's end. ``trap``: SQL that installs
+    a trigger the freeze's lock pauses, and SQL that removes it, where no row lock tells
+    the step's end from the step (both write the same rows in the same lock mode)."""
 
     reached: str
     hold: str | None = None
     freeze: str | None = None
+    trap: tuple[str, str] | None = None
 
 
 class Hold:
@@ -106,10 +109,24 @@ HOST_ACTION_SUCCEEDED = "'succeeded'"
 # SHARE on node_tasks lets every read through and stops every insert.
 HOLD_NODE_TASKS = "LOCK TABLE node_tasks IN SHARE MODE"
 PAUSE_STATE_CHANGE = "SELECT 1 FROM allocations FOR NO KEY UPDATE"
-# Every claimed slot, whatever its claim's state.
-PAUSE_PROOFS = (
-    "SELECT 1 FROM node_resource_slots s JOIN allocation_resource_claims c"
-    " ON c.slot_id = s.id FOR KEY SHARE OF s"
+# Release and the proof step both update the slots FOR NO KEY UPDATE, so no row lock
+# stops one and not the other: a trigger waits on an advisory lock when a slot leaves
+# cleanup (the proof step's write), and the test holds that lock until the kill.
+SETTLE_LOCK = "hashtext('crash-safety: settle')"
+PAUSE_SETTLE = f"SELECT pg_advisory_xact_lock({SETTLE_LOCK})"
+SETTLE_TRAP = (
+    f"""
+CREATE FUNCTION crash_safety_pause_settle() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared({SETTLE_LOCK});
+    RETURN NEW;
+END $$;
+CREATE TRIGGER crash_safety_pause_settle BEFORE UPDATE ON node_resource_slots
+FOR EACH ROW WHEN (OLD.status = 'cleanup' AND NEW.status <> 'cleanup')
+EXECUTE FUNCTION crash_safety_pause_settle();
+""",
+    "DROP TRIGGER crash_safety_pause_settle ON node_resource_slots;"
+    " DROP FUNCTION crash_safety_pause_settle();",
 )
 
 PROVISION_STEPS = {
@@ -148,12 +165,13 @@ RELEASE_STEPS = {
         hold=PAUSE_STATE_CHANGE,
         freeze=HOLD_NODE_TASKS,
     ),
-    # Claims released, the proofs not recorded. Arming on the running host action was too
-    # late once on a loaded fresh clone: the run recorded its proofs between two polls.
+    # Claims released, the proofs not recorded (every claimed slot still in cleanup).
     "claims_released": Step(
-        reached=allocation_sql("released"),
-        hold=PAUSE_PROOFS,
-        freeze=HOLD_NODE_TASKS,
+        reached=f"{allocation_sql('released')} AND NOT EXISTS (SELECT 1"
+        " FROM node_resource_slots s JOIN allocation_resource_claims c ON c.slot_id = s.id"
+        " WHERE s.status <> 'cleanup')",
+        freeze=PAUSE_SETTLE,
+        trap=SETTLE_TRAP,
     ),
 }
 
@@ -186,6 +204,9 @@ def run_and_kill(engine, script: str, args: list[str], step: Step, timeout: floa
     """Start the flow in its own process group; SIGKILL the group at ``step``."""
     from prefect.settings import PREFECT_API_URL
 
+    if step.trap:
+        with engine.begin() as conn:
+            conn.execute(text(step.trap[0]))
     freeze = Hold(engine, step.freeze) if step.freeze else None
     if freeze:
         assert freeze.granted.wait(60)
@@ -223,6 +244,9 @@ def run_and_kill(engine, script: str, args: list[str], step: Step, timeout: floa
         for lock in (freeze, hold):
             if lock is not None:
                 lock.release()
+        if step.trap:
+            with engine.begin() as conn:
+                conn.execute(text(step.trap[1]))
 
 
 def allocation_row(engine):
