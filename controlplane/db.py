@@ -64,7 +64,12 @@ def database_url() -> str:
 CONNECT_OPTIONS = {"options": "-c plan_cache_mode=force_generic_plan -c jit=off"}
 
 
-def create(url: str, pool_size: int = 5, max_overflow: int = 20) -> Engine:
+def create(
+    url: str, pool_size: int = 5, max_overflow: int = 20, *, reached: bool = False
+) -> Engine:
+    """An engine for the store. ``reached``: the caller knows the store was up a moment ago
+    (it was handed this URL by a process that had just used it), so a refused connection
+    is the store restarting from the first one on (``RestartingStoreWait``)."""
     engine = create_engine(
         url,
         pool_size=pool_size,
@@ -74,7 +79,7 @@ def create(url: str, pool_size: int = 5, max_overflow: int = 20) -> Engine:
     )
     guard_against_fork(engine)
     event.listen(engine, "handle_error", explain_missing_schema)
-    event.listen(engine, "do_connect", RestartingStoreWait())
+    event.listen(engine, "do_connect", RestartingStoreWait(reached))
     return engine
 
 
@@ -92,8 +97,8 @@ class RestartingStoreWait:
     after a first connection: a wrong URL fails at once). Pooled connections are checked
     before use (``pool_pre_ping``), so after a restart every process reconnects here."""
 
-    def __init__(self) -> None:
-        self.reached = False
+    def __init__(self, reached: bool = False) -> None:
+        self.reached = reached
 
     def __call__(self, dialect, connection_record, cargs, cparams):
         deadline = time.monotonic() + CONNECT_WAIT_SECONDS
@@ -153,8 +158,8 @@ def guard_against_fork(engine: Engine) -> None:
 
 
 @lru_cache(maxsize=8)
-def engine_for(url: str, pool_size: int = 5) -> Engine:
-    return create(url, pool_size=pool_size)
+def engine_for(url: str, pool_size: int = 5, *, reached: bool = False) -> Engine:
+    return create(url, pool_size=pool_size, reached=reached)
 
 
 @contextmanager

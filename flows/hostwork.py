@@ -107,6 +107,10 @@ def inventory_source(private_dir: Path, hostnames: list[str]) -> Path:
             {
                 "plugin": "gpuaas.fleet.controlplane",
                 "hostnames": sorted(hostnames),
+                # Admission has just written to the store: a refused connection now is a
+                # restart, waited for rather than failing the run (docs/operations.md,
+                # "Site resilience").
+                "store_reached": True,
                 # Kept with the run: the pinned keys its connections were checked against.
                 "known_hosts_file": str(private_dir / "known_hosts"),
             }
@@ -193,7 +197,8 @@ def failure_of(result: RunResult, host: str) -> str | None:
             message = task.result.get("msg") or task.result.get("reason") or task.status
             return f"{task.task}: {message}"[:2000]
     if host not in result.hosts:
-        return f"{result.playbook} did not run on {host} ({result.status})"
+        said = f": {result.error}" if result.error else ""
+        return f"{result.playbook} did not run on {host} ({result.status}){said}"[:2000]
     return None
 
 

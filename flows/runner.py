@@ -16,6 +16,7 @@ import datetime as dt
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -116,6 +117,9 @@ class RunResult:
     duration_s: float
     hosts: dict[str, HostSummary]
     tasks: list[TaskResult]
+    # What ansible-playbook said when it failed before any host ran (an inventory it
+    # could not read, a playbook it could not load): its ERROR and parse warning lines.
+    error: str | None = None
 
     def for_host(self, host: str) -> list[TaskResult]:
         return [t for t in self.tasks if t.host == host]
@@ -445,6 +449,16 @@ def processed_hosts(events: list[dict[str, Any]]) -> set[str] | None:
     return {host for recap in recaps for host in recap} if recaps else None
 
 
+# Lines ansible-playbook prints for a failure outside any host's tasks.
+RUN_ERROR_LINE = re.compile(r"^(ERROR!|\[ERROR\]:|\[WARNING\]:\s+(\* )?Failed to parse)")
+
+
+def run_error(stdout: str, secrets: frozenset[str]) -> str | None:
+    """The ERROR and inventory parse failure lines of a run's output, secrets redacted."""
+    lines = [line.strip() for line in stdout.splitlines() if RUN_ERROR_LINE.match(line.strip())]
+    return redact_text("\n".join(lines), secrets)[:2000] or None
+
+
 def no_hosts_matched(run: PlaybookRun, artifact_dir: str) -> GpuaasError:
     """ansible-playbook exits 0 when no play matches a host (an unparsed inventory, a wrong
     limit): a run that did nothing must not read as one that succeeded."""
@@ -507,4 +521,7 @@ def run_playbook(
         duration_s=(dt.datetime.now(dt.UTC) - started).total_seconds(),
         hosts=hosts,
         tasks=tasks,
+        error=None
+        if runner.status == "successful" or hosts
+        else run_error(runner.stdout.read(), secrets.known),
     )

@@ -46,6 +46,15 @@ options:
     type: str
     env:
       - name: GPUAAS_DATABASE_URL
+  store_reached:
+    description:
+      - The process that wrote this source used the store a moment ago (the flows write
+        one right after admitting a run), so a refused connection is taken as the store
+        restarting and waited for (up to a minute), as the control plane's own
+        connections are. Off, a store that cannot be reached fails the parse at once (a
+        wrong address is not worth waiting for).
+    type: bool
+    default: false
   hostnames:
     description: Only these nodes.
     type: list
@@ -108,7 +117,8 @@ class InventoryModule(BaseInventoryPlugin):
                 "package (controlplane) on the controller: %s" % exc
             ) from exc
         url = self.get_option("database_url")
-        plane = ControlPlane(engine_for(normalize_url(url))) if url else None
+        reached = self.get_option("store_reached")
+        plane = ControlPlane(engine_for(normalize_url(url), reached=reached)) if url else None
         try:
             if plane is None:
                 plane = ControlPlane.from_environment()
@@ -119,7 +129,10 @@ class InventoryModule(BaseInventoryPlugin):
                 known_hosts_file=self.get_option("known_hosts_file") or default_known_hosts(),
             )
         except Exception as exc:
-            raise AnsibleParserError("cannot read nodes from the control plane: %s" % exc) from exc
+            # SQLAlchemy repeats the driver's message with a link; the driver's first line
+            # says what happened.
+            reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            raise AnsibleParserError("cannot read nodes from the control plane: %s" % reason) from exc
         for host, variables in data["all"]["hosts"].items():
             self.inventory.add_host(host)
             for key, value in variables.items():

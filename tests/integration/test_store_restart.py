@@ -1,11 +1,16 @@
 """The store restarted under a running process (docs/operations.md, "Site resilience"):
 a PostgreSQL cluster of the test's own, stopped (fast shutdown) and started again while
 a control plane that reached it before keeps its pool; a store never reached, or a wrong
-database, is reported at once."""
+database, is reported at once. The inventory a flow writes for a run says the store was
+reached (the run was just admitted there), so Ansible's read of it waits for a restart too."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -19,6 +24,7 @@ from sqlalchemy.exc import OperationalError
 from controlplane import db, migrate
 from controlplane.api import ControlPlane
 from controlplane.embedded import EmbeddedPostgres
+from flows.runner import runner_environment
 
 pytestmark = [pytest.mark.slow]
 
@@ -89,3 +95,53 @@ def test_a_store_that_does_not_exist_is_reported_without_waiting(cluster, caplog
         pass
     assert retries(caplog) == []
     engine.dispose()
+
+
+def read_inventory(source: Path) -> subprocess.CompletedProcess[str]:
+    """``ansible-inventory --list`` of a controlplane source, as a run's Ansible reads it."""
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(source), "--list"],
+        env={**os.environ, **runner_environment()},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def controlplane_source(tmp_path: Path, url: str, store_reached: bool) -> Path:
+    source = tmp_path / "controlplane.yml"
+    source.write_text(
+        json.dumps(
+            {
+                "plugin": "gpuaas.fleet.controlplane",
+                "database_url": url,
+                "store_reached": store_reached,
+                "known_hosts_file": str(tmp_path / "known_hosts"),
+            }
+        )
+    )
+    return source
+
+
+def test_a_runs_inventory_waits_for_a_restarting_store(cluster, tmp_path):
+    engine = db.create(cluster.url())
+    migrate.upgrade(engine)
+    engine.dispose()
+    source = controlplane_source(tmp_path, cluster.url(), store_reached=True)
+
+    thread = restart_later(cluster)
+    # Read while the store is down: it comes back DOWN_SECONDS later.
+    read = read_inventory(source)
+    thread.join()
+    assert read.returncode == 0, read.stdout + read.stderr
+    assert json.loads(read.stdout)["all"]["children"]
+
+
+def test_an_inventory_that_never_reached_its_store_fails_at_once(cluster, tmp_path):
+    source = controlplane_source(tmp_path, cluster.url(), store_reached=False)
+    cluster.stop()
+    read = read_inventory(source)
+    cluster.start()
+    assert read.returncode != 0
+    assert "cannot read nodes from the control plane" in read.stdout + read.stderr
+    assert "No inventory was parsed" in read.stdout + read.stderr

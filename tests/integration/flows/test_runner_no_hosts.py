@@ -3,11 +3,13 @@ inventory gave no host a play targets (real ansible-runner jobs)."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
 
 from controlplane.errors import GpuaasError
+from flows.hostwork import failure_of
 from flows.runner import PlaybookRun, run_playbook
 
 pytestmark = [pytest.mark.slow]
@@ -62,3 +64,27 @@ def test_a_run_on_its_host_is_not_taken_for_one_that_matched_none(tmp_path):
     result = run(tmp_path)
     assert result.status == "successful"
     assert result.host_passed("box")
+
+
+def test_an_inventory_no_plugin_could_read_fails_the_run_with_its_reason(tmp_path):
+    """The collection's ansible.cfg makes an unread inventory a failure (before, the run
+    warned, ran on no host and exited 0); the result carries the plugin's reason."""
+    source = tmp_path / "controlplane.yml"
+    source.write_text(
+        json.dumps(
+            {
+                "plugin": "gpuaas.fleet.controlplane",
+                "database_url": f"postgresql://nobody@/none?host={tmp_path / 'no-store'}",
+                "known_hosts_file": str(tmp_path / "known_hosts"),
+            }
+        )
+    )
+    result = run(tmp_path, inventory=str(source))
+    assert result.status == "failed"
+    assert result.hosts == {}
+    assert result.error is not None
+    assert "cannot read nodes from the control plane" in result.error
+    assert "No inventory was parsed" in result.error
+    assert failure_of(result, "box") == (
+        f"{result.playbook} did not run on box (failed): {result.error}"
+    )
