@@ -257,6 +257,17 @@ def test_three_controllers_share_bursts_through_database_restarts(site):
     site.db.restart(DOWN_SECONDS)
     released = finish(releases)
     ended_with_a_reason(released)
+    # A release whose run started while the store was down failed before it began (a run
+    # that never reached the store fails at once, docs/operations.md): the operator starts
+    # it again.
+    again = [
+        start(RELEASE, allocation_id=str(row.id))
+        for row in allocations(site.engine)
+        if row.state == "active"
+    ]
+    rerun = finish(again)
+    assert all(run.state.is_completed() for run in rerun), [r.state.message for r in rerun]
+    released += rerun
     reconcile()
     assert_nothing_unsafe(site)
     rows = allocations(site.engine)
@@ -338,7 +349,20 @@ def live_runs() -> list[Any]:
     return [run for run in runs if run.state and not run.state.is_final()]
 
 
+def return_blocked_slots(site: Site) -> None:
+    """What the operator does after a burst left slots cleanup_blocked and the host was
+    inspected: repair them (back to cleanup), and let reconcile wipe them with proof."""
+    hostname = site.host.hostname
+    for slot in site.cp.list_slots(hostname):
+        if slot.status == "cleanup_blocked":
+            site.cp.repair_slot(hostname, slot.slot_index, "inspected after the burst", "test")
+    reconcile()
+    slots = site.cp.list_slots(hostname)
+    assert {s.status for s in slots} == {"available"}, [(s.slot_index, s.status) for s in slots]
+
+
 def test_a_controller_machine_lost_mid_burst_is_reconciled_by_another(site):
+    return_blocked_slots(site)
     first = finish(provision(site.host, (4, 2)))
     assert all(run.state.is_completed() for run in first), [r.state.message for r in first]
     active = [row.id for row in allocations(site.engine) if row.state == "active"]
