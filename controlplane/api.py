@@ -655,8 +655,11 @@ class ControlPlane:
     def batch_outcomes(
         self, kind: NodeTaskKind, flow_run_ids: list[str], hostnames: list[str]
     ) -> dict[str, sweeps.TaskOutcome]:
-        with db.transaction(self.engine) as session:
-            return sweeps.batch_outcomes(session, kind, flow_run_ids, hostnames)
+        def read() -> dict[str, sweeps.TaskOutcome]:
+            with db.transaction(self.engine) as session:
+                return sweeps.batch_outcomes(session, kind, flow_run_ids, hostnames)
+
+        return db.again_if_connection_lost(read)
 
     def abandon_run_tasks(self, flow_run_id: str, reason: str) -> list[str]:
         with db.transaction(self.engine) as session:
@@ -671,9 +674,14 @@ class ControlPlane:
         batch: int,
         actor: str,
     ) -> sweeps.Verdict:
-        """The sweep's one verdict on the node (a second judgment returns the first)."""
-        with db.transaction(self.engine) as session:
-            return sweeps.judge(session, sweep_run_id, kind, hostname, outcome, batch, actor)
+        """The sweep's one verdict on the node (a second judgment returns the first, so a
+        judgment whose connection a store restart dropped is made again)."""
+
+        def judge() -> sweeps.Verdict:
+            with db.transaction(self.engine) as session:
+                return sweeps.judge(session, sweep_run_id, kind, hostname, outcome, batch, actor)
+
+        return db.again_if_connection_lost(judge)
 
     def sweep_verdicts(self, sweep_run_id: str) -> list[sweeps.Verdict]:
         with db.transaction(self.engine) as session:

@@ -6,14 +6,15 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
+from typing import TypeVar
 
 import psycopg.errors
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import ExceptionContext
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.errors import GpuaasError
@@ -29,7 +30,11 @@ CONNECT_WAIT_SECONDS = 60.0
 GONE_MESSAGES = ("Connection refused", "No such file or directory", "closed the connection")
 RESTARTING_MESSAGE = "the database system is"
 
+# Attempts of an idempotent unit of work whose connection the store dropped (a restart).
+LOST_CONNECTION_ATTEMPTS = 3
+
 log = logging.getLogger(__name__)
+Result = TypeVar("Result")
 
 
 def normalize_url(url: str) -> str:
@@ -168,6 +173,20 @@ def transaction(engine: Engine) -> Iterator[Session]:
     factory = sessionmaker(engine, expire_on_commit=False)
     with factory() as session, session.begin():
         yield session
+
+
+def again_if_connection_lost(work: Callable[[], Result]) -> Result:
+    """Run ``work`` (one transaction) again when the store dropped its connection under it,
+    as a restart does to a statement in flight. Only for idempotent work: the dropped
+    attempt either never committed, or committed and is found by the next one."""
+    for attempt in range(1, LOST_CONNECTION_ATTEMPTS + 1):
+        try:
+            return work()
+        except DBAPIError as error:
+            if not error.connection_invalidated or attempt == LOST_CONNECTION_ATTEMPTS:
+                raise
+            log.warning("the store dropped the connection (%s); running it again", error.orig)
+    raise AssertionError("unreachable")
 
 
 def violated_constraint(error: IntegrityError) -> str | None:

@@ -145,3 +145,36 @@ def test_an_inventory_that_never_reached_its_store_fails_at_once(cluster, tmp_pa
     assert read.returncode != 0
     assert "cannot read nodes from the control plane" in read.stdout + read.stderr
     assert "No inventory was parsed" in read.stdout + read.stderr
+
+
+def test_idempotent_work_cut_off_by_a_restart_runs_again(cluster, caplog):
+    """A statement in flight when the store shuts down loses its connection; work that is
+    idempotent (a sweep's judgment, a read) runs again once the store is back, other
+    errors are raised as they are."""
+    engine = db.create(cluster.url())
+    attempts = []
+
+    def work() -> int:
+        attempts.append(len(attempts) + 1)
+        with engine.connect() as conn:
+            if len(attempts) == 1:
+                conn.execute(text("SELECT pg_sleep(30)"))
+            return conn.execute(text("SELECT 1")).scalar_one()
+
+    stopper = threading.Timer(1.0, restart_later, args=(cluster,))
+    stopper.start()
+    assert db.again_if_connection_lost(work) == 1
+    stopper.join()
+    assert attempts == [1, 2]
+    assert any("dropped the connection" in r.getMessage() for r in caplog.records)
+
+    def wrong() -> None:
+        attempts.append(0)
+        with engine.connect() as conn:
+            conn.execute(text("SELECT no_such_column FROM pg_class"))
+
+    attempts.clear()
+    with pytest.raises(Exception, match="no_such_column"):
+        db.again_if_connection_lost(wrong)
+    assert attempts == [0]
+    engine.dispose()
