@@ -132,7 +132,8 @@ class InventoryModule(BaseInventoryPlugin):
             # SQLAlchemy repeats the driver's message with a link; the driver's first line
             # says what happened.
             reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-            raise AnsibleParserError("cannot read nodes from the control plane: %s" % reason) from exc
+            message = "cannot read nodes from the control plane: %s" % reason
+            raise AnsibleParserError(message) from exc
         for host, variables in data["all"]["hosts"].items():
             self.inventory.add_host(host)
             for key, value in variables.items():

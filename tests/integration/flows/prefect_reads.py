@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import time
+
+# Log entries per read: the server's own default page size.
+LOG_PAGE = 200
 
 
 def flow_run_artifact(flow_run_id, key: str, kind: str):
@@ -56,12 +60,30 @@ def flow_run_logs(flow_run_id) -> list[str]:
     from prefect.logging.handlers import APILogWorker
 
     APILogWorker.drain_all(timeout=10)
+    messages: list[str] = []
+    # The server answers a page at a time (its default limit): read until a short page.
     with get_client(sync_client=True) as client:
-        logs = client.read_logs(
-            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
-            sort=LogSort.TIMESTAMP_ASC,
-        )
-    return [entry.message for entry in logs]
+        while True:
+            page = client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                sort=LogSort.TIMESTAMP_ASC,
+                limit=LOG_PAGE,
+                offset=len(messages),
+            )
+            messages += [entry.message for entry in page]
+            if len(page) < LOG_PAGE:
+                return messages
+
+
+def flow_run_logs_with(flow_run_id, message: str, timeout: float = 60) -> list[str]:
+    """The run's log messages once ``message`` is among them: a run started by a worker
+    ships its last logs from its own process, after its state is final."""
+    deadline = time.monotonic() + timeout
+    while True:
+        messages = flow_run_logs(flow_run_id)
+        if message in messages or time.monotonic() > deadline:
+            return messages
+        time.sleep(1)
 
 
 def table_cells(rows: list[dict]) -> list[str]:

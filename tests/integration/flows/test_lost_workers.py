@@ -31,7 +31,11 @@ from flows.reconcile import reconcile
 from flows.serve import PrefectStack, prefect_database_url, prefect_stack
 from gpuaas_lab.ports import free_port
 from gpuaas_lab.processes import kill_tree
-from tests.integration.flows.prefect_reads import flow_run_logs, table_artifact
+from tests.integration.flows.prefect_reads import (
+    flow_run_logs,
+    flow_run_logs_with,
+    table_artifact,
+)
 
 pytestmark = [pytest.mark.slow]
 
@@ -153,7 +157,7 @@ def test_reconcile_crashes_the_runs_lost_with_their_worker_and_keeps_a_live_work
     assert sorted((r["run"], r["deployment"], r["worker"]) for r in rows) == sorted(
         (str(run), "bootstrap-host", worker) for worker, run in doomed.items()
     )
-    logs = flow_run_logs(reconciled.id)
+    logs = flow_run_logs_with(reconciled.id, "2 run(s) lost with their worker marked Crashed")
     assert any("2 run(s) look lost with their worker; reading again in 6 s" in m for m in logs)
     assert any(m == "2 run(s) lost with their worker marked Crashed" for m in logs)
 
