@@ -25,6 +25,10 @@ MELLANOX_VENDOR = "0x15b3"
 # PCI base classes: 0x03 display (0x0300 VGA, 0x0302 3D controller), 0x02 network.
 DISPLAY_CLASS_PREFIXES = ("0x0300", "0x0302")
 VFIO_MODULES = ("vfio", "vfio_pci", "vfio_iommu_type1")
+VFIO_DRIVER = "vfio-pci"
+# Where driverctl keeps its overrides, one `pci-<address>` file naming the driver; udev
+# applies them as each device appears (vfio_binding writes them).
+DRIVERCTL_DIR = "/etc/driverctl.d"
 IOMMU_CMDLINE_ARGS = ("intel_iommu=on", "amd_iommu=on", "amd_iommu=force_isolation")
 HUGEPAGES_1G = "/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages"
 REBOOT_REQUIRED_FILES = ("/run/reboot-required", "/var/run/reboot-required")
@@ -138,6 +142,11 @@ def read_pci_function(host, address):
         sriov_numvfs=host.read_int(base + "/sriov_numvfs"),
         sriov_totalvfs=host.read_int(base + "/sriov_totalvfs"),
     )
+
+
+def driverctl_override(host, address):
+    """The driver driverctl binds the PCI function to, or None."""
+    return host.read(f"{DRIVERCTL_DIR}/pci-{address}") or None
 
 
 def pci_functions(host):

@@ -33,8 +33,8 @@ __metaclass__ = type
 
 from ansible_collections.gpuaas.fleet.plugins.module_utils import blockdev, hostfile, sysfs
 
-VFIO_DRIVER = "vfio-pci"
-DRIVERCTL_DIR = "/etc/driverctl.d"
+VFIO_DRIVER = sysfs.VFIO_DRIVER
+DRIVERCTL_DIR = sysfs.DRIVERCTL_DIR
 MODPROBE_CONF = "/etc/modprobe.d/gpuaas-vfio.conf"
 MODULES_LOAD_CONF = "/etc/modules-load.d/gpuaas-vfio.conf"
 DEFAULT_MODULES = ("vfio", "vfio_iommu_type1", "vfio_pci")
