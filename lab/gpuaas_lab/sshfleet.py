@@ -72,6 +72,7 @@ PARITY_CHECKS = (
     "vfio",
     "kvm",
     "iommu",
+    "sriov_vfs",
     "ipoib_netplan",
     "fabric_address",
     "fabric_route",

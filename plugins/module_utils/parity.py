@@ -14,7 +14,7 @@ The line format (parity_lines.py) is shared with the MAAS commissioning script:
 
     GPUAAS_SLICE_PARITY status=FAIL check=ipoib_netplan detail=command\\ exited\\ with\\ 1 \
 remediation=render\\ /etc/netplan/60-ipoib.yaml\\ from\\ site/profile\\ bootstrap
-    GPUAAS_SLICE_PARITY_SUMMARY status=FAIL checks=14 passed=12 failures=1 warnings=1
+    GPUAAS_SLICE_PARITY_SUMMARY status=FAIL checks=15 passed=13 failures=1 warnings=1
 
 Values escape backslash, space, tab, CR and newline with a backslash; `parse_lines`
 reverses `format_lines` exactly.
@@ -26,6 +26,7 @@ __metaclass__ = type
 
 import datetime
 import ipaddress
+import json
 import os
 import socket
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils import (
     netstate,
     procfs,
     service_manager,
+    sriov_vfs,
     sysfs,
     topology,
 )
@@ -69,6 +71,7 @@ CHECKS = (
     "vfio",
     "kvm",
     "iommu",
+    "sriov_vfs",
     "ipoib_netplan",
     "fabric_address",
     "fabric_route",
@@ -164,6 +167,49 @@ def check_iommu(ctx):
         detail,
         "enable VT-d/AMD-Vi in firmware, add intel_iommu=on iommu=pt (amd_iommu=on) and reboot",
     )
+
+
+def check_sriov_vfs(ctx):
+    """The VF counts the bootstrap wrote (sriov_vfs.CONFIG_PATH) are what the PFs have, each
+    VF has an IOMMU group, and each VF with a vfio-pci override is on vfio-pci."""
+    name = "sriov_vfs"
+    remediation = (
+        "run the bootstrap with slice_host_bootstrap_sriov_pfs, or "
+        "systemctl restart gpuaas-sriov-vfs and check its journal"
+    )
+    text = ctx.host.read(sriov_vfs.CONFIG_PATH)
+    if text is None:
+        return result(name, PASS, "no VF counts configured (slice_host_bootstrap_sriov_pfs)")
+    try:
+        document = json.loads(text)
+        entries = [sriov_vfs.normalize_entry(e, i) for i, e in enumerate(document["pfs"])]
+        resolved = sriov_vfs.resolve(ctx.host, entries)
+    except (ValueError, KeyError, TypeError) as exc:
+        return result(name, FAIL, f"{sriov_vfs.CONFIG_PATH}: {exc}", remediation)
+    problems, counts = [], []
+    for entry, addresses in resolved:
+        for address in addresses:
+            pf = sysfs.read_pci_function(ctx.host, address)
+            if pf.sriov_numvfs != entry["numvfs"] or len(pf.virtfns) != entry["numvfs"]:
+                problems.append(
+                    f"{address} has {pf.sriov_numvfs} VFs ({len(pf.virtfns)} present), "
+                    f"{entry['numvfs']} wanted"
+                )
+            on_vfio = 0
+            for vf_address in pf.virtfns:
+                vf = sysfs.read_pci_function(ctx.host, vf_address)
+                if vf.iommu_group is None:
+                    problems.append(f"VF {vf_address} has no IOMMU group")
+                wanted = sysfs.driverctl_override(ctx.host, vf_address)
+                if wanted and vf.driver != wanted:
+                    problems.append(
+                        f"VF {vf_address} is on {vf.driver or 'no driver'}, not {wanted}"
+                    )
+                on_vfio += vf.driver == sysfs.VFIO_DRIVER
+            counts.append(f"{address}={len(pf.virtfns)}/{pf.sriov_totalvfs} (vfio-pci {on_vfio})")
+    if problems:
+        return result(name, FAIL, "; ".join(problems), remediation)
+    return result(name, PASS, ", ".join(counts) or "no PF configured")
 
 
 def _ipoib_name(device_id, config):
@@ -771,6 +817,7 @@ CHECK_FUNCTIONS = {
     "vfio": check_vfio,
     "kvm": check_kvm,
     "iommu": check_iommu,
+    "sriov_vfs": check_sriov_vfs,
     "ipoib_netplan": check_ipoib_netplan,
     "fabric_address": check_fabric_address,
     "fabric_route": check_fabric_route,

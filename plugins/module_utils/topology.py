@@ -174,6 +174,35 @@ def fabric_inventory(functions, rdma):
     return entries
 
 
+def sriov_inventory(functions):
+    """Every SR-IOV capable PF, whatever its kind, with its VFs' drivers and IOMMU groups:
+    what the bootstrap's VF counts made of the host (docs/slice-host.md, "SR-IOV virtual
+    functions")."""
+    by_address = {f.address: f for f in functions}
+    entries = []
+    for function in functions:
+        if function.is_vf or function.sriov_totalvfs is None:
+            continue
+        vfs = [by_address[v] for v in function.virtfns if v in by_address]
+        entries.append(
+            {
+                "pci_address": function.address,
+                "vendor_id": function.vendor_id,
+                "device_id": function.device_id,
+                "pci_class": function.pci_class,
+                "driver": function.driver,
+                "numa_node": function.numa_node,
+                "sriov_numvfs": function.sriov_numvfs or 0,
+                "sriov_totalvfs": function.sriov_totalvfs,
+                "vfs": [
+                    {"pci_address": vf.address, "driver": vf.driver, "iommu_group": vf.iommu_group}
+                    for vf in vfs
+                ],
+            }
+        )
+    return entries
+
+
 # ------------------------------------------------------------------------------ pairing
 
 
@@ -513,6 +542,7 @@ def discover(
     functions = sysfs.pci_functions(host)
     gpus = gpu_inventory(functions)
     fabric = fabric_inventory(functions, sysfs.rdma_devices(host))
+    sriov = sriov_inventory(functions)
     disks = nvme_inventory.nvme_disks(host)
     disks.sort(key=lambda d: _sort_key(d, "pci_address"))
     host_state = sysfs.host_virtualization(host)
@@ -529,6 +559,7 @@ def discover(
         "host": host_state,
         "gpus": gpus,
         "fabric_devices": fabric,
+        "sriov_pfs": sriov,
         "nvme_devices": disks,
         "slice_network": network,
         "candidate_slots": slots,
@@ -536,6 +567,7 @@ def discover(
         "summary": {
             "gpu_devices": len(gpus),
             "fabric_devices": len(fabric),
+            "sriov_vfs": sum(len(p["vfs"]) for p in sriov),
             "nvme_devices": len(disks),
             "mounted_nvme_devices": sum(1 for d in disks if d["mountpoints"]),
             "candidate_slots": len(slots),

@@ -16,7 +16,10 @@ description:
   - Runs one check per condition of the slice host parity target (docs/slice-host.md) and
     returns PASS, FAIL or WARN with a detail and a remediation for each.
   - Checks behaviour, not package presence. V(vfio) loaded VFIO modules, V(kvm)
-    C(/dev/kvm), V(iommu) IOMMU groups, V(ipoib_netplan) C(/etc/netplan/60-ipoib.yaml)
+    C(/dev/kvm), V(iommu) IOMMU groups, V(sriov_vfs) each PF in the bootstrap's
+    C(/etc/gpuaas/sriov-vfs.json) has its VF count, every VF an IOMMU group and, when it has
+    a vfio-pci override, the vfio-pci driver (PASS when no counts are configured),
+    V(ipoib_netplan) C(/etc/netplan/60-ipoib.yaml)
     parsed as netplan YAML that gives an C(ibp*) interface an IPv4 address (inside
     O(fabric_subnet) when set), V(fabric_address) an up C(ibp*) interface that owns an IPv4
     address (inside O(fabric_subnet) when set) with a route reaching it, V(fabric_route) a
@@ -105,6 +108,7 @@ options:
       - vfio
       - kvm
       - iommu
+      - sriov_vfs
       - ipoib_netplan
       - fabric_address
       - fabric_route

@@ -28,6 +28,7 @@ EMBEDDED = (
     "commands",
     "procfs",
     "sysfs",
+    "sriov_vfs",
     "checks",
     "netstate",
     "nvme_inventory",

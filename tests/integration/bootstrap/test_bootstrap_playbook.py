@@ -43,6 +43,7 @@ SLICE_VARS = {
 # Checks that can pass on this machine; those in CANNOT_PASS must fail with a remediation.
 CAN_PASS = {
     "kvm",
+    "sriov_vfs",
     "bridge",
     "dnsmasq",
     "libvirt",
