@@ -31,11 +31,22 @@ SLOT_SPEC = dict(
     nvme_device=dict(type="str", required=True),
     numa_node=dict(type="int"),
 )
+# libvirt's <bandwidth> units: average and peak in kilobytes per second, burst in kilobytes.
+BANDWIDTH_DIRECTION_SPEC = dict(
+    average=dict(type="int", required=True),
+    peak=dict(type="int"),
+    burst=dict(type="int"),
+)
+BANDWIDTH_SPEC = dict(
+    inbound=dict(type="dict", options=BANDWIDTH_DIRECTION_SPEC),
+    outbound=dict(type="dict", options=BANDWIDTH_DIRECTION_SPEC),
+)
 PROFILE_SPEC = dict(
     vcpus=dict(type="int", required=True),
     memory_mib=dict(type="int", required=True),
     hugepages=dict(type="bool", default=False),
     hugepage_size_kib=dict(type="int", default=1048576),
+    bandwidth=dict(type="dict", options=BANDWIDTH_SPEC),
 )
 IMAGE_SPEC = dict(
     path=dict(type="path", required=True),

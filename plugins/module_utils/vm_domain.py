@@ -12,7 +12,9 @@ as its UUID. The XML follows the slice runtime profile
 - one VFIO `<hostdev>` per GPU and per fabric VF of every slot (`pci_passthrough`);
 - every slot's raw NVMe as a virtio block device (the first one boots), the NoCloud seed as
   a SATA CD-ROM;
-- a bridge or Open vSwitch (`<virtualport type='openvswitch'/>`) vNIC with the reserved MAC;
+- a bridge or Open vSwitch (`<virtualport type='openvswitch'/>`) vNIC with the reserved MAC,
+  shaped by libvirt's `<bandwidth>` when the profile gives rates (docs/slice-host.md,
+  "Per-vNIC QoS");
 - vCPUs/memory from the profile, vCPUs and emulator pinned to the slots' NUMA nodes' CPUs
   and memory bound to those nodes, 1 GiB hugepage backing when the profile says so;
 - domain type `kvm`, or `qemu` (TCG emulation) when `emulation` is selected for test hosts.
@@ -45,6 +47,12 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import (
 )
 
 METADATA_NS = "urn:gpuaas:slice:1"
+BANDWIDTH_DIRECTIONS = ("inbound", "outbound")
+BANDWIDTH_KEYS = ("average", "peak", "burst")
+# Above 100 Gbit/s (12.5 million kilobytes per second) or a 1 GiB burst a rate is a typo,
+# not a policy: no slice vNIC carries that much.
+MAX_RATE_KBPS = 12_500_000
+MAX_BURST_KB = 1_048_576
 BRIDGE_TYPES = ("linux", "openvswitch")
 DEFAULT_HUGEPAGE_KIB = 1048576
 SYS_NODE = "/sys/devices/system/node"
@@ -66,6 +74,8 @@ class RuntimeProfile:
     memory_mib: int
     hugepages: bool = False
     hugepage_size_kib: int = DEFAULT_HUGEPAGE_KIB
+    # {"inbound"|"outbound": {"average", "peak", "burst"}}, as parse_bandwidth gives it.
+    bandwidth: dict = dataclasses.field(default_factory=dict)
 
     def hugepages_needed(self) -> int:
         if not self.hugepages:
@@ -126,6 +136,56 @@ def parse_slots(raw_slots, phase: str = "") -> tuple:
     return tuple(slots)
 
 
+def parse_bandwidth(raw, phase: str = "") -> dict:
+    """The vNIC's rates, validated: each direction given has a positive `average` and
+    optionally `peak` (not below the average) and `burst`, none absurd. Directions and
+    keys not given are left out, so the result compares equal to what a domain reports."""
+    if not raw:
+        return {}
+    if not isinstance(raw, dict):
+        raise VmError("invalid_bandwidth", f"bandwidth must be a mapping, not {raw!r}", phase)
+    unknown = sorted(set(raw) - set(BANDWIDTH_DIRECTIONS))
+    if unknown:
+        raise VmError(
+            "invalid_bandwidth", f"bandwidth directions are inbound and outbound: {unknown}", phase
+        )
+    rates = {}
+    for direction in BANDWIDTH_DIRECTIONS:
+        given = {k: v for k, v in (raw.get(direction) or {}).items() if v is not None}
+        if not given:
+            continue
+        unknown = sorted(set(given) - set(BANDWIDTH_KEYS))
+        if unknown or "average" not in given:
+            raise VmError(
+                "invalid_bandwidth",
+                f"{direction} needs average (and optionally peak, burst): {given}",
+                phase,
+            )
+        checked = {}
+        for key in BANDWIDTH_KEYS:
+            if key not in given:
+                continue
+            value = given[key]
+            limit = MAX_BURST_KB if key == "burst" else MAX_RATE_KBPS
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit:
+                unit = "kilobytes" if key == "burst" else "kilobytes per second"
+                raise VmError(
+                    "invalid_bandwidth",
+                    f"{direction} {key} {value!r} must be a whole number of {unit} "
+                    f"from 1 to {limit}",
+                    phase,
+                )
+            checked[key] = value
+        if checked.get("peak", checked["average"]) < checked["average"]:
+            raise VmError(
+                "invalid_bandwidth",
+                f"{direction} peak {checked['peak']} is below its average {checked['average']}",
+                phase,
+            )
+        rates[direction] = checked
+    return rates
+
+
 def parse_profile(raw, phase: str = "") -> RuntimeProfile:
     vcpus = int(raw.get("vcpus") or 0)
     memory = int(raw.get("memory_mib") or 0)
@@ -136,7 +196,8 @@ def parse_profile(raw, phase: str = "") -> RuntimeProfile:
             phase,
         )
     size = int(raw.get("hugepage_size_kib") or DEFAULT_HUGEPAGE_KIB)
-    return RuntimeProfile(vcpus, memory, bool(raw.get("hugepages")), size)
+    bandwidth = parse_bandwidth(raw.get("bandwidth"), phase)
+    return RuntimeProfile(vcpus, memory, bool(raw.get("hugepages")), size, bandwidth)
 
 
 # ----------------------------------------------------------------------------- host facts
@@ -290,6 +351,11 @@ def build_domain_xml(spec: DomainSpec) -> str:
     if spec.bridge_type == "openvswitch":
         _sub(nic, "virtualport", type="openvswitch")
     _sub(nic, "model", type="virtio")
+    if profile.bandwidth:
+        shaping = _sub(nic, "bandwidth")
+        for direction in BANDWIDTH_DIRECTIONS:
+            if direction in profile.bandwidth:
+                _sub(shaping, direction, **profile.bandwidth[direction])
     for address in passthrough_addresses(spec):
         hostdev = _sub(devices, "hostdev", mode="subsystem", type="pci", managed="yes")
         _sub(hostdev, "driver", name="vfio")
@@ -320,6 +386,18 @@ def _kib(element) -> int:
 def _pci_text(address) -> str:
     parts = [int(address.get(k, "0"), 16) for k in ("domain", "bus", "slot", "function")]
     return f"{parts[0]:04x}:{parts[1]:02x}:{parts[2]:02x}.{parts[3]:x}"
+
+
+def read_bandwidth(nic) -> dict:
+    """An interface's <bandwidth> rates as parse_bandwidth gives them ({} when unshaped)."""
+    rates = {}
+    for direction in BANDWIDTH_DIRECTIONS:
+        element = nic.find(f"bandwidth/{direction}")
+        if element is not None:
+            rates[direction] = {
+                key: int(element.get(key)) for key in BANDWIDTH_KEYS if element.get(key)
+            }
+    return rates
 
 
 def domain_fingerprint(xml: str) -> dict:
@@ -360,6 +438,7 @@ def domain_fingerprint(xml: str) -> dict:
                 if nic.find("source") is not None
                 else "",
                 "virtualport": virtualport.get("type") if virtualport is not None else "",
+                "bandwidth": read_bandwidth(nic),
             }
         )
     serial_source = root.find("devices/serial/source")

@@ -12,7 +12,10 @@ from __future__ import absolute_import, annotations, division, print_function
 import uuid
 
 from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common, vm_dhcp, vm_libvirt
-from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_domain import domain_state
+from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_domain import (
+    domain_state,
+    read_bandwidth,
+)
 
 try:
     from lxml import etree
@@ -34,9 +37,18 @@ def allocation_of(name: str) -> str | None:
 
 
 def describe(xml: str) -> dict:
-    """Disks and MACs of a domain from its XML."""
+    """Disks, MACs and each vNIC's rates (libvirt's <bandwidth>) of a domain from its XML."""
     root = etree.fromstring(xml.encode("utf-8"))
     return {
+        "interfaces": [
+            {
+                "mac": (
+                    nic.find("mac").get("address", "") if nic.find("mac") is not None else ""
+                ).lower(),
+                "bandwidth": read_bandwidth(nic),
+            }
+            for nic in root.findall("./devices/interface")
+        ],
         "disks": sorted(
             source.get("dev") or source.get("file") or ""
             for source in root.findall("./devices/disk/source")

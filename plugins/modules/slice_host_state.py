@@ -14,7 +14,7 @@ short_description: Report the slice VMs, DHCP reservations and leases a host rea
 version_added: "0.1.0"
 description:
   - Lists the libvirt domains named C(gpuaas-slice-<allocation id hex>) with their state,
-    disks and MAC addresses, and the node dnsmasq's reservations and leases.
+    disks, MAC addresses and vNIC rates, and the node dnsmasq's reservations and leases.
   - Read-only evidence for reconciliation; the control plane compares it with its
     allocations and claims and records drift. Never changes anything.
 author:
@@ -99,6 +99,14 @@ domains:
       description: MAC addresses of the domain's interfaces.
       type: list
       elements: str
+      returned: always
+    interfaces:
+      description:
+        - Each vNIC's MAC and the rates libvirt shapes it to (C(bandwidth) with C(inbound) and
+          C(outbound), each C(average) and C(peak) in kilobytes per second and C(burst) in
+          kilobytes; empty when unshaped), from the running definition.
+      type: list
+      elements: dict
       returned: always
 reservations:
   description: dnsmasq host reservations (C(mac), C(ip), C(name)).

@@ -82,6 +82,42 @@ options:
         description: Hugepage size in KiB.
         type: int
         default: 1048576
+      bandwidth:
+        description:
+          - Rates of the management vNIC (libvirt C(<bandwidth>); on an Open vSwitch port
+            libvirt applies them as the port's policing and shaping). Absent means unshaped.
+          - Negative, zero or absurd rates (above 100 Gbit/s, a burst above 1 GiB) and a
+            peak below its average fail the module before anything changes.
+        type: dict
+        suboptions:
+          inbound:
+            description: Traffic the VM receives.
+            type: dict
+            suboptions:
+              average:
+                description: Average rate in kilobytes per second (1 to 12500000).
+                type: int
+                required: true
+              peak:
+                description: Peak rate in kilobytes per second, not below the average.
+                type: int
+              burst:
+                description: Kilobytes that may go at the peak rate (1 to 1048576).
+                type: int
+          outbound:
+            description: Traffic the VM sends.
+            type: dict
+            suboptions:
+              average:
+                description: Average rate in kilobytes per second (1 to 12500000).
+                type: int
+                required: true
+              peak:
+                description: Peak rate in kilobytes per second, not below the average.
+                type: int
+              burst:
+                description: Kilobytes that may go at the peak rate (1 to 1048576).
+                type: int
   mac_address:
     description: Reserved management MAC; required unless O(state=absent).
     type: str

@@ -136,6 +136,7 @@ def test_raw_disks_seed_cdrom_and_ovs_vnic_with_reserved_mac():
             "mac": "52:54:00:3f:a2:10",
             "bridge": "ovsbr0",
             "virtualport": "openvswitch",
+            "bandwidth": {},
         }
     ]
     root = etree.fromstring(vm_domain.build_domain_xml(spec()).encode())
