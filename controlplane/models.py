@@ -138,6 +138,8 @@ class Sku(Base):
     memory_gib_per_gpu: Mapped[int] = mapped_column(Integer, server_default=text("64"))
     runtime_profile: Mapped[str | None] = mapped_column(String(100))
     requires_hugepages: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    # Rates of a slice VM's management vNIC (controlplane/bandwidth.py); NULL: unshaped.
+    vnic_bandwidth: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True))
     enabled: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
     created_at: Mapped[dt.datetime] = utcnow_column()
 
@@ -145,6 +147,10 @@ class Sku(Base):
         CheckConstraint("cardinality(allowed_gpu_counts) > 0", name="allowed_gpu_counts_nonempty"),
         CheckConstraint("0 < ALL(allowed_gpu_counts)", name="allowed_gpu_counts_positive"),
         CheckConstraint("vcpu_per_gpu > 0 AND memory_gib_per_gpu > 0", name="profile_positive"),
+        CheckConstraint(
+            "vnic_bandwidth IS NULL OR jsonb_typeof(vnic_bandwidth) = 'object'",
+            name="vnic_bandwidth_object",
+        ),
     )
 
 

@@ -117,6 +117,7 @@ def provision_vm(
             "vcpus": spec.vcpus,
             "memory_mib": spec.memory_mib,
             "hugepages": spec.hugepages,
+            **({"bandwidth": spec.vnic_bandwidth} if spec.vnic_bandwidth else {}),
         },
         "slice_vm_provision_image": {
             "path": image.path_on(spec.node),

@@ -157,6 +157,8 @@ class RuntimeSpec:
     mac_address: str | None
     private_ip: str | None
     slots: list[SlotBinding]
+    # The SKU's management vNIC rates (controlplane/bandwidth.py), None when unshaped.
+    vnic_bandwidth: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -389,6 +391,7 @@ def runtime_spec(session: Session, allocation_id: uuid.UUID) -> RuntimeSpec:
         vcpus=sku.vcpu_per_gpu * allocation.gpu_count,
         memory_mib=sku.memory_gib_per_gpu * allocation.gpu_count * 1024,
         hugepages=sku.requires_hugepages,
+        vnic_bandwidth=sku.vnic_bandwidth,
         mac_address=str(boot.mac_address) if boot else None,
         private_ip=str(boot.private_ip).split("/")[0] if boot else None,
         slots=[

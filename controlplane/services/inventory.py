@@ -13,6 +13,7 @@ import netaddr
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from controlplane import bandwidth
 from controlplane.approval import KERNEL_DISK_NAME
 from controlplane.enums import MAAS_PROFILE_TAGS, AdminState, EvidenceKind, ProfileIntent
 from controlplane.errors import Conflict, InvalidInput
@@ -281,6 +282,8 @@ class SkuSpec:
     memory_gib_per_gpu: int = 64
     runtime_profile: str | None = None
     requires_hugepages: bool = False
+    # The management vNIC's rates (controlplane/bandwidth.py); None leaves it unshaped.
+    vnic_bandwidth: dict[str, Any] | None = None
 
 
 def define_sku(session: Session, spec: SkuSpec) -> bool:
@@ -292,6 +295,7 @@ def define_sku(session: Session, spec: SkuSpec) -> bool:
         raise InvalidInput("gpu_counts_invalid", "allowed GPU counts must be positive", {})
     if spec.vcpu_per_gpu <= 0 or spec.memory_gib_per_gpu <= 0:
         raise InvalidInput("profile_invalid", "vCPU and memory per GPU must be positive", {})
+    vnic_bandwidth = bandwidth.validate(spec.vnic_bandwidth)
     sku = session.scalars(select(Sku).where(Sku.slug == spec.slug)).one_or_none()
     created = sku is None
     if sku is None:
@@ -306,6 +310,7 @@ def define_sku(session: Session, spec: SkuSpec) -> bool:
     sku.memory_gib_per_gpu = spec.memory_gib_per_gpu
     sku.runtime_profile = spec.runtime_profile
     sku.requires_hugepages = spec.requires_hugepages
+    sku.vnic_bandwidth = vnic_bandwidth
     session.flush()
     return created
 

@@ -246,9 +246,11 @@ SELECT a.id, a.state,
        ARRAY(SELECT sl.nvme_device FROM allocation_resource_claims c
              JOIN node_resource_slots sl ON sl.id = c.slot_id
              WHERE c.allocation_id = a.id AND c.state = 'active'
-             ORDER BY sl.slot_index) AS disks
+             ORDER BY sl.slot_index) AS disks,
+       s.vnic_bandwidth
 FROM allocations a
 JOIN nodes n ON n.id = a.node_id
+LEFT JOIN skus s ON s.id = a.sku_id
 WHERE n.hostname = :host AND a.capacity_shape = 'gpu_slice'
   AND a.state IN ('provisioning', 'active', 'releasing')
 """
@@ -280,6 +282,7 @@ def expected_runtime(session: Session, hostname: str) -> list[dict[str, Any]]:
             "state": r.state,
             "mac": str(r.mac_address).lower() if r.mac_address else None,
             "disks": sorted(r.disks),
+            "bandwidth": r.vnic_bandwidth or {},
         }
         for r in session.execute(EXPECTED_SQL, {"host": hostname})
     ]
@@ -288,6 +291,18 @@ def expected_runtime(session: Session, hostname: str) -> list[dict[str, Any]]:
 def block_disks(domain: dict[str, Any]) -> list[str]:
     """A domain's raw disks (its seed ISO and other files are not slot disks)."""
     return sorted(d for d in domain.get("disks", []) if d.startswith("/dev/"))
+
+
+def vnic_rates(domain: dict[str, Any], mac: str | None) -> dict[str, Any] | None:
+    """The rates the host reports for the domain's vNIC with this MAC (its only vNIC when
+    no MAC is intended), or None when the report has no interfaces."""
+    interfaces = domain.get("interfaces")
+    if interfaces is None:
+        return None
+    for interface in interfaces:
+        if mac is None or interface.get("mac", "").lower() == mac:
+            return interface.get("bandwidth") or {}
+    return None
 
 
 def compare(expected: list[dict[str, Any]], observed: dict[str, Any]) -> list[dict[str, Any]]:
@@ -324,6 +339,17 @@ def compare(expected: list[dict[str, Any]], observed: dict[str, Any]) -> list[di
                     "code": "mac_mismatch",
                     "allocation_id": allocation_id,
                     "detail": f"domain MACs {domain['macs']} lack {intent['mac']}",
+                }
+            )
+        shaped = vnic_rates(domain, intent["mac"])
+        # Hosts probed before vNIC rates were reported say nothing about them.
+        if shaped is not None and shaped != (intent.get("bandwidth") or {}):
+            drift.append(
+                {
+                    "code": "bandwidth_mismatch",
+                    "allocation_id": allocation_id,
+                    "detail": f"vNIC {intent['mac']} is shaped to {shaped or 'no limit'}, "
+                    f"its SKU says {intent.get('bandwidth') or 'no limit'}",
                 }
             )
         wanted = sorted(intent.get("disks") or [])
