@@ -922,13 +922,25 @@ def _qemu_argv(host: LabHost, accel: str, os_disk: Path, seed: Path, vars_file: 
         "-daemonize",
     ]
     for index, disk in enumerate(host.nvme):
+        controller = (
+            f"nvme,id=nvmec{index},serial={disk['serial']},bus=pcie.0,addr={disk['slot']:#x}"
+        )
+        vfs = disk.get("sriov_max_vfs", 0)
+        if vfs:
+            # QEMU's NVMe controller is an SR-IOV PF only inside an NVM subsystem, with
+            # flexible queue (two per VF: admin and I/O) and interrupt resources to give.
+            argv += ["-device", f"nvme-subsys,id=nvmes{index},nqn=gpuaas-lab-{disk['serial']}"]
+            controller += (
+                f",subsys=nvmes{index},sriov_max_vfs={vfs}"
+                f",sriov_vq_flexible={2 * vfs},sriov_vi_flexible={vfs}"
+            )
         argv += [
             "-drive",
             # discard=unmap: deallocated blocks read back as zeroes, as on a drive that
             # reports it (Identify Namespace DLFEAT); QEMU punches holes in the file.
             f"file={disk['backing']},if=none,id=nvme{index},format=raw,discard=unmap",
             "-device",
-            f"nvme,id=nvmec{index},serial={disk['serial']},bus=pcie.0,addr={disk['slot']:#x}",
+            controller,
             "-device",
             f"nvme-ns,drive=nvme{index},bus=nvmec{index},nsid=1,eui64={int(disk['eui64'], 16)}",
         ]
@@ -965,16 +977,28 @@ def up(
     cache_dir: Path | None = None,
     wait: bool = True,
     seeded_host_key: HostKey | None = None,
+    sriov_max_vfs: dict[int, int] | None = None,
 ) -> LabHost:
     """Build (or reuse) the image, create and boot a lab host; returns once SSH answers and
     cloud-init is done. ``extra_user_data`` is a second user-data part (a MAAS deploy
     user-data, say), or a function of the host giving it (for URLs on the lab bridge).
     ``seeded_host_key``: the extra part seeds the host's SSH host key (a deploy's, issued
     by the control plane) and this is its public half; the lab then seeds none of its own
-    and connects pinned to this one."""
+    and connects pinned to this one. ``sriov_max_vfs`` makes NVMe controller i an SR-IOV
+    PF of that many VFs at most (real PCI functions once the guest writes its
+    ``sriov_numvfs``)."""
     _validate_name(name)
     if not 0 <= nvme <= 8:
         raise HostLabError("lab_host_bad_nvme", f"--nvme must be 0-8, not {nvme}")
+    sriov_max_vfs = dict(sriov_max_vfs or {})
+    for index, vfs in sriov_max_vfs.items():
+        # Offset 1 and stride 1 put the VFs in the functions after the PF's, 1 to 7.
+        if not (0 <= index < nvme and 1 <= vfs <= 7):
+            raise HostLabError(
+                "lab_host_bad_sriov",
+                f"SR-IOV on NVMe controller {index} with {vfs} VFs: need a controller of "
+                f"the {nvme} and 1-7 VFs",
+            )
     require_usable()
     state_dir = state_dir or default_state_dir()
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -1019,7 +1043,9 @@ def up(
             _teardown(host)
             raise
     try:
-        _create(host, image, nvme, nvme_size_mib, key, extra_user_data, seeded_host_key)
+        _create(
+            host, image, nvme, nvme_size_mib, key, extra_user_data, seeded_host_key, sriov_max_vfs
+        )
         if wait:
             host.boot_seconds = host.wait_until_ready()
             _save(host)
@@ -1037,6 +1063,7 @@ def _create(
     key: Path,
     extra_user_data: UserData,
     seeded_host_key: HostKey | None,
+    sriov_max_vfs: dict[int, int],
 ) -> None:
     directory = host.path
     _run(
@@ -1068,6 +1095,7 @@ def _create(
                 "eui64": f"{_eui64(host.name, index):016x}",
                 # udev's model_serial link (the image's lab rule adds nvme-eui.<eui64>).
                 "by_id": f"/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_{serial}",
+                "sriov_max_vfs": sriov_max_vfs.get(index, 0),
             }
         )
     pinned = seeded_host_key

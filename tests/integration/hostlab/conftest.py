@@ -1,6 +1,7 @@
 """Real Debian hosts under QEMU for the whole test session (one per xdist worker that
 needs them), booted only if a selected test uses them, all at once, each fixture waiting
-only for its own host: ``fresh``, booted with only the lab's user-data, and ``deployed``,
+only for its own host: ``fresh``, booted with only the lab's user-data, ``sriov``, whose
+second NVMe controller is an SR-IOV PF (real VFs for the bootstrap), and ``deployed``,
 booted with the project's MAAS deploy user-data as well, which bootstraps it on first boot
 (the longest wait of the suite: its tests run last, so the others run meanwhile). They are
 removed at the end whatever happened, with the HTTP server that served the collection to
@@ -28,8 +29,10 @@ from gpuaas_lab import deployseed, hostlab
 from tests.integration.ansible_helpers import PlaybookRun, run_playbook
 
 # test_storage_and_devices.py uses four controllers of the fresh host: a mirror, a volume
-# group, a share disk and the spare passed to vfio-pci.
-NVME = {"fresh": 4, "deployed": 2}
+# group, a share disk and the spare passed to vfio-pci. test_sriov_vfs.py the sriov host's
+# second controller, an SR-IOV PF of three VFs at most.
+NVME = {"fresh": 4, "deployed": 2, "sriov": 2}
+SRIOV_MAX_VFS = {"sriov": {1: 3}}
 SLICE_SUBNET = "10.100.0.0/24"
 
 
@@ -76,6 +79,7 @@ def lab_hosts(request, state_dir: Path) -> Iterator[dict[str, hostlab.LabHost]]:
                 state_dir=state_dir,
                 wait=False,
                 seeded_host_key=seeded,
+                sriov_max_vfs=SRIOV_MAX_VFS.get(role),
             )
         yield hosts
     finally:
@@ -99,6 +103,11 @@ def fresh(lab_hosts) -> hostlab.LabHost:
 @pytest.fixture(scope="session")
 def deployed(lab_hosts) -> hostlab.LabHost:
     return ready(lab_hosts["deployed"])
+
+
+@pytest.fixture(scope="session")
+def sriov(lab_hosts) -> hostlab.LabHost:
+    return ready(lab_hosts["sriov"])
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
