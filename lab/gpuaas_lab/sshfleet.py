@@ -77,6 +77,7 @@ PARITY_CHECKS = (
     "fabric_address",
     "fabric_route",
     "bridge",
+    "vnic_bandwidth",
     "nat",
     "ip_forward",
     "tmfifo",

@@ -14,7 +14,7 @@ The line format (parity_lines.py) is shared with the MAAS commissioning script:
 
     GPUAAS_SLICE_PARITY status=FAIL check=ipoib_netplan detail=command\\ exited\\ with\\ 1 \
 remediation=render\\ /etc/netplan/60-ipoib.yaml\\ from\\ site/profile\\ bootstrap
-    GPUAAS_SLICE_PARITY_SUMMARY status=FAIL checks=15 passed=13 failures=1 warnings=1
+    GPUAAS_SLICE_PARITY_SUMMARY status=FAIL checks=16 passed=14 failures=1 warnings=1
 
 Values escape backslash, space, tab, CR and newline with a backslash; `parse_lines`
 reverses `format_lines` exactly.
@@ -31,6 +31,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Tuple
+from xml.etree import ElementTree
 
 from ansible_collections.gpuaas.fleet.plugins.module_utils import (
     checks,
@@ -40,6 +41,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils import (
     sriov_vfs,
     sysfs,
     topology,
+    vm_common,
 )
 
 # The line format lives in parity_lines; its names stay reachable here for the modules,
@@ -78,6 +80,7 @@ CHECKS = (
     "bridge",
     "dnsmasq",
     "libvirt",
+    "vnic_bandwidth",
     "nat",
     "ip_forward",
     "tmfifo",
@@ -97,6 +100,8 @@ DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # Evidence stamped further in the future than this is not trusted (clock skew allowance).
 FUTURE_SKEW_SECONDS = 300
 LIBVIRT_SOCKETS = ("/run/libvirt/virtqemud-sock", "/run/libvirt/libvirt-sock")
+# libvirt's QEMU driver keeps the live definition of each running domain here.
+LIBVIRT_QEMU_STATUS = "/run/libvirt/qemu"
 DNSMASQ_DEFAULT_CONF = "/etc/dnsmasq.conf"
 DHCP_SERVER_PORT = 67
 ADVISORY_BLOCKER_CODES = frozenset(
@@ -562,6 +567,36 @@ def check_libvirt(ctx):
     )
 
 
+def check_vnic_bandwidth(ctx):
+    """Each running slice VM's vNIC rates as libvirt applied them (its status XML), so a
+    parity run shows them; whether they are the SKU's is reconcile's to judge."""
+    name = "vnic_bandwidth"
+    shaped, unreadable = [], []
+    for entry in ctx.host.listdir(LIBVIRT_QEMU_STATUS):
+        if not (entry.startswith(vm_common.DOMAIN_PREFIX) and entry.endswith(".xml")):
+            continue
+        domain_name = entry[: -len(".xml")]
+        try:
+            root = ElementTree.fromstring(ctx.host.read(f"{LIBVIRT_QEMU_STATUS}/{entry}") or "")
+        except ElementTree.ParseError as exc:
+            unreadable.append(f"{domain_name}: {exc}")
+            continue
+        domain = root if root.tag == "domain" else root.find("domain")
+        for nic in [] if domain is None else domain.findall("devices/interface"):
+            mac = nic.find("mac")
+            address = (mac.get("address") or "?").lower() if mac is not None else "?"
+            rates = vm_common.describe_bandwidth(vm_common.read_bandwidth(nic))
+            shaped.append(f"{domain_name} {address} {rates}")
+    if unreadable:
+        return result(
+            name,
+            WARN,
+            "unreadable libvirt status: " + "; ".join(unreadable),
+            "check libvirtd; virsh dumpxml shows the live definition",
+        )
+    return result(name, PASS, "; ".join(shaped) or "no slice VM running")
+
+
 def check_nat(ctx):
     net = ctx.network()
     if net["nat_masquerade"]:
@@ -824,6 +859,7 @@ CHECK_FUNCTIONS = {
     "bridge": check_bridge,
     "dnsmasq": check_dnsmasq,
     "libvirt": check_libvirt,
+    "vnic_bandwidth": check_vnic_bandwidth,
     "nat": check_nat,
     "ip_forward": check_ip_forward,
     "tmfifo": check_tmfifo,

@@ -20,6 +20,8 @@ import time
 import uuid
 
 DOMAIN_PREFIX = "gpuaas-slice-"
+BANDWIDTH_DIRECTIONS = ("inbound", "outbound")
+BANDWIDTH_KEYS = ("average", "peak", "burst")
 DEFAULT_LIBVIRT_URI = "qemu:///system"
 MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 PCI_RE = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
@@ -31,6 +33,31 @@ SLOT_SPEC = dict(
     nvme_device=dict(type="str", required=True),
     numa_node=dict(type="int"),
 )
+
+
+def read_bandwidth(nic) -> dict:
+    """An interface element's <bandwidth> rates as vm_domain.parse_bandwidth gives them ({}
+    when unshaped); any ElementTree-like element (lxml or the standard library's)."""
+    rates = {}
+    for direction in BANDWIDTH_DIRECTIONS:
+        element = nic.find(f"bandwidth/{direction}")
+        if element is not None:
+            rates[direction] = {
+                key: int(element.get(key)) for key in BANDWIDTH_KEYS if element.get(key)
+            }
+    return rates
+
+
+def describe_bandwidth(rates: dict) -> str:
+    """`inbound average=… peak=… burst=…, outbound average=…`, or `unshaped`."""
+    parts = [
+        direction + "".join(f" {k}={v}" for k, v in rates[direction].items())
+        for direction in BANDWIDTH_DIRECTIONS
+        if direction in rates
+    ]
+    return ", ".join(parts) or "unshaped"
+
+
 # libvirt's <bandwidth> units: average and peak in kilobytes per second, burst in kilobytes.
 BANDWIDTH_DIRECTION_SPEC = dict(
     average=dict(type="int", required=True),

@@ -42,13 +42,14 @@ except ImportError as exc:  # reported by the module with missing_required_lib
 
 from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common, vm_libvirt
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import (
+    BANDWIDTH_DIRECTIONS,
+    BANDWIDTH_KEYS,
     PHASE_DOMAIN,
     VmError,
+    read_bandwidth,
 )
 
 METADATA_NS = "urn:gpuaas:slice:1"
-BANDWIDTH_DIRECTIONS = ("inbound", "outbound")
-BANDWIDTH_KEYS = ("average", "peak", "burst")
 # Above 100 Gbit/s (12.5 million kilobytes per second) or a 1 GiB burst a rate is a typo,
 # not a policy: no slice vNIC carries that much.
 MAX_RATE_KBPS = 12_500_000
@@ -386,18 +387,6 @@ def _kib(element) -> int:
 def _pci_text(address) -> str:
     parts = [int(address.get(k, "0"), 16) for k in ("domain", "bus", "slot", "function")]
     return f"{parts[0]:04x}:{parts[1]:02x}:{parts[2]:02x}.{parts[3]:x}"
-
-
-def read_bandwidth(nic) -> dict:
-    """An interface's <bandwidth> rates as parse_bandwidth gives them ({} when unshaped)."""
-    rates = {}
-    for direction in BANDWIDTH_DIRECTIONS:
-        element = nic.find(f"bandwidth/{direction}")
-        if element is not None:
-            rates[direction] = {
-                key: int(element.get(key)) for key in BANDWIDTH_KEYS if element.get(key)
-            }
-    return rates
 
 
 def domain_fingerprint(xml: str) -> dict:

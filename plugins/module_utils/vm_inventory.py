@@ -12,10 +12,8 @@ from __future__ import absolute_import, annotations, division, print_function
 import uuid
 
 from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common, vm_dhcp, vm_libvirt
-from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_domain import (
-    domain_state,
-    read_bandwidth,
-)
+from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import read_bandwidth
+from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_domain import domain_state
 
 try:
     from lxml import etree

@@ -26,7 +26,10 @@ description:
     route over C(ibp*) (covering O(fabric_subnet) when set), V(bridge) the bridge is an up
     Linux or Open vSwitch bridge that owns the subnet gateway address, V(dnsmasq) a live
     dnsmasq in this network namespace with a DHCP range in the GPU subnet that itself holds
-    the UDP port 67 socket, V(libvirt) a libvirt socket that accepts connections, V(nat) a
+    the UDP port 67 socket, V(libvirt) a libvirt socket that accepts connections,
+    V(vnic_bandwidth) each running slice VM's vNIC rates as libvirt applied them (from its
+    status XML under C(/run/libvirt/qemu); PASS listing them, WARN when one is unreadable),
+    V(nat) a
     MASQUERADE rule for the subnet, V(ip_forward) IPv4 forwarding, V(tmfifo) the BF3
     management address (WARN when absent), V(historical_network_service) WARN when the
     historical C(gpuaas-slice-host-net-baseline) unit exists or still runs (active or
@@ -115,6 +118,7 @@ options:
       - bridge
       - dnsmasq
       - libvirt
+      - vnic_bandwidth
       - nat
       - ip_forward
       - tmfifo

@@ -29,6 +29,7 @@ EMBEDDED = (
     "procfs",
     "sysfs",
     "sriov_vfs",
+    "vm_common",
     "checks",
     "netstate",
     "nvme_inventory",

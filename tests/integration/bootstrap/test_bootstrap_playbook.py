@@ -47,6 +47,7 @@ CAN_PASS = {
     "bridge",
     "dnsmasq",
     "libvirt",
+    "vnic_bandwidth",
     "nat",
     "ip_forward",
     "tmfifo",

@@ -112,7 +112,7 @@ def test_parity_flips_with_the_namespace_state(slice_ns, trees, ansible_env, tmp
     after = task_result(doc, "Run the slice parity checks")
     assert statuses(after) == dict.fromkeys(parity.CHECKS, "PASS"), after["results"]
     assert after["lines"][-1] == (
-        "GPUAAS_SLICE_PARITY_SUMMARY status=PASS checks=15 passed=15 failures=0 warnings=0"
+        "GPUAAS_SLICE_PARITY_SUMMARY status=PASS checks=16 passed=16 failures=0 warnings=0"
     )
     assert after["failures"] == 0 and after["warning_count"] == 0
     printed = task_result(

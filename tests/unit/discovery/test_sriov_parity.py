@@ -79,3 +79,57 @@ def test_discovery_reports_every_sriov_pf_and_its_vfs(host_tree) -> None:
     assert all(isinstance(vf["iommu_group"], int) for vf in numa1["vfs"])
     assert pfs["0000:bc:00.0"]["vfs"] == []
     assert found["summary"]["sriov_vfs"] == 8
+
+
+# vNIC rates of running slice VMs ------------------------------------------------------
+
+STATUS = "run/libvirt/qemu"
+RATES = {"inbound": {"average": 12500, "peak": 25000, "burst": 4096}, "outbound": {"average": 6250}}
+
+
+def domain_status(name: str, mac: str, rates: dict) -> str:
+    """libvirt's status XML of a running domain (the live definition inside <domstatus>)."""
+    shaping = "".join(
+        f"<{d} " + " ".join(f"{k}='{v}'" for k, v in r.items()) + "/>" for d, r in rates.items()
+    )
+    bandwidth = f"<bandwidth>{shaping}</bandwidth>" if rates else ""
+    return (
+        f"<domstatus state='running' reason='booted' pid='4242'><domain type='kvm' id='3'>"
+        f"<name>{name}</name><devices><interface type='bridge'><mac address='{mac}'/>"
+        f"<source bridge='ovsbr0'/>{bandwidth}</interface></devices></domain></domstatus>"
+    )
+
+
+def vnic_check(root) -> dict:
+    ctx = parity.ParityContext(host=sysfs.HostRoot(str(root)), manager="direct")
+    (found,) = parity.run_checks(ctx, ["vnic_bandwidth"])
+    return found
+
+
+def test_parity_lists_each_running_slice_vms_vnic_rates(spec_tree) -> None:
+    shaped, unshaped = "gpuaas-slice-" + "a" * 32, "gpuaas-slice-" + "b" * 32
+    root = tree_with(
+        spec_tree,
+        hosttrees.clean_host(),
+        **{
+            f"{STATUS}/{shaped}.xml": domain_status(shaped, "52:54:00:3F:A2:10", RATES),
+            f"{STATUS}/{unshaped}.xml": domain_status(unshaped, "52:54:00:3f:a2:11", {}),
+            f"{STATUS}/other-vm.xml": domain_status("other-vm", "52:54:00:00:00:01", RATES),
+        },
+    )
+    found = vnic_check(root)
+    assert found["status"] == "PASS"
+    assert found["detail"] == (
+        f"{shaped} 52:54:00:3f:a2:10 inbound average=12500 peak=25000 burst=4096, "
+        f"outbound average=6250; {unshaped} 52:54:00:3f:a2:11 unshaped"
+    )
+
+
+def test_no_running_slice_vm_and_an_unreadable_status(host_tree, spec_tree) -> None:
+    assert vnic_check(host_tree("clean", "j22u15"))["detail"] == "no slice VM running"
+    name = "gpuaas-slice-" + "c" * 32
+    root = tree_with(spec_tree, hosttrees.clean_host(), **{f"{STATUS}/{name}.xml": "<domstatus"})
+    found = vnic_check(root)
+    assert found["status"] == "WARN" and found["detail"].startswith(
+        f"unreadable libvirt status: {name}"
+    )

@@ -9,7 +9,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_domain, vm_inventory
+from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common, vm_domain, vm_inventory
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import VmError
 from lxml import etree
 
@@ -42,7 +42,7 @@ def test_the_vnic_carries_the_profiles_rates() -> None:
     inbound = nic.find("bandwidth/inbound")
     assert dict(inbound.attrib) == {"average": "12500", "peak": "25000", "burst": "4096"}
     assert dict(nic.find("bandwidth/outbound").attrib) == {"average": "6250"}
-    assert vm_domain.read_bandwidth(nic) == RATES
+    assert vm_common.read_bandwidth(nic) == RATES
 
 
 def test_no_rates_no_bandwidth_element() -> None:
