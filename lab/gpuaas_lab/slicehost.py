@@ -91,6 +91,8 @@ class LabSliceHost:
     host_action_limit: int = NodeSpec.host_action_limit
     # The image the slots' VMs boot: the busybox guest, or sliceguest's Debian one.
     guest_image: Callable[[], GuestImage] = ensure_guest_image
+    # The slice bridge: a Linux bridge, or Open vSwitch with the userspace datapath.
+    bridge_type: str = "linux"
     lab: VmLab | None = None
     image: GuestImage | None = None
     host_vars: dict[str, Any] = field(default_factory=dict)
@@ -99,7 +101,7 @@ class LabSliceHost:
     def __enter__(self) -> LabSliceHost:
         self.root.mkdir(parents=True, exist_ok=True)
         self.image = self.guest_image()
-        self.lab = VmLab(self.root / "lab", bridge_type="linux", dev_disk_by_id=True)
+        self.lab = VmLab(self.root / "lab", bridge_type=self.bridge_type, dev_disk_by_id=True)
         try:
             self.lab.start()
             # An uplink with a default route, as fleet hosts have.
@@ -123,7 +125,7 @@ class LabSliceHost:
                 "gpuaas_slice_proxy_command": shlex.join(
                     [*self.lab.ns.exec_prefix(), "nc", "%h", "%p"]
                 ),
-                "slice_vm_provision_bridge_type": "linux",
+                "slice_vm_provision_bridge_type": self.bridge_type,
                 "slice_vm_provision_emulation": True,
                 "slice_vm_provision_pci_passthrough": False,
                 # Eight emulated guests booting at once on a loaded machine are slow.

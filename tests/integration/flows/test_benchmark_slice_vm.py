@@ -7,7 +7,6 @@ it. GPU and RDMA probes skip with their reason (no GPU, no fabric here)."""
 
 from __future__ import annotations
 
-import shutil
 import uuid
 
 import pytest
@@ -18,9 +17,8 @@ from flows.allocation import provision_allocation
 from flows.benchmarks import benchmark_compare
 from flows.fleet import approve_slots, discover_topology
 from flows.refusals import found
-from gpuaas_lab.sliceguest import ensure_slice_guest_image
-from gpuaas_lab.sliceguest import unavailable_reason as guest_unavailable_reason
-from gpuaas_lab.slicehost import LAB_SKU, LabSliceHost, unavailable_reason
+from gpuaas_lab.slicehost import LAB_SKU
+from tests.integration.flows.conftest import DEBIAN_IMAGE as IMAGE
 from tests.integration.flows.conftest import flow_control_plane
 from tests.integration.flows.prefect_reads import flow_run_logs, table_artifact
 from tests.integration.flows.test_allocation_flows import add_catalog_image
@@ -32,31 +30,7 @@ pytestmark = [
     pytest.mark.xdist_group("prefect"),
 ]
 
-IMAGE = "lab-debian"
 USER = "bench"
-
-
-@pytest.fixture
-def debian_slice_node(tmp_path, database_url, monkeypatch, prefect_harness):
-    """A lab slice node whose slots boot the Debian slice guest (two slots: one for the VM,
-    one left available, whose raw disk the baseline capture may read)."""
-    missing = [tool for tool in ("nc", "sysbench", "iperf3", "fio") if shutil.which(tool) is None]
-    reason = (
-        unavailable_reason()
-        or guest_unavailable_reason()
-        or (
-            f"{', '.join(missing)} not installed (scripts/system-packages-test.txt)"
-            if missing
-            else None
-        )
-    )
-    cp = flow_control_plane(reason, tmp_path, database_url, monkeypatch)
-    cp.define_sku(LAB_SKU)
-    with LabSliceHost(
-        tmp_path / "host", slots=2, disk_mib=2048, guest_image=ensure_slice_guest_image
-    ) as host:
-        host.enroll(cp)
-        yield cp, host
 
 
 # A large lab (make test-lab): a Debian guest built from packages and booted under TCG.
