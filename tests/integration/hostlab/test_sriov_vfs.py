@@ -160,10 +160,15 @@ def test_bootstrap_makes_the_vfs_a_cold_boot_keeps_them_and_a_new_count_moves_th
     }
     assert parity["sriov_vfs"]["detail"] == f"{pf}=3/3 (vfio-pci 3)", parity["sriov_vfs"]
 
-    # Bad input: a clear error, nothing written, the unit's configuration unchanged.
+    # The same count again changes nothing; bad input is a clear error, nothing written,
+    # the unit's configuration unchanged.
     refused = run_tasks(
         sriov,
         [
+            {
+                "name": "Again",
+                "gpuaas.fleet.sriov_vfs": {"pfs": [{"pci_address": pf, "numvfs": 3}]},
+            },
             {
                 "name": "Too many",
                 "gpuaas.fleet.sriov_vfs": {"pfs": [{"pci_address": pf, "numvfs": 4}]},
@@ -177,6 +182,8 @@ def test_bootstrap_makes_the_vfs_a_cold_boot_keeps_them_and_a_new_count_moves_th
         ],
         tmp_path,
     )
+    again = refused.task("Again", sriov.name)
+    assert again["changed"] is False and again["writes"] == [], again
     too_many = refused.task("Too many", sriov.name)
     assert too_many["failed"] and not too_many["changed"]
     assert too_many["msg"] == f"PF {pf} is asked for 4 VFs but gives at most sriov_totalvfs=3"
