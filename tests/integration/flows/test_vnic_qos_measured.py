@@ -1,0 +1,127 @@
+"""Per-vNIC QoS measured in a slice VM the provision flow made: a lab slice node (libvirt,
+dnsmasq and loop disks in namespaces on this machine) provisions the Debian slice guest
+for a SKU whose vNIC rates are 100 Mbit/s each way, on a Linux bridge and on Open vSwitch;
+iperf3 from the guest to a server on
+the bridge gateway gets that rate in both directions (within 10 %), and far more once the
+rates are lifted from the running domain, which reconcile's comparison then flags
+(docs/slice-host.md, "Per-vNIC QoS")."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+
+import pytest
+
+from controlplane.services.reconcile import compare
+from flows.allocation import provision_allocation
+from flows.fleet import approve_slots, discover_topology
+from gpuaas_lab.slicehost import LAB_SKU
+from tests.integration.flows.conftest import DEBIAN_IMAGE
+from tests.integration.flows.test_allocation_flows import add_catalog_image
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.root,
+    pytest.mark.vm,
+    pytest.mark.xdist_group("prefect"),
+]
+
+USER = "qos"
+# 12,500 kilobytes per second is 100 Mbit/s (libvirt hands tc and OVS kilobytes of 1000
+# bytes); a burst of 1 MB lets TCP reach the rate under the policing of what the VM sends.
+RATE_KBPS = 12_500
+RATES = {
+    "inbound": {"average": RATE_KBPS, "burst": 1024},
+    "outbound": {"average": RATE_KBPS, "burst": 1024},
+}
+RATE_BITS = RATE_KBPS * 8000
+
+
+def throughput(host, guest: str, key, reverse: bool) -> float:
+    """bits/s of a 5 s iperf3 run from the guest to the gateway (``reverse``: the gateway
+    sends, so the VM's inbound rate applies)."""
+    command = f"iperf3 -c {host.lab.gateway} -p 5201 -t 5 -J" + (" -R" if reverse else "")
+    proc = host.lab.ssh(guest, USER, key, command, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)["end"]["sum_received"]["bits_per_second"]
+
+
+# A large lab (make test-lab): a Debian guest built from packages and booted under TCG, on
+# a Linux bridge (tc on the tap) and on the userspace Open vSwitch (the port's policing and
+# QoS, as libvirt sets them).
+@pytest.mark.lab
+@pytest.mark.parametrize("debian_slice_node", ["linux", "openvswitch"], indirect=True)
+def test_a_shaped_vnic_gets_its_rate_both_ways_and_an_unshaped_one_far_more(
+    debian_slice_node,
+    engine,
+    tmp_path,
+) -> None:
+    cp, host = debian_slice_node
+    cp.define_sku(dataclasses.replace(LAB_SKU, vnic_bandwidth=RATES))
+    discover_topology(hostnames=[host.hostname])
+    approve_slots(host.hostname)
+    add_catalog_image(engine, DEBIAN_IMAGE, host.image.sha256, str(host.image.path), [LAB_SKU.slug])
+    key, public = host.lab.ssh_keypair(USER)
+    provisioned = provision_allocation(
+        LAB_SKU.slug,
+        1,
+        DEBIAN_IMAGE,
+        [{"name": USER, "ssh_authorized_keys": [public]}],
+        return_state=True,
+    ).result()
+    assert provisioned["state"] == "active", provisioned
+    allocation = provisioned["allocation_id"]
+    domain = "gpuaas-slice-" + uuid.UUID(allocation).hex
+    guest = cp.runtime_spec(uuid.UUID(allocation)).private_ip
+    mac = cp.runtime_spec(uuid.UUID(allocation)).mac_address.lower()
+    tuned = host.lab.virsh("domiftune", domain, mac).stdout
+    assert f"inbound.average: {RATE_KBPS}" in tuned and f"outbound.average: {RATE_KBPS}" in tuned
+
+    server = host.lab.ns.start_daemon(
+        ["iperf3", "-s", "-B", host.lab.gateway, "-p", "5201"], log_path=tmp_path / "iperf3.log"
+    )
+    try:
+        capped = {
+            "outbound": throughput(host, guest, key, reverse=False),
+            "inbound": throughput(host, guest, key, reverse=True),
+        }
+        host.lab.virsh("domiftune", domain, mac, "--live", "--inbound", "0", "--outbound", "0")
+        uncapped = {
+            "outbound": throughput(host, guest, key, reverse=False),
+            "inbound": throughput(host, guest, key, reverse=True),
+        }
+    finally:
+        host.lab.ns.stop_daemon(server)
+    measured = {"rate_bits": RATE_BITS, "capped": capped, "uncapped": uncapped}
+    for direction in ("inbound", "outbound"):
+        assert abs(capped[direction] - RATE_BITS) <= 0.10 * RATE_BITS, measured
+        assert uncapped[direction] > 5 * RATE_BITS, measured
+
+    # The running domain is no longer shaped as its SKU says: reconcile's comparison flags it.
+    live = host.lab.virsh("dumpxml", domain).stdout
+    assert "<bandwidth" not in live, live
+    observed = {
+        "domains": [
+            {
+                "name": domain,
+                "allocation_id": allocation,
+                "state": "running",
+                "macs": [mac],
+                "disks": [],
+                "interfaces": [{"mac": mac, "bandwidth": {}}],
+            }
+        ],
+        "reservations": [],
+    }
+    intent = [
+        {
+            "allocation_id": allocation,
+            "state": "active",
+            "mac": mac,
+            "disks": [],
+            "bandwidth": RATES,
+        }
+    ]
+    assert [d["code"] for d in compare(intent, observed)] == ["bandwidth_mismatch"]
