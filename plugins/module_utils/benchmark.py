@@ -25,7 +25,7 @@ import time
 
 SCHEMA = "gpuaas.benchmark/v1"
 # One set of options for every host: changing one is a new harness version.
-HARNESS_VERSION = 1
+HARNESS_VERSION = 2
 CPU_SECONDS = 5
 CPU_MAX_PRIME = 20000
 MEMORY_TOTAL = "4G"
@@ -170,13 +170,17 @@ def storage_probes(run, which, target, approved):
     return results
 
 
-def network_probe(run, which, peer, port):
-    probe = Probe("network_gbit_s", "Gbit/s")
+def network_probe(run, which, peer, port, receive=False):
+    """Gbit/s this host sends to the peer, or with ``receive`` gets from it (iperf3's
+    reverse mode): a slice VM's vNIC may be shaped differently each way."""
+    probe = Probe("network_receive_gbit_s" if receive else "network_gbit_s", "Gbit/s")
     if not peer:
         return probe.skip("no network peer given")
     if not which("iperf3"):
         return probe.skip("iperf3 is not installed")
     argv = ["iperf3", "-c", peer, "-p", str(port), "-t", str(IPERF_SECONDS), "-J"]
+    if receive:
+        argv.append("-R")
     rc, out, err = run(argv)
     try:
         report = json.loads(out)
@@ -274,9 +278,9 @@ def capture(options, run, which):
     probes += storage_probes(
         run, which, options.get("storage_target"), options.get("approved_storage_targets") or []
     )
-    probes.append(
-        network_probe(run, which, options.get("network_peer"), options.get("network_port") or 5201)
-    )
+    peer, port = options.get("network_peer"), options.get("network_port") or 5201
+    probes.append(network_probe(run, which, peer, port))
+    probes.append(network_probe(run, which, peer, port, receive=True))
     probes.append(rdma_probe(run, which, options.get("rdma_peer"), options.get("rdma_device")))
     probes += gpu_probes(run, which)
     return {

@@ -19,9 +19,9 @@ description:
   - "Probes: CPU (sysbench cpu, one thread), memory read and write bandwidth (sysbench
     memory), storage random 4 KiB read IOPS and sequential 1 MiB read bandwidth (fio with
     C(--readonly), only on O(storage_target) when it is in O(approved_storage_targets)),
-    network throughput to O(network_peer) (iperf3), RDMA write bandwidth (ib_write_bw,
-    with O(rdma_peer) and O(rdma_device)), the GPUs nvidia-smi lists and DCGM's quick
-    diagnostic."
+    network throughput to and from O(network_peer) (iperf3, then its reverse mode), RDMA
+    write bandwidth (ib_write_bw, with O(rdma_peer) and O(rdma_device)), the GPUs
+    nvidia-smi lists and DCGM's quick diagnostic."
   - Each probe reports its value and unit, the exact command and the tool's version, or
     C(skipped) with the reason (tool or device absent, no peer, target not approved), or
     C(failed) with the tool's error. Nothing is written to any disk.

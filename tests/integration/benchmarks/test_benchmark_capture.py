@@ -105,11 +105,13 @@ def test_capture_both_sides_and_compare_them(tmp_path, iperf_server, disk):
         "storage_randread_iops",
         "storage_seqread_mib_s",
         "network_gbit_s",
+        "network_receive_gbit_s",
     ):
         assert measured[name]["status"] == "ok", measured[name]
         assert measured[name]["value"] > 0 and measured[name]["tool_version"], measured[name]
     assert "--readonly" in measured["storage_randread_iops"]["command"]
     assert measured["network_gbit_s"]["command"].startswith("iperf3 -c 127.0.0.1")
+    assert measured["network_receive_gbit_s"]["command"].endswith(" -J -R")
     for name, reason in (
         ("rdma_write_gbit_s", "no RDMA peer and device given"),
         ("gpu_count", "nvidia-smi is not installed (no NVIDIA driver)"),
