@@ -52,6 +52,28 @@ def _json_command(runner, argv, errors):
         return []
 
 
+# What libvirt (htb on a Linux bridge's tap) and Open vSwitch (linux-htb QoS) put at the
+# root of a vNIC's tap to shape what the VM receives.
+SHAPING_QDISCS = ("htb", "hfsc", "tbf")
+
+
+def tap_shaping(runner, device):
+    """Which directions the kernel really shapes on a slice VM's tap `device`: `inbound`
+    (what the VM receives: the tap's egress) by a shaping root qdisc, `outbound` (what the
+    VM sends: the tap's ingress) by a filter with a police action. A rate libvirt or OVS
+    accepted but the kernel could not apply (a missing qdisc or action) shows as False."""
+    errors = []
+    qdiscs = _json_command(runner, ["tc", "-j", "qdisc", "show", "dev", device], errors)
+    filters = _json_command(
+        runner, ["tc", "-j", "filter", "show", "dev", device, "ingress"], errors
+    )
+    return {
+        "inbound": any(q.get("root") and q.get("kind") in SHAPING_QDISCS for q in qdiscs),
+        "outbound": any('"police"' in json.dumps(f) for f in filters),
+        "errors": errors,
+    }
+
+
 def parse_interfaces(addr_json):
     """`ip -d -j addr show` -> {name: {kind, up, ipv4: [cidr...]}}."""
     interfaces = {}

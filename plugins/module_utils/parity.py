@@ -569,9 +569,12 @@ def check_libvirt(ctx):
 
 def check_vnic_bandwidth(ctx):
     """Each running slice VM's vNIC rates as libvirt applied them (its status XML), so a
-    parity run shows them; whether they are the SKU's is reconcile's to judge."""
+    parity run shows them, and whether the kernel really shapes them on the VM's tap: libvirt
+    and Open vSwitch accept rates a kernel without the qdisc or police action cannot apply,
+    and Open vSwitch then only logs a warning (docs/slice-host.md, "Per-vNIC QoS"). Whether
+    the rates are the SKU's is reconcile's to judge."""
     name = "vnic_bandwidth"
-    shaped, unreadable = [], []
+    shaped, unreadable, unenforced = [], [], []
     for entry in ctx.host.listdir(LIBVIRT_QEMU_STATUS):
         if not (entry.startswith(vm_common.DOMAIN_PREFIX) and entry.endswith(".xml")):
             continue
@@ -585,16 +588,43 @@ def check_vnic_bandwidth(ctx):
         for nic in [] if domain is None else domain.findall("devices/interface"):
             mac = nic.find("mac")
             address = (mac.get("address") or "?").lower() if mac is not None else "?"
-            rates = vm_common.describe_bandwidth(vm_common.read_bandwidth(nic))
-            shaped.append(f"{domain_name} {address} {rates}")
+            rates = vm_common.read_bandwidth(nic)
+            shaped.append(f"{domain_name} {address} {vm_common.describe_bandwidth(rates)}")
+            if rates:
+                problem, readable = _unshaped_directions(ctx, nic, rates)
+                if problem:
+                    (unenforced if readable else unreadable).append(
+                        f"{domain_name} {address} {problem}"
+                    )
+    if unenforced:
+        return result(
+            name,
+            FAIL,
+            "rates not applied by the kernel: " + "; ".join(unenforced),
+            "the kernel needs sch_htb and sch_sfq (Linux bridge) and cls_u32 or cls_basic "
+            "with act_police for outbound rates (docs/slice-host.md, Per-vNIC QoS)",
+        )
     if unreadable:
         return result(
             name,
             WARN,
-            "unreadable libvirt status: " + "; ".join(unreadable),
-            "check libvirtd; virsh dumpxml shows the live definition",
+            "unreadable: " + "; ".join(unreadable),
+            "check libvirtd and tc; virsh dumpxml shows the live definition",
         )
     return result(name, PASS, "; ".join(shaped) or "no slice VM running")
+
+
+def _unshaped_directions(ctx, nic, rates):
+    """(what is not shaped on the nic's tap, or '', and whether the tap could be read)."""
+    target = nic.find("target")
+    device = target.get("dev") if target is not None else None
+    if not device:
+        return "has no tap device in its live definition", False
+    shaping = netstate.tap_shaping(ctx.runner, device)
+    if shaping["errors"]:
+        return f"tap {device}: " + "; ".join(shaping["errors"]), False
+    missing = [d for d in vm_common.BANDWIDTH_DIRECTIONS if d in rates and not shaping[d]]
+    return (f"{' and '.join(missing)} not shaped on {device}" if missing else ""), True
 
 
 def check_nat(ctx):

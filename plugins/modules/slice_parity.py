@@ -28,12 +28,14 @@ description:
     dnsmasq in this network namespace with a DHCP range in the GPU subnet that itself holds
     the UDP port 67 socket, V(libvirt) a libvirt socket that accepts connections,
     V(vnic_bandwidth) each running slice VM's vNIC rates as libvirt applied them (from its
-    status XML under C(/run/libvirt/qemu); PASS listing them, WARN when one is unreadable),
-    V(nat) a
-    MASQUERADE rule for the subnet, V(ip_forward) IPv4 forwarding, V(tmfifo) the BF3
-    management address (WARN when absent), V(historical_network_service) WARN when the
-    historical C(gpuaas-slice-host-net-baseline) unit exists or still runs (active or
-    enabled under systemd, else a live pidfile or a process running its script),
+    status XML under C(/run/libvirt/qemu)) and shaped by the kernel on its tap (a shaping
+    root qdisc for inbound, a police action on its ingress for outbound, read with C(tc));
+    PASS listing them, FAIL naming a rate the kernel does not apply, WARN when a status or
+    tap is unreadable, V(nat) a MASQUERADE rule for the subnet, V(ip_forward) IPv4
+    forwarding, V(tmfifo) the BF3 management address (WARN when absent),
+    V(historical_network_service) WARN when the historical
+    C(gpuaas-slice-host-net-baseline) unit exists or still runs (active or enabled under
+    systemd, else a live pidfile or a process running its script),
     V(api_topology) fresh topology evidence without hard blocker (WARN when none is given).
   - Also returns the machine-readable lines
     C(GPUAAS_SLICE_PARITY status=... check=... detail=... remediation=...) with spaces

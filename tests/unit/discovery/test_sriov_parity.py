@@ -1,5 +1,6 @@
 """Parity's VF check and discovery's SR-IOV inventory on recorded host trees: the counts
-the bootstrap wrote to /etc/gpuaas/sriov-vfs.json against what the PFs have."""
+the bootstrap wrote to /etc/gpuaas/sriov-vfs.json against what the PFs have; and parity's
+vNIC rates check on recorded libvirt status and `tc` output."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 import json
 
 from ansible_collections.gpuaas.fleet.plugins.module_utils import parity, sysfs, topology
+from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import CommandResult
 
 from gpuaas_lab import hosttrees
 
@@ -87,7 +89,7 @@ STATUS = "run/libvirt/qemu"
 RATES = {"inbound": {"average": 12500, "peak": 25000, "burst": 4096}, "outbound": {"average": 6250}}
 
 
-def domain_status(name: str, mac: str, rates: dict) -> str:
+def domain_status(name: str, mac: str, rates: dict, tap: str = "vnet0") -> str:
     """libvirt's status XML of a running domain (the live definition inside <domstatus>)."""
     shaping = "".join(
         f"<{d} " + " ".join(f"{k}='{v}'" for k, v in r.items()) + "/>" for d, r in rates.items()
@@ -96,12 +98,42 @@ def domain_status(name: str, mac: str, rates: dict) -> str:
     return (
         f"<domstatus state='running' reason='booted' pid='4242'><domain type='kvm' id='3'>"
         f"<name>{name}</name><devices><interface type='bridge'><mac address='{mac}'/>"
-        f"<source bridge='ovsbr0'/>{bandwidth}</interface></devices></domain></domstatus>"
+        f"<source bridge='ovsbr0'/><target dev='{tap}'/>{bandwidth}</interface></devices>"
+        f"</domain></domstatus>"
     )
 
 
-def vnic_check(root) -> dict:
-    ctx = parity.ParityContext(host=sysfs.HostRoot(str(root)), manager="direct")
+# `tc -j` output of a tap, recorded on this project's test machine: the HTB root libvirt and
+# Open vSwitch's linux-htb put on it, and the ingress qdisc with a u32 filter. The police
+# action inside the filter is as iproute2 6.1 prints it: this machine's kernel has no
+# act_police to record it from (docs/slice-host.md, "Per-vNIC QoS").
+HTB_ROOT = {"kind": "htb", "handle": "1:", "root": True, "options": {"default": "0x1"}}
+INGRESS = {"kind": "ingress", "handle": "ffff:", "parent": "ffff:fff1", "options": {}}
+U32 = {"parent": "ffff:", "protocol": "all", "pref": 49152, "kind": "u32", "chain": 0}
+POLICE = {"order": 1, "kind": "police", "index": 1, "control_action": {"type": "drop"}}
+POLICED = {**U32, "options": {"fh": "800::800", "flowid": ":1", "actions": [POLICE]}}
+
+
+class Tc:
+    """`tc -j qdisc|filter show dev TAP [ingress]` answered from {tap: (qdiscs, filters)}."""
+
+    def __init__(self, taps: dict) -> None:
+        self.taps = taps
+
+    def __call__(self, argv) -> CommandResult:
+        device = argv[argv.index("dev") + 1]
+        if device not in self.taps:
+            return CommandResult(tuple(argv), 1, "", f'Cannot find device "{device}"')
+        qdiscs, filters = self.taps[device]
+        return CommandResult(
+            tuple(argv), 0, json.dumps(filters if "filter" in argv else qdiscs), ""
+        )
+
+
+def vnic_check(root, taps: dict | None = None) -> dict:
+    ctx = parity.ParityContext(
+        host=sysfs.HostRoot(str(root)), manager="direct", runner=Tc(taps or {})
+    )
     (found,) = parity.run_checks(ctx, ["vnic_bandwidth"])
     return found
 
@@ -113,23 +145,58 @@ def test_parity_lists_each_running_slice_vms_vnic_rates(spec_tree) -> None:
         hosttrees.clean_host(),
         **{
             f"{STATUS}/{shaped}.xml": domain_status(shaped, "52:54:00:3F:A2:10", RATES),
-            f"{STATUS}/{unshaped}.xml": domain_status(unshaped, "52:54:00:3f:a2:11", {}),
+            f"{STATUS}/{unshaped}.xml": domain_status(unshaped, "52:54:00:3f:a2:11", {}, "vnet1"),
             f"{STATUS}/other-vm.xml": domain_status("other-vm", "52:54:00:00:00:01", RATES),
         },
     )
-    found = vnic_check(root)
-    assert found["status"] == "PASS"
+    found = vnic_check(root, {"vnet0": ([HTB_ROOT, INGRESS], [U32, POLICED])})
+    assert found["status"] == "PASS", found
     assert found["detail"] == (
         f"{shaped} 52:54:00:3f:a2:10 inbound average=12500 peak=25000 burst=4096, "
         f"outbound average=6250; {unshaped} 52:54:00:3f:a2:11 unshaped"
     )
 
 
-def test_no_running_slice_vm_and_an_unreadable_status(host_tree, spec_tree) -> None:
+def test_a_rate_the_kernel_does_not_apply_fails(spec_tree) -> None:
+    """Open vSwitch on a kernel without act_police: the ingress qdisc is there, the police
+    filter is not, and the VM sends unshaped while its definition says otherwise."""
+    name = "gpuaas-slice-" + "d" * 32
+    root = tree_with(
+        spec_tree,
+        hosttrees.clean_host(),
+        **{f"{STATUS}/{name}.xml": domain_status(name, "52:54:00:3f:a2:12", RATES)},
+    )
+    found = vnic_check(root, {"vnet0": ([HTB_ROOT, INGRESS], [])})
+    assert found["status"] == "FAIL"
+    assert found["detail"] == (
+        f"rates not applied by the kernel: {name} 52:54:00:3f:a2:12 outbound not shaped on vnet0"
+    )
+    assert "act_police" in found["remediation"]
+    bare = vnic_check(root, {"vnet0": ([], [])})
+    assert bare["detail"].endswith("inbound and outbound not shaped on vnet0")
+    inbound_only = {"inbound": RATES["inbound"]}
+    root = tree_with(
+        spec_tree,
+        hosttrees.clean_host(),
+        **{f"{STATUS}/{name}.xml": domain_status(name, "52:54:00:3f:a2:12", inbound_only)},
+    )
+    assert vnic_check(root, {"vnet0": ([HTB_ROOT, INGRESS], [])})["status"] == "PASS"
+
+
+def test_no_running_slice_vm_and_an_unreadable_status_or_tap(host_tree, spec_tree) -> None:
     assert vnic_check(host_tree("clean", "j22u15"))["detail"] == "no slice VM running"
     name = "gpuaas-slice-" + "c" * 32
     root = tree_with(spec_tree, hosttrees.clean_host(), **{f"{STATUS}/{name}.xml": "<domstatus"})
     found = vnic_check(root)
-    assert found["status"] == "WARN" and found["detail"].startswith(
-        f"unreadable libvirt status: {name}"
+    assert found["status"] == "WARN" and found["detail"].startswith(f"unreadable: {name}")
+    root = tree_with(
+        spec_tree,
+        hosttrees.clean_host(),
+        **{f"{STATUS}/{name}.xml": domain_status(name, "52:54:00:3f:a2:13", RATES, "vnet7")},
+    )
+    found = vnic_check(root)
+    assert found["status"] == "WARN"
+    assert (
+        'vnet7: tc -j qdisc show dev vnet7 exited 1: Cannot find device "vnet7"'
+        in (found["detail"])
     )
