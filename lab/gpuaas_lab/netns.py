@@ -359,3 +359,41 @@ def netns_session(prefix: str = "gt") -> Iterator[NetNamespace]:
         errors = ns.close()
         if errors:
             raise NetnsError("netns teardown: " + "; ".join(errors))
+
+
+# The tc pieces a shaped vNIC needs: libvirt 9.0 on a Linux bridge's tap puts an SFQ under
+# the inbound HTB class and polices outbound with a u32 filter; Open vSwitch's linux-htb
+# QoS needs only the HTB, its ingress policing the police action (docs/slice-host.md,
+# "Per-vNIC QoS").
+TC_SHAPING_STEPS = {
+    "htb": [
+        "qdisc add dev {dev} root handle 1: htb default 1",
+        "class add dev {dev} parent 1: classid 1:1 htb rate 1mbit",
+    ],
+    "sfq": ["qdisc add dev {dev} parent 1:1 handle 2: sfq"],
+    "police": [
+        "qdisc add dev {dev} ingress",
+        "filter add dev {dev} parent ffff: protocol all u32 match u32 0 0"
+        " police rate 1mbit burst 10k drop flowid :1",
+    ],
+}
+
+
+def tc_shaping_missing() -> dict[str, str]:
+    """For each of htb, sfq and police, tc's error when this kernel cannot do it ('' when
+    it can), tried on a veth in a namespace of its own (sfq is tried under the htb class)."""
+    missing = {}
+    with NetNamespace("tcprobe") as ns:
+        ns.run(["ip", "link", "add", "probe0", "type", "veth", "peer", "name", "probe1"])
+        for piece, steps in TC_SHAPING_STEPS.items():
+            if piece == "sfq" and missing["htb"]:
+                missing[piece] = f"needs htb: {missing['htb']}"
+                continue
+            missing[piece] = ""
+            for step in steps:
+                argv = ["tc", *step.format(dev="probe0").split()]
+                proc = ns.run(argv, check=False)
+                if proc.returncode != 0:
+                    missing[piece] = proc.stderr.strip() or f"{' '.join(argv)} failed"
+                    break
+    return missing
