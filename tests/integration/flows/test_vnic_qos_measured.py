@@ -4,7 +4,14 @@ for a SKU whose vNIC rates are 100 Mbit/s each way, on a Linux bridge and on Ope
 The benchmark flow captures the VM against an iperf3 server on the bridge gateway and
 records it as evidence of the allocation: sent and received within 10 % of the rate. Once
 the rates are lifted from the running domain, iperf3 gets far more, and reconcile's
-comparison flags the domain (docs/slice-host.md, "Per-vNIC QoS")."""
+comparison flags the domain (docs/slice-host.md, "Per-vNIC QoS").
+
+What is measured depends on the kernel's traffic control, probed first on a veth of the
+test's own: libvirt on a Linux bridge needs sch_sfq under its HTB and act_police, Open
+vSwitch needs sch_htb for inbound and act_police for outbound. A kernel without them must
+not give a tenant an unshaped vNIC silently: libvirt refuses the domain on a Linux bridge
+(the provision fails and says why), and on Open vSwitch parity's vnic_bandwidth check
+fails naming the direction the kernel does not shape."""
 
 from __future__ import annotations
 
@@ -18,7 +25,8 @@ from sqlalchemy import text
 from controlplane.services.reconcile import compare
 from flows.allocation import provision_allocation
 from flows.benchmarks import benchmark_compare
-from flows.fleet import approve_slots, discover_topology
+from flows.fleet import approve_slots, discover_topology, parity_sweep
+from gpuaas_lab.netns import netns_unavailable_reason, tc_shaping_missing
 from gpuaas_lab.slicehost import LAB_SKU
 from tests.integration.flows.conftest import DEBIAN_IMAGE
 from tests.integration.flows.test_allocation_flows import add_catalog_image
@@ -75,36 +83,75 @@ def throughput(host, guest: str, key, reverse: bool) -> float:
     return json.loads(proc.stdout)["end"]["sum_received"]["bits_per_second"]
 
 
-# A large lab (make test-lab): a Debian guest built from packages and booted under TCG, on
-# a Linux bridge (tc on the tap) and on the userspace Open vSwitch (the port's policing and
-# QoS, as libvirt sets them).
-@pytest.mark.lab
-@pytest.mark.parametrize("debian_slice_node", ["linux", "openvswitch"], indirect=True)
-def test_a_shaped_vnic_gets_its_rate_both_ways_and_an_unshaped_one_far_more(
-    debian_slice_node,
-    engine,
-    tmp_path,
-) -> None:
-    cp, host = debian_slice_node
+@pytest.fixture(scope="module")
+def tc_missing() -> dict[str, str]:
+    """tc's error for each of htb, sfq and police this kernel cannot do ('' when it can)."""
+    reason = netns_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    return tc_shaping_missing()
+
+
+def provision_shaped(cp, host, engine):
+    """The lab SKU with 100 Mbit/s each way, its slots approved, and the provision flow's
+    final state for one GPU of it; the tenant's key pair."""
     cp.define_sku(dataclasses.replace(LAB_SKU, vnic_bandwidth=RATES))
     discover_topology(hostnames=[host.hostname])
     approve_slots(host.hostname)
     add_catalog_image(engine, DEBIAN_IMAGE, host.image.sha256, str(host.image.path), [LAB_SKU.slug])
     key, public = host.lab.ssh_keypair(USER)
-    provisioned = provision_allocation(
+    state = provision_allocation(
         LAB_SKU.slug,
         1,
         DEBIAN_IMAGE,
         [{"name": USER, "ssh_authorized_keys": [public]}],
         return_state=True,
-    ).result()
+    )
+    return state, key
+
+
+# Large labs (make test-lab): a Debian guest built from packages and booted under TCG, on
+# a Linux bridge (tc on the tap, as libvirt sets it) and on the userspace Open vSwitch (the
+# port's QoS and ingress policing, as libvirt sets them).
+@pytest.mark.lab
+@pytest.mark.parametrize("debian_slice_node", ["linux", "openvswitch"], indirect=True)
+def test_a_shaped_vnic_gets_its_rate_and_an_unshaped_one_far_more(
+    debian_slice_node, engine, tmp_path, tc_missing
+) -> None:
+    cp, host = debian_slice_node
+    ovs = host.lab.bridge_type == "openvswitch"
+    needed = ("htb", "police") if ovs else ("htb", "sfq", "police")
+    if not ovs and any(tc_missing[piece] for piece in needed):
+        pytest.skip(
+            "this kernel cannot shape a Linux bridge's tap as libvirt does ("
+            + "; ".join(f"{p}: {tc_missing[p]}" for p in needed if tc_missing[p])
+            + "); test_a_linux_bridge_that_cannot_shape_refuses_the_vm covers it"
+        )
+    if tc_missing["htb"]:
+        pytest.skip(f"this kernel has no HTB qdisc: {tc_missing['htb']}")
+    policed = not tc_missing["police"]
+    state, key = provision_shaped(cp, host, engine)
+    provisioned = state.result()
     assert provisioned["state"] == "active", provisioned
     allocation = provisioned["allocation_id"]
     domain = "gpuaas-slice-" + uuid.UUID(allocation).hex
-    guest = cp.runtime_spec(uuid.UUID(allocation)).private_ip
-    mac = cp.runtime_spec(uuid.UUID(allocation)).mac_address.lower()
+    spec = cp.runtime_spec(uuid.UUID(allocation))
+    guest, mac = spec.private_ip, spec.mac_address.lower()
     tuned = host.lab.virsh("domiftune", domain, mac).stdout
     assert f"inbound.average: {RATE_KBPS}" in tuned and f"outbound.average: {RATE_KBPS}" in tuned
+
+    [row] = parity_sweep(
+        hostnames=[host.hostname], extravars={"slice_parity_checks": ["vnic_bandwidth"]}
+    )
+    if policed:
+        assert row["failures"] == 0, row
+    else:
+        # Open vSwitch took the ingress policing rate and only logged that the kernel could
+        # not apply it: parity names what the VM sends unshaped.
+        [failed] = row["checks"]
+        assert failed["check"] == "vnic_bandwidth", row
+        assert f"{domain} {mac} outbound not shaped on" in failed["why"], row
+        assert "inbound" not in failed["why"], row
 
     server = host.lab.ns.start_daemon(
         ["iperf3", "-s", "-B", host.lab.gateway, "-p", "5201"], log_path=tmp_path / "iperf3.log"
@@ -127,10 +174,15 @@ def test_a_shaped_vnic_gets_its_rate_both_ways_and_an_unshaped_one_far_more(
         }
     finally:
         host.lab.ns.stop_daemon(server)
-    measured = {"rate_bits": RATE_BITS, "capped": capped, "uncapped": uncapped}
+    measured = {"rate_bits": RATE_BITS, "capped": capped, "uncapped": uncapped, "tc": tc_missing}
+    print(f"vNIC QoS on {host.lab.bridge_type}: {json.dumps(measured)}")
     for direction in ("inbound", "outbound"):
-        assert abs(capped[direction] - RATE_BITS) <= 0.10 * RATE_BITS, measured
         assert uncapped[direction] > 5 * RATE_BITS, measured
+    assert abs(capped["inbound"] - RATE_BITS) <= 0.10 * RATE_BITS, measured
+    if policed:
+        assert abs(capped["outbound"] - RATE_BITS) <= 0.10 * RATE_BITS, measured
+    else:
+        assert capped["outbound"] > 5 * RATE_BITS, measured
 
     # The running domain is no longer shaped as its SKU says: reconcile's comparison flags it.
     live = host.lab.virsh("dumpxml", domain).stdout
@@ -158,3 +210,32 @@ def test_a_shaped_vnic_gets_its_rate_both_ways_and_an_unshaped_one_far_more(
         }
     ]
     assert [d["code"] for d in compare(intent, observed)] == ["bandwidth_mismatch"]
+
+
+@pytest.mark.lab
+@pytest.mark.parametrize("debian_slice_node", ["linux"], indirect=True)
+def test_a_linux_bridge_that_cannot_shape_refuses_the_vm(
+    debian_slice_node, engine, tc_missing
+) -> None:
+    """On a kernel without SFQ libvirt cannot build the tap's inbound shaping and refuses to
+    start the domain: the provision fails with tc's reason instead of handing the tenant an
+    unshaped vNIC."""
+    if not tc_missing["sfq"]:
+        pytest.skip("this kernel has SFQ: the measurement above runs on the Linux bridge")
+    cp, host = debian_slice_node
+    state, _ = provision_shaped(cp, host, engine)
+    assert state.is_failed()
+    [allocation] = cp.list_allocations()
+    shown = cp.show_allocation(allocation.id)
+    with engine.connect() as conn:
+        errors = (
+            conn.execute(
+                text("SELECT coalesce(error, '') FROM node_tasks WHERE kind = 'slice.vm_provision'")
+            )
+            .scalars()
+            .all()
+        )
+    reasons = "\n".join([shown.failure_reason or "", *errors])
+    assert shown.state == "failed", shown
+    assert "sfq" in reasons and "qdisc kind is unknown" in reasons, reasons
+    assert host.lab.virsh("list", "--all", "--name").stdout.strip() == "", "no domain is left"
