@@ -25,8 +25,9 @@ def _refuse(message: str, given: Any) -> InvalidInput:
 
 
 def validate(raw: Any) -> dict[str, dict[str, int]] | None:
-    """The rates, normalized (directions and keys not given left out), or None for an
-    unshaped vNIC; InvalidInput for anything a node would refuse."""
+    """The rates, normalized (directions and keys not given left out, an inbound peak not
+    given set to the average, as the node sets it), or None for an unshaped vNIC;
+    InvalidInput for anything a node would refuse."""
     if not raw:
         return None
     if not isinstance(raw, dict):
@@ -60,5 +61,9 @@ def validate(raw: Any) -> dict[str, dict[str, int]] | None:
                 f"{direction} peak {checked['peak']} is below its average {checked['average']}",
                 raw,
             )
+        if direction == "inbound" and "peak" not in checked:
+            # An average is a cap on either bridge; libvirt gives an Open vSwitch port the
+            # average as its minimum and caps only at the peak (docs/slice-host.md).
+            checked = {"average": checked["average"], "peak": checked["average"], **checked}
         rates[direction] = checked
     return rates or None

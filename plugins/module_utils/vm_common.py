@@ -48,6 +48,18 @@ def read_bandwidth(nic) -> dict:
     return rates
 
 
+def cap_inbound(rates: dict) -> dict:
+    """`rates` with the inbound peak set to its average when not given, so an average is a
+    cap on either bridge: libvirt shapes a Linux bridge's tap up to the peak or else the
+    average, but gives an Open vSwitch port the average as its minimum rate and caps it
+    only at a peak (docs/slice-host.md, "Per-vNIC QoS")."""
+    inbound = rates.get("inbound")
+    if not inbound or "peak" in inbound:
+        return rates
+    capped = {**inbound, "peak": inbound["average"]}
+    return {**rates, "inbound": {k: capped[k] for k in BANDWIDTH_KEYS if k in capped}}
+
+
 def describe_bandwidth(rates: dict) -> str:
     """`inbound average=… peak=… burst=…, outbound average=…`, or `unshaped`."""
     parts = [

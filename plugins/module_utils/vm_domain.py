@@ -139,8 +139,9 @@ def parse_slots(raw_slots, phase: str = "") -> tuple:
 
 def parse_bandwidth(raw, phase: str = "") -> dict:
     """The vNIC's rates, validated: each direction given has a positive `average` and
-    optionally `peak` (not below the average) and `burst`, none absurd. Directions and
-    keys not given are left out, so the result compares equal to what a domain reports."""
+    optionally `peak` (not below the average) and `burst`, none absurd. An inbound peak not
+    given is the average (vm_common.cap_inbound). Directions and keys not given are left
+    out, so the result compares equal to what a domain reports."""
     if not raw:
         return {}
     if not isinstance(raw, dict):
@@ -184,7 +185,7 @@ def parse_bandwidth(raw, phase: str = "") -> dict:
                 phase,
             )
         rates[direction] = checked
-    return rates
+    return vm_common.cap_inbound(rates)
 
 
 def parse_profile(raw, phase: str = "") -> RuntimeProfile:

@@ -16,7 +16,11 @@ RATES = {"inbound": {"average": 12500, "peak": 25000, "burst": 4096}, "outbound"
 
 def test_rates_are_normalized_and_nothing_means_unshaped() -> None:
     given = {"inbound": {"average": 100, "peak": None}, "outbound": None}
-    assert bandwidth.validate(given) == {"inbound": {"average": 100}}
+    # An inbound average without a peak is a cap: the peak is the average, as the node
+    # sets it, so the SKU compares equal to the domain a node defines from it.
+    assert bandwidth.validate(given) == {"inbound": {"average": 100, "peak": 100}}
+    outbound = {"outbound": {"average": 100, "burst": 64}}
+    assert bandwidth.validate(outbound) == outbound
     assert bandwidth.validate(None) is None and bandwidth.validate({}) is None
     assert bandwidth.validate(RATES) == RATES
 
