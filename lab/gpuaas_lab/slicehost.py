@@ -113,6 +113,12 @@ class LabSliceHost:
             for eui in euis:
                 self.lab.loops.disk(self.disk_mib, name=f"nvme-eui.{eui}")
             tree = hosttrees.write_tree(lab_host_spec(self.hostname, euis), self.root / "tree")
+            # Parity reads libvirt's status of the running domains under its root (the
+            # recorded tree); the lab's libvirtd keeps it in the lab's mount namespace,
+            # where the modules run.
+            status = tree / "run" / "libvirt" / "qemu"
+            status.parent.mkdir(parents=True, exist_ok=True)
+            status.symlink_to("/run/libvirt/qemu")
             state = self.root / "state"
             self.signing_key = SigningKey.create(state)
             self.host_vars = {
