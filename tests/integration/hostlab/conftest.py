@@ -29,8 +29,8 @@ from gpuaas_lab import deployseed, hostlab
 from tests.integration.ansible_helpers import PlaybookRun, run_playbook
 
 # test_storage_and_devices.py uses four controllers of the fresh host: a mirror, a volume
-# group, a share disk and the spare passed to vfio-pci. test_sriov_vfs.py the sriov host's
-# second controller, an SR-IOV PF of three VFs at most.
+# group, a share disk and the spare passed to vfio-pci. test_vfs_across_cold_boots.py uses
+# the sriov host's second controller, an SR-IOV PF of three VFs at most.
 NVME = {"fresh": 4, "deployed": 2, "sriov": 2}
 SRIOV_MAX_VFS = {"sriov": {1: 3}}
 SLICE_SUBNET = "10.100.0.0/24"
