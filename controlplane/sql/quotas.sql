@@ -57,7 +57,10 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION project_quotas_apply_claims() RETURNS trigger LANGUAGE plpgsql AS $$
+-- As the owner, like the node counters (controlplane/sql/triggers.sql): the quotas' usage
+-- is written by no process role.
+CREATE OR REPLACE FUNCTION project_quotas_apply_claims() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     ids uuid[];
     claims integer[];
@@ -143,7 +146,7 @@ CREATE OR REPLACE TRIGGER project_quotas_usage_by_triggers
 -- row carries the project a reservation holds it for and until when, read by the
 -- placement statements like every other placement key.
 CREATE OR REPLACE FUNCTION node_capacity_on_reservation() RETURNS trigger
-    LANGUAGE plpgsql AS $$
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         UPDATE node_capacity c SET reserved_for = r.project_id, reserved_until = r.ends_at

@@ -13,7 +13,11 @@ SELECT slot_free(s.status, s.health_state, s.wipe_required)
                       s.private_ip, s.fabric_claim_mode, s.fabric_vf_pci_address)
 $$;
 
--- Evidence is proof: once written it never changes.
+-- Evidence is proof: once written it never changes. No process role is granted UPDATE,
+-- DELETE or TRUNCATE on it (controlplane/store_roles.py), and this refuses them to the
+-- owner too; a migration that must rewrite evidence says so with
+-- ALTER TABLE evidence DISABLE TRIGGER evidence_append_only, which only the owner may run
+-- (docs/operations.md, "Store roles").
 CREATE OR REPLACE FUNCTION evidence_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'evidence is append-only: % refused', TG_OP
@@ -24,8 +28,13 @@ CREATE OR REPLACE TRIGGER evidence_append_only
     BEFORE UPDATE OR DELETE OR TRUNCATE ON evidence
     FOR EACH STATEMENT EXECUTE FUNCTION evidence_append_only();
 
+-- The counter triggers run as the owner of the store (SECURITY DEFINER, on the store's
+-- schema only): no process role is granted a write of node_capacity or of a quota's
+-- usage, so the counters change only here (docs/operations.md, "Store roles").
+
 -- node_capacity copies each node's placement keys, in the node's own transaction.
-CREATE OR REPLACE FUNCTION node_capacity_on_node() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION node_capacity_on_node() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO node_capacity (node_id) VALUES (NEW.id);
@@ -47,7 +56,8 @@ CREATE OR REPLACE TRIGGER node_capacity_on_node
 
 -- Slot counters per node: statement-level, so a placement writes each node's counter
 -- row once, whatever the number of slots it changed (new rows add, old rows subtract).
-CREATE OR REPLACE FUNCTION node_capacity_apply_slots() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION node_capacity_apply_slots() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         UPDATE node_capacity c SET free_slots = c.free_slots + d.free_slots,
@@ -102,7 +112,8 @@ CREATE OR REPLACE TRIGGER node_capacity_apply_slots_delete AFTER DELETE ON node_
     FOR EACH STATEMENT EXECUTE FUNCTION node_capacity_apply_slots();
 
 -- Active claims per node, by kind; a CHECK on node_capacity keeps the kinds apart.
-CREATE OR REPLACE FUNCTION node_capacity_apply_claims() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION node_capacity_apply_claims() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         UPDATE node_capacity c SET slot_claims = c.slot_claims + d.slot_claims,
