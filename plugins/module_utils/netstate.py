@@ -294,3 +294,164 @@ def fabric_routes(evidence, fabric_subnet=None):
                 continue
         found.append(route)
     return found
+
+
+# ------------------------------------------------------------------ slice containment
+
+# The operator's infrastructure a slice guest must never reach (docs/security.md): the
+# private ranges (management, out-of-band/BMC, storage, control plane, IPoIB fabric),
+# link-local and carrier-grade NAT space. The node's own addresses are covered by the
+# INPUT chain whatever the ranges.
+DEFAULT_INFRA_NETWORKS = (
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "169.254.0.0/16",
+    "100.64.0.0/10",
+)
+TERMINAL_TARGETS = ("ACCEPT", "DROP", "REJECT")
+# Options whose argument the evaluator ignores (they never decide whether a rule matches).
+IGNORED_OPTIONS = ("-m", "--comment")
+
+
+def filter_table(save_text):
+    """{chain: {"policy": "ACCEPT"|"DROP"|None, "rules": [line...]}} of `iptables-save`'s
+    filter table (user chains have no policy)."""
+    chains = {}
+    table = None
+    for raw in save_text.splitlines():
+        line = raw.strip()
+        if line.startswith("*"):
+            table = line[1:]
+        elif table != "filter":
+            continue
+        elif line.startswith(":"):
+            name, policy = [*line[1:].split(), "-"][:2]
+            chains[name] = {"policy": None if policy == "-" else policy, "rules": []}
+        elif line.startswith("-A "):
+            chain = line.split()[1]
+            chains.setdefault(chain, {"policy": None, "rules": []})["rules"].append(line)
+    return chains
+
+
+def _ports(text):
+    """[(low, high)] of `22`, `1000:2000` or a multiport list `22,80,1000:2000`."""
+    ranges = []
+    for part in text.split(","):
+        low, _sep, high = part.partition(":")
+        ranges.append((int(low or 0), int(high or 65535) if _sep else int(low)))
+    return ranges
+
+
+def _interface_matches(pattern, name):
+    if name is None:
+        return False
+    if pattern.endswith("+"):
+        return name.startswith(pattern[:-1])
+    return pattern == name
+
+
+def _match(option, value, packet):
+    """True/False when `option value` matches the probe `packet`, None when unknown."""
+    if option in ("-s", "-d"):
+        address = packet["src" if option == "-s" else "dst"]
+        return ipaddress.ip_address(address) in ipaddress.ip_network(value, strict=False)
+    if option in ("-i", "-o"):
+        return _interface_matches(value, packet["in" if option == "-i" else "out"])
+    if option == "-p":
+        return value in ("all", "0") or value == packet["proto"]
+    if option in ("--dport", "--dports", "--sport", "--sports", "--destination-port"):
+        port = packet["sport" if option.startswith("--s") else "dport"]
+        return port is not None and any(lo <= port <= hi for lo, hi in _ports(value))
+    if option == "--icmp-type":
+        wanted = {"echo-request": "8", "any": None}.get(value, value.split("/")[0])
+        return packet["proto"] == "icmp" and wanted in (None, str(packet.get("icmp_type")))
+    if option in ("--ctstate", "--state"):
+        return packet["state"] in value.split(",")
+    return None
+
+
+def _parse_rule(line):
+    """(matches [(option, value, negated)], target) of one `-A CHAIN ...` line."""
+    tokens = shlex.split(line)[2:]
+    matches, target, negate, i = [], None, False, 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token == "!":
+            negate = True
+            i += 1
+            continue
+        if token in ("-j", "-g"):
+            target = tokens[i + 1] if i + 1 < len(tokens) else None
+            break
+        value = None
+        if i + 1 < len(tokens) and not tokens[i + 1].startswith("-") and tokens[i + 1] != "!":
+            value = tokens[i + 1]
+            i += 1
+        if token not in IGNORED_OPTIONS:
+            matches.append((token, value, negate))
+        negate = False
+        i += 1
+    return matches, target
+
+
+def _rule_matches(line, packet):
+    """True, False, or None when the rule uses a match this evaluator does not know."""
+    matches, _target = _parse_rule(line)
+    unknown = False
+    for option, value, negated in matches:
+        matched = _match(option, value, packet) if value is not None else None
+        if matched is None:
+            unknown = True
+            continue
+        if matched == negated:
+            return False
+    return None if unknown else True
+
+
+def evaluate(chains, chain, packet, depth=0):
+    """(verdict, deciding rule) of `packet` through filter `chain` (from `filter_table`).
+
+    `packet`: in/out interface, src/dst address, proto, sport/dport, icmp_type and the
+    conntrack state (NEW for a probe). The verdict is ACCEPT, DROP (REJECT counts as
+    DROP) or RETURN (a user chain fell through). A rule with a match the evaluator does
+    not know is taken when it accepts or jumps (it might let the packet through) and
+    skipped when it drops, so an unknown rule can only make the answer less contained.
+    """
+    entry = chains.get(chain) or {"policy": None, "rules": []}
+    for line in entry["rules"]:
+        matched = _rule_matches(line, packet)
+        _matches, target = _parse_rule(line)
+        if matched is False or target is None:
+            continue
+        if matched is None and target in ("DROP", "REJECT", "RETURN"):
+            continue
+        if target in TERMINAL_TARGETS:
+            return ("ACCEPT" if target == "ACCEPT" else "DROP"), line
+        if target == "RETURN":
+            return "RETURN", line
+        if target in chains and depth < 8:
+            verdict, rule = evaluate(chains, target, packet, depth + 1)
+            if verdict != "RETURN":
+                return verdict, rule
+    policy = entry["policy"]
+    if policy:
+        return ("ACCEPT" if policy == "ACCEPT" else "DROP"), f"policy {policy} of {chain}"
+    return "RETURN", f"end of {chain}"
+
+
+def probe(in_iface, src, dst, proto="tcp", dport=None, out_iface=None, sport=40000, **extra):
+    """A NEW packet for `evaluate`."""
+    packet = {
+        "in": in_iface,
+        "out": out_iface,
+        "src": src,
+        "dst": dst,
+        "proto": proto,
+        "sport": sport if proto in ("tcp", "udp") else None,
+        "dport": dport,
+        "icmp_type": None,
+        "state": "NEW",
+    }
+    packet.update(extra)
+    return packet

@@ -21,9 +21,16 @@ What converges, observed live in the caller's network namespace and planned befo
 - `-s SUBNET ! -d SUBNET -j MASQUERADE` in nat POSTROUTING (tagged with a comment, so an
   old rule of ours for another subnet is removed), without which guests leak private
   source addresses to the uplink;
-- chain GPUAAS-SLICE-FWD, jumped to first from FORWARD: slice egress and its replies are
-  accepted, and traffic routed from the bridge back into the bridge (one slice to another
-  through the gateway) is dropped;
+- containment of the guests (docs/security.md), deny by default. Chain GPUAAS-SLICE-FWD,
+  jumped to first from FORWARD: traffic routed from the bridge back into the bridge (one
+  slice to another through the gateway) is dropped, replies to the slices accepted,
+  traffic from the bridge to the operator's infrastructure ranges (`infra_networks`)
+  dropped, the slice subnet's other egress (NAT to the internet) accepted and anything
+  else from the bridge dropped. Chain GPUAAS-SLICE-IN, jumped to first from INPUT: from
+  the bridge the node accepts replies, DHCP (udp 67), DNS (udp and tcp 53) and ping to the
+  gateway address, and drops everything else (sshd, libvirt, exporters, whatever listens).
+  IPv6 is disabled on the bridge (`disable_ipv6`), so no IPv6 packet from a guest is
+  received or routed at all;
 - cross-slice isolation at layer 2 as well: on Open vSwitch, OpenFlow rules let guest
   ports send unicast only to the bridge's own (pinned) MAC; on a Linux bridge, ebtables
   chain GPUAAS-SLICE drops bridged frames from and to the approved slot MACs;
@@ -45,7 +52,7 @@ import time
 from dataclasses import dataclass, field
 from typing import List
 
-from ansible_collections.gpuaas.fleet.plugins.module_utils import service_manager
+from ansible_collections.gpuaas.fleet.plugins.module_utils import netstate, service_manager
 from ansible_collections.gpuaas.fleet.plugins.module_utils.procfs import read_ip_forward
 from ansible_collections.gpuaas.fleet.plugins.module_utils.service_manager import default_runner
 
@@ -53,7 +60,12 @@ BRIDGE_TYPES = ("openvswitch", "linux")
 DATAPATH_TYPES = ("system", "netdev")
 NAT_COMMENT = "gpuaas-slice-nat"
 ISOLATION_COMMENT = "gpuaas-slice-isolation"
+CONTAINMENT_COMMENT = "gpuaas-slice-containment"
 FORWARD_CHAIN = "GPUAAS-SLICE-FWD"
+INPUT_CHAIN = "GPUAAS-SLICE-IN"
+# Built-in filter chain -> our chain, jumped to as its first rule.
+JUMPS = (("FORWARD", FORWARD_CHAIN), ("INPUT", INPUT_CHAIN))
+DHCP_BROADCAST = "255.255.255.255/32"
 EBTABLES_CHAIN = "GPUAAS-SLICE"
 OVS_TIMEOUT = "--timeout=20"
 LINK_WAIT_SECONDS = 15.0
@@ -76,6 +88,9 @@ class BaselineConfig:
     ip_forward: bool = True
     isolate_slices: bool = True
     slot_macs: List[str] = field(default_factory=list)
+    infra_networks: List[str] = field(default_factory=lambda: list(netstate.DEFAULT_INFRA_NETWORKS))
+    # Resolvers handed to guests instead of the gateway: refused inside infra_networks.
+    dns_servers: List[str] = field(default_factory=list)
     tmfifo_interface: str = "tmfifo_net0"
     tmfifo_address: str = "192.168.100.1/30"
 
@@ -126,9 +141,68 @@ def load_config(values):
             errors.append(f"slot MAC {mac!r} is not a MAC address")
         macs.append(text)
     config.slot_macs = sorted(set(macs))
+    errors += _validate_infra(config)
     if errors:
         raise BaselineError("; ".join(errors))
     return config
+
+
+def _validate_infra(config):
+    """Errors of `infra_networks` and `dns_servers`; normalises the ranges (sorted, unique).
+
+    Refused: an entry that is not an IPv4 network (host bits set included, so the rule is
+    exactly what was meant), an empty list (guests would reach every private range), ranges
+    that together cover every destination (no NAT egress left to allow), and a resolver
+    handed to guests inside a range (their DNS would be dropped). A range covering the
+    slice subnet or the node's default gateway is accepted: DHCP and DNS to the gateway
+    are INPUT, allowed before any drop, and egress is matched by its final destination,
+    not by the gateway it is routed through (docs/security.md).
+    """
+    errors, networks = [], []
+    entries = config.infra_networks
+    if isinstance(entries, str) or not isinstance(entries, (list, tuple)):
+        return [f"infra_networks must be a list of IPv4 networks, not {entries!r}"]
+    for entry in entries:
+        try:
+            network = ipaddress.ip_network(str(entry).strip(), strict=True)
+        except ValueError as exc:
+            errors.append(f"infra_networks entry {entry!r} is not an IPv4 network: {exc}")
+            continue
+        if network.version != 4:
+            errors.append(
+                f"infra_networks entry {entry!r} is IPv6: the slice network is IPv4 only "
+                "(IPv6 is disabled on the bridge as a whole)"
+            )
+            continue
+        networks.append(network)
+    if not entries:
+        errors.append(
+            "infra_networks is empty: guests would reach every private range; list the "
+            "management, out-of-band, storage and control-plane ranges"
+        )
+    networks = sorted(set(networks))
+    if networks and list(ipaddress.collapse_addresses(networks)) == [
+        ipaddress.ip_network("0.0.0.0/0")
+    ]:
+        shown = ", ".join(str(n) for n in networks)
+        errors.append(
+            f"infra_networks {shown} cover every destination: the slices would have no NAT "
+            "egress left; list the infrastructure ranges themselves"
+        )
+    for server in config.dns_servers or []:
+        try:
+            address = ipaddress.ip_address(str(server).strip())
+        except ValueError:
+            errors.append(f"dns server {server!r} is not an IP address")
+            continue
+        inside = [str(n) for n in networks if address in n]
+        if inside:
+            errors.append(
+                f"dns server {address} is inside infra network {inside[0]}: guests could not "
+                "reach it; hand out the gateway as resolver or one outside infra_networks"
+            )
+    config.infra_networks = [str(n) for n in networks]
+    return errors
 
 
 # ------------------------------------------------------------------------------ observe
@@ -204,7 +278,10 @@ def observe(config, runner=default_runner, ovs_may_be_down=False):
         "ip_forward": read_ip_forward(),
         "nat_rules": [],
         "forward_chain": None,
-        "forward_jump": False,
+        "forward_jumps": [],
+        "input_chain": None,
+        "input_jumps": [],
+        "bridge_ipv6_disabled": None,
         "ebtables_chain": None,
         "ebtables_jump": False,
         "tmfifo_present": config.tmfifo_interface in links,
@@ -248,15 +325,35 @@ def observe(config, runner=default_runner, ovs_may_be_down=False):
         if NAT_COMMENT in line
     ]
     state["forward_chain"] = _rule_lines(runner, ["iptables", "-S", FORWARD_CHAIN])
-    state["forward_jump"] = any(
-        _tokens(line) == ["-j", FORWARD_CHAIN]
-        for line in _rule_lines(runner, ["iptables", "-S", "FORWARD"]) or []
-    )
+    state["input_chain"] = _rule_lines(runner, ["iptables", "-S", INPUT_CHAIN])
+    for builtin, chain in JUMPS:
+        state[f"{builtin.lower()}_jumps"] = [
+            position
+            for position, line in enumerate(
+                _rule_lines(runner, ["iptables", "-S", builtin]) or [], start=1
+            )
+            if _tokens(line) == ["-j", chain]
+        ]
+    if bridge is not None:
+        state["bridge_ipv6_disabled"] = _ipv6_disabled(runner, config.bridge)
     if config.bridge_type == "linux" or _ebtables_chain_exists(runner):
         state["ebtables_chain"] = _ebtables_rules(runner, EBTABLES_CHAIN)
         forward = _ebtables_rules(runner, "FORWARD") or []
         state["ebtables_jump"] = f"-j {EBTABLES_CHAIN}" in forward
     return state
+
+
+def _ipv6_key(bridge):
+    # The slash form: an interface name may contain dots.
+    return f"net/ipv6/conf/{bridge}/disable_ipv6"
+
+
+def _ipv6_disabled(runner, bridge):
+    """True/False, or None when the kernel has no IPv6 (nothing to disable)."""
+    result = runner(["sysctl", "-n", _ipv6_key(bridge)])
+    if result.rc != 0:
+        return None
+    return result.stdout.strip() == "1"
 
 
 def _ebtables_chain_exists(runner):
@@ -324,7 +421,6 @@ def forward_rules(config):
                 "DROP",
             ]
         )
-    rules.append(["-s", subnet, "-i", bridge, "-j", "ACCEPT"])
     rules.append(
         [
             "-d",
@@ -339,6 +435,39 @@ def forward_rules(config):
             "ACCEPT",
         ]
     )
+    # Replies of a guest to connections opened towards it (through FORWARD rules that are
+    # not ours): a guest can open nothing with these.
+    rules.append(
+        ["-i", bridge, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"]
+    )
+    for network in config.infra_networks:
+        rules.append(["-d", network, "-i", bridge, *_containment_tail()])
+    rules.append(["-s", subnet, "-i", bridge, "-j", "ACCEPT"])
+    rules.append(["-i", bridge, *_containment_tail()])
+    return rules
+
+
+def _containment_tail():
+    return ["-m", "comment", "--comment", CONTAINMENT_COMMENT, "-j", "DROP"]
+
+
+def input_rules(config):
+    """What the node accepts from the bridge: replies, DHCP, DNS and ping to the gateway;
+    everything else from the bridge is dropped."""
+    bridge = config.bridge
+    gateway = config.gateway.split("/", maxsplit=1)[0] + "/32"
+    allowed = [
+        # A client without a lease broadcasts; a renewal is unicast to the gateway.
+        ["-d", DHCP_BROADCAST, "-p", "udp", "-m", "udp", "--dport", "67"],
+        ["-d", gateway, "-p", "udp", "-m", "udp", "--dport", "67"],
+        ["-d", gateway, "-p", "udp", "-m", "udp", "--dport", "53"],
+        ["-d", gateway, "-p", "tcp", "-m", "tcp", "--dport", "53"],
+        ["-d", gateway, "-p", "icmp", "-m", "icmp", "--icmp-type", "8"],
+    ]
+    rules = [["-i", bridge, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"]]
+    # iptables prints -d before -i: the planned rules are in its order, to compare exactly.
+    rules += [[*match[:2], "-i", bridge, *match[2:], "-j", "ACCEPT"] for match in allowed]
+    rules.append(["-i", bridge, *_containment_tail()])
     return rules
 
 
@@ -415,6 +544,7 @@ def assumed_new_bridge(config, state):
         bridge_kind="bridge" if config.bridge_type == "linux" else "tun",
         bridge_up=False,
         bridge_ipv4=[],
+        bridge_ipv6_disabled=False,
         bridge_mac=state["bridge_mac"] or "<bridge-mac>",
         ovs_bridge=config.bridge_type == "openvswitch",
         ovs_datapath_type=config.ovs_datapath_type,
@@ -444,7 +574,17 @@ def plan_rest(config, state):
             Action("enable IPv4 forwarding", ["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
         )
     actions += _plan_nat(config, state)
-    actions += _plan_forward_chain(config, state)
+    actions += _plan_chain(FORWARD_CHAIN, forward_rules(config), state["forward_chain"])
+    actions += _plan_chain(INPUT_CHAIN, input_rules(config), state["input_chain"])
+    for builtin, chain in JUMPS:
+        actions += _plan_jump(builtin, chain, state[f"{builtin.lower()}_jumps"])
+    if state["bridge_ipv6_disabled"] is False:
+        actions.append(
+            Action(
+                f"disable IPv6 on {bridge}",
+                ["sysctl", "-q", "-w", f"{_ipv6_key(bridge)}=1"],
+            )
+        )
     tmfifo = config.tmfifo_interface
     managed_tmfifo = bool(config.tmfifo_address) and state["tmfifo_present"]
     if managed_tmfifo and config.tmfifo_address not in state["tmfifo_ipv4"]:
@@ -566,30 +706,40 @@ def _plan_nat(config, state):
     return actions
 
 
-def _plan_forward_chain(config, state):
-    rules = forward_rules(config)
+def _plan_chain(name, rules, present):
+    """Our chain holds exactly `rules`, in order (flushed and refilled when it differs)."""
     actions = []
-    chain = state["forward_chain"]
-    if chain is None:
-        actions.append(
-            Action(f"create iptables chain {FORWARD_CHAIN}", ["iptables", "-N", FORWARD_CHAIN])
-        )
-    if [_tokens(line) for line in chain or []] != rules:
-        if chain:
-            actions.append(
-                Action(f"flush iptables chain {FORWARD_CHAIN}", ["iptables", "-F", FORWARD_CHAIN])
-            )
+    if present is None:
+        actions.append(Action(f"create iptables chain {name}", ["iptables", "-N", name]))
+    if [_tokens(line) for line in present or []] != rules:
+        if present:
+            actions.append(Action(f"flush iptables chain {name}", ["iptables", "-F", name]))
         for rule in rules:
-            actions.append(
-                Action(
-                    f"{FORWARD_CHAIN}: {' '.join(rule)}", ["iptables", "-A", FORWARD_CHAIN, *rule]
-                )
-            )
-    if not state["forward_jump"]:
+            actions.append(Action(f"{name}: {' '.join(rule)}", ["iptables", "-A", name, *rule]))
+    return actions
+
+
+def _plan_jump(builtin, chain, positions):
+    """Exactly one jump to `chain`, first in `builtin`: a rule inserted before it (another
+    tool's ACCEPT) would decide before the containment does. The new jump goes in before
+    the misplaced ones are deleted, so the chain is never bypassed in between."""
+    if positions == [1]:
+        return []
+    actions = []
+    shift = 0
+    if 1 not in positions:
         actions.append(
             Action(
-                f"jump to {FORWARD_CHAIN} first in FORWARD",
-                ["iptables", "-I", "FORWARD", "1", "-j", FORWARD_CHAIN],
+                f"jump to {chain} first in {builtin}",
+                ["iptables", "-I", builtin, "1", "-j", chain],
+            )
+        )
+        shift = 1
+    for position in sorted((p for p in positions if p != 1), reverse=True):
+        actions.append(
+            Action(
+                f"remove the extra jump to {chain} at {builtin} rule {position}",
+                ["iptables", "-D", builtin, str(position + shift)],
             )
         )
     return actions

@@ -19,9 +19,15 @@ description:
     datapath) or a Linux bridge. An existing link of the other kind is refused, never
     deleted. The bridge is brought up with the first address of O(subnet).
   - Adds C(-s SUBNET ! -d SUBNET -j MASQUERADE) to nat POSTROUTING (tagged with a comment;
-    our rules for another subnet are removed), enables IPv4 forwarding and keeps chain
-    C(GPUAAS-SLICE-FWD), jumped to first from FORWARD, accepting slice egress and replies
-    and dropping traffic routed from the bridge back into it.
+    our rules for another subnet are removed) and enables IPv4 forwarding.
+  - Contains the guests, deny by default (docs/security.md). Chain C(GPUAAS-SLICE-FWD),
+    jumped to first from FORWARD, drops traffic routed from the bridge back into it,
+    accepts replies, drops traffic from the bridge to O(infra_networks), accepts the
+    subnet's other egress (NAT to the internet) and drops anything else from the bridge.
+    Chain C(GPUAAS-SLICE-IN), jumped to first from INPUT, lets the node accept from the
+    bridge only replies, DHCP (udp 67), DNS (udp and tcp 53) and ping to the gateway
+    address. IPv6 is disabled on the bridge. Both chains are planned and diffed exactly;
+    a jump that is not first is moved first.
   - With O(isolate_slices), guests cannot reach each other at layer 2 either. On Open
     vSwitch the bridge MAC is pinned (C(other-config:hwaddr)) and OpenFlow rules let guest
     ports send unicast only to it. On a Linux bridge, ebtables chain C(GPUAAS-SLICE) drops
@@ -67,6 +73,24 @@ options:
     type: list
     elements: str
     default: []
+  infra_networks:
+    description:
+      - The operator's infrastructure ranges guests must not reach (management,
+        out-of-band/BMC, storage, control plane, fabric), as IPv4 networks.
+      - Refused, with nothing changed, when an entry is not an IPv4 network (host bits set
+        included), when the list is empty, or when the ranges together cover every
+        destination (no NAT egress left).
+      - The node's own addresses are never reachable from the bridge, whatever the ranges.
+    type: list
+    elements: str
+    default: [10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 169.254.0.0/16, 100.64.0.0/10]
+  dns_servers:
+    description:
+      - Resolvers handed to guests instead of the gateway; refused when one is inside
+        O(infra_networks) (the guests' DNS would be dropped).
+    type: list
+    elements: str
+    default: []
   tmfifo_interface:
     description: BF3 RShim management interface.
     type: str
@@ -99,6 +123,11 @@ EXAMPLES = r"""
     bridge: slicebr0
     bridge_type: linux
     slot_macs: ["52:54:00:3f:a2:10", "52:54:00:9c:01:7e"]
+
+- name: Infrastructure ranges of a site whose management network is public address space
+  gpuaas.fleet.slice_network_baseline:
+    infra_networks: [10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 169.254.0.0/16,
+                     100.64.0.0/10, 198.51.100.0/24]
 """
 
 RETURN = r"""
@@ -150,7 +179,7 @@ state:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuaas.fleet.plugins.module_utils import network_baseline
+from ansible_collections.gpuaas.fleet.plugins.module_utils import netstate, network_baseline
 from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import module_runner
 
 
@@ -169,6 +198,12 @@ def main():
             ip_forward=dict(type="bool", default=True),
             isolate_slices=dict(type="bool", default=True),
             slot_macs=dict(type="list", elements="str", default=[]),
+            infra_networks=dict(
+                type="list",
+                elements="str",
+                default=list(netstate.DEFAULT_INFRA_NETWORKS),
+            ),
+            dns_servers=dict(type="list", elements="str", default=[]),
             tmfifo_interface=dict(type="str", default="tmfifo_net0"),
             tmfifo_address=dict(type="str", default="192.168.100.1/30"),
         ),
