@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
@@ -14,11 +15,70 @@ app = typer.Typer(no_args_is_help=True, help="Database schema and the embedded P
 @app.command("upgrade")
 def db_upgrade(as_json: JsonFlag = False) -> None:
     """Apply all migrations (creates the embedded database on first use)."""
-    run(
-        as_json,
-        lambda: {"revision": control_plane().upgrade_schema()},
-        lambda r: out.print(f"schema at revision {r['revision']}"),
-    )
+
+    def upgrade() -> dict[str, Any]:
+        from controlplane import store_roles
+
+        plane = control_plane()
+        revision = plane.upgrade_schema()
+        # Run as a store owner, the process roles get their access to any new table.
+        return {"revision": revision, "grants": store_roles.grant_as_owner(plane.engine)}
+
+    def render(result: dict[str, Any]) -> None:
+        out.print(f"schema at revision {result['revision']}")
+        for change in result["grants"] or []:
+            out.print(f"  {change}")
+
+    run(as_json, upgrade, render)
+
+
+@app.command("roles")
+def db_roles(
+    password_dir: Annotated[
+        Path,
+        typer.Option(
+            "--password-dir",
+            help="Directory (0700) for each new password, as a 0600 libpq passfile <role>.pgpass.",
+        ),
+    ],
+    prefix: Annotated[
+        str, typer.Option("--prefix", help="Roles are <prefix>_owner, _controller, ...")
+    ] = "gpuaas",
+    rotate_passwords: Annotated[
+        bool, typer.Option("--rotate-passwords", help="Give existing roles new passwords too.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Create or check the least-privilege store roles (run as a superuser).
+
+    The owner alone changes the schema; the controller (flows, workers), operator (CLI)
+    and reader (dashboards) get what their jobs need. A second run changes nothing.
+    Passwords are never printed: see docs/operations.md, "Store roles".
+    """
+    from controlplane import store_roles
+
+    def ensure() -> dict[str, Any]:
+        report = store_roles.ensure_roles(
+            control_plane().engine, prefix, password_dir, rotate_passwords
+        )
+        return {
+            "database": report.database,
+            "changed": report.changed,
+            "roles": report.roles,
+            "changes": report.changes,
+        }
+
+    def render(result: dict[str, Any]) -> None:
+        for role in result["roles"]:
+            state = "created" if role["created"] else "exists"
+            where = f", password in {role['password_file']}" if role["password_file"] else ""
+            out.print(f"{role['name']} ({role['job']}): {state}{where}")
+        for change in result["changes"]:
+            out.print(f"  {change}")
+        if not result["changed"]:
+            out.print(f"store roles of {result['database']} unchanged")
+
+    run(as_json, ensure, render)
 
 
 @app.command("stop")
