@@ -7,7 +7,8 @@ own in the fleet's subnet (a free /20 of 10.224.0.0/12; the controller is the fi
 address), a Dropbear SSH server listening there with a host key of its own, its own
 recorded host tree (gpuaas_lab.hosttrees, the scenarios taken in turn) and the converged
 network of a slice host (gpuaas_lab.hosts.build_host_network's bridge, uplink, forwarding
-and NAT, plus an IPoIB link on the site fabric). No libvirt or dnsmasq runs on a fleet
+and NAT, plus an IPoIB link on the site fabric), its guests' containment converged by the
+network baseline's own code. No libvirt or dnsmasq runs on a fleet
 host (hundreds of them would not fit), so parity's libvirt and dnsmasq checks fail there
 honestly; sweeps over a fleet name the checks they run. The controller logs in as the
 deploy user ``gpuaas`` and becomes root through passwordless sudo, as on a deployed host:
@@ -62,6 +63,8 @@ FABRIC_SUBNET = ipaddress.ip_network("172.16.0.0/16")
 DEPLOY_USER = "gpuaas"
 DEPLOY_UID = 64_100
 HOST_PYTHON = "/usr/bin/python3"
+# The collection, importable (the fleet host's containment runs the baseline's code).
+COLLECTIONS = Path(__file__).resolve().parents[2] / ".collections"
 SCENARIO_MIX = ("clean", "missing-vfs", "duplicate-fabric", "clean-rebooted", "h200")
 REGION = "region-lab-fleet"
 SLICE_TAGS = ("gpuaas-profile-slice-vm",)
@@ -80,6 +83,7 @@ PARITY_CHECKS = (
     "vnic_bandwidth",
     "nat",
     "ip_forward",
+    "slice_isolation",
     "tmfifo",
     "historical_network_service",
     "api_topology",
@@ -111,6 +115,12 @@ ip route add default via 192.0.2.1 dev eno8303
 carrier_link ibp26s0 fab26s0-p "$FABRIC_ADDRESS"
 sysctl -q -w net.ipv4.ip_forward=1
 iptables -t nat -A POSTROUTING -s "$SLICE_SUBNET" -j MASQUERADE
+# The slice guests' containment (docs/security.md), by the network baseline's own code.
+"$HOST_PYTHON" -c 'import sys; sys.path.insert(0, sys.argv[1])
+from ansible_collections.gpuaas.fleet.plugins.module_utils import network_baseline as nb
+config = {"bridge": sys.argv[2], "bridge_type": "linux", "subnet": sys.argv[3]}
+nb.converge(nb.load_config({**config, "tmfifo_address": ""}))' \
+  "$COLLECTIONS" "$BRIDGE" "$SLICE_SUBNET"
 mount --bind "$ETC/passwd" /etc/passwd
 mount --bind "$ETC/group" /etc/group
 mount --bind "$ETC/shadow" /etc/shadow
@@ -135,7 +145,7 @@ def unavailable_reason() -> str | None:
     """Why a lab fleet cannot run here, or None when it can."""
     if os.geteuid() != 0:
         return "needs root for network and mount namespaces"
-    for tool in ("ip", "iptables", "dropbear", "sudo", "unshare", HOST_PYTHON):
+    for tool in ("ip", "iptables", "ebtables", "dropbear", "sudo", "unshare", HOST_PYTHON):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
     return None
@@ -524,6 +534,8 @@ def start(fleet: SshFleet, build_workers: int | None) -> None:
                     "DEPLOY_UID": str(DEPLOY_UID),
                     "ETC": str(root / "etc"),
                     "HOST_DIR": str(directory),
+                    "HOST_PYTHON": HOST_PYTHON,
+                    "COLLECTIONS": str(COLLECTIONS),
                 },
                 stdin=subprocess.DEVNULL,
                 stdout=log,

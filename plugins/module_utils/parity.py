@@ -83,11 +83,14 @@ CHECKS = (
     "vnic_bandwidth",
     "nat",
     "ip_forward",
+    "slice_isolation",
     "tmfifo",
     "historical_network_service",
     "api_topology",
 )
-NETWORK_CHECKS = frozenset(("fabric_address", "fabric_route", "bridge", "nat", "tmfifo", "dnsmasq"))
+NETWORK_CHECKS = frozenset(
+    ("fabric_address", "fabric_route", "bridge", "nat", "slice_isolation", "tmfifo", "dnsmasq")
+)
 IPOIB_NETPLAN = "/etc/netplan/60-ipoib.yaml"
 NETWORK_SERVICE = "gpuaas-slice-network-baseline"
 HISTORICAL_NETWORK_SERVICE = "gpuaas-slice-host-net-baseline"
@@ -104,6 +107,29 @@ LIBVIRT_SOCKETS = ("/run/libvirt/virtqemud-sock", "/run/libvirt/libvirt-sock")
 LIBVIRT_QEMU_STATUS = "/run/libvirt/qemu"
 DNSMASQ_DEFAULT_CONF = "/etc/dnsmasq.conf"
 DHCP_SERVER_PORT = 67
+# What a guest must not open on the node or in the infrastructure (sshd, DNS/HTTP of other
+# hosts, etcd, Prefect, PostgreSQL, exporters, libvirt, NTP, SNMP, IPMI/BMC, mDNS); and
+# what it must still reach: DHCP and DNS on its gateway, NAT egress (docs/security.md).
+DENIED_PORTS = (
+    ("tcp", 22),
+    ("tcp", 80),
+    ("tcp", 443),
+    ("tcp", 2379),
+    ("tcp", 4200),
+    ("tcp", 5432),
+    ("tcp", 8080),
+    ("tcp", 9100),
+    ("tcp", 16509),
+    ("tcp", 16514),
+    ("udp", 123),
+    ("udp", 161),
+    ("udp", 623),
+    ("udp", 5353),
+)
+INFRA_PROBES = (("tcp", 22), ("tcp", 443), ("udp", 623))
+# Destinations standing for the internet; the first outside the infrastructure is probed.
+EGRESS_PROBES = ("1.1.1.1", "9.9.9.9", "8.8.8.8", "198.51.100.1")
+OVS_GUEST_FLOWS = ("in_port=LOCAL", "dl_dst=01:00:00:00:00:00/01:00:00:00:00:00")
 ADVISORY_BLOCKER_CODES = frozenset(
     ("tmfifo_missing", "default_route_missing", "reboot_required", "network_evidence_error")
 )
@@ -131,6 +157,7 @@ class ParityContext:
     pidfile_dirs: Tuple[str, ...] = PIDFILE_DIRS
     now: Optional[datetime.datetime] = None
     evidence: Optional[dict] = field(default=None, repr=False)
+    infra_networks: Tuple[str, ...] = netstate.DEFAULT_INFRA_NETWORKS
 
     def network(self):
         if self.evidence is None:
@@ -653,6 +680,156 @@ def check_ip_forward(ctx):
     )
 
 
+def _probe_address(network, subnet):
+    """An address of infrastructure `network` that is not in the slice subnet."""
+    for address in (network.network_address + 1, network.broadcast_address - 1):
+        if address not in subnet:
+            return str(address)
+    return str(network.network_address)
+
+
+def _show_port(proto, port):
+    return f"{proto}/{port}"
+
+
+def _containment_problems(ctx, net, chains):
+    """What of the containment the live filter table does not do, one phrase each."""
+    bridge = ctx.bridge
+    subnet = ipaddress.ip_network(net["subnet"])
+    gateway = str(netstate.gateway_interface(net["subnet"]).ip)
+    guest, other_guest = (str(address) for address in list(subnet.hosts())[1:3])
+    uplink = net.get("default_route_uplink")
+    infra = [ipaddress.ip_network(n) for n in ctx.infra_networks]
+    problems = []
+
+    def verdict(chain, **packet):
+        return netstate.evaluate(chains, chain, netstate.probe(bridge, guest, **packet))
+
+    for network in infra:
+        target = _probe_address(network, subnet)
+        for proto, port in INFRA_PROBES:
+            decided, rule = verdict(
+                "FORWARD", dst=target, proto=proto, dport=port, out_iface=uplink
+            )
+            if decided == "ACCEPT":
+                problems.append(
+                    f"FORWARD from {bridge} to {network} not dropped "
+                    f"({_show_port(proto, port)} to {target} accepted by: {rule})"
+                )
+                break
+    decided, rule = verdict("FORWARD", dst=other_guest, proto="tcp", dport=22, out_iface=bridge)
+    if decided == "ACCEPT":
+        problems.append(
+            f"FORWARD from {bridge} back into {bridge} (slice to slice) not dropped "
+            f"(accepted by: {rule})"
+        )
+    outside = [a for a in EGRESS_PROBES if not any(ipaddress.ip_address(a) in n for n in infra)]
+    if outside:
+        decided, rule = verdict("FORWARD", dst=outside[0], proto="tcp", dport=443, out_iface=uplink)
+        if decided != "ACCEPT":
+            problems.append(
+                f"FORWARD from {bridge} to the internet (tcp/443 to {outside[0]}) not accepted "
+                f"(dropped by: {rule})"
+            )
+    own = sorted(
+        {
+            str(ipaddress.ip_interface(cidr).ip)
+            for info in net["interfaces"].values()
+            for cidr in info.get("ipv4") or []
+            if not ipaddress.ip_interface(cidr).ip.is_loopback
+        }
+        | {gateway}
+    )
+    for address in own:
+        opened = []
+        for proto, port in DENIED_PORTS if address == gateway else INFRA_PROBES:
+            decided, rule = verdict("INPUT", dst=address, proto=proto, dport=port)
+            if decided == "ACCEPT":
+                opened.append((_show_port(proto, port), rule))
+        if opened:
+            ports = ", ".join(port for port, _rule in opened)
+            problems.append(
+                f"INPUT from {bridge} accepts {ports} (to {address}, first by: {opened[0][1]})"
+            )
+    needed = (
+        # A client without a lease broadcasts from 0.0.0.0; a renewal is unicast.
+        ("udp/67 (DHCP)", "0.0.0.0", "255.255.255.255", "udp", 67),
+        ("udp/67 (DHCP renewal)", guest, gateway, "udp", 67),
+        ("udp/53 (DNS)", guest, gateway, "udp", 53),
+        ("tcp/53 (DNS)", guest, gateway, "tcp", 53),
+    )
+    for label, source, destination, proto, port in needed:
+        packet = netstate.probe(
+            bridge, source, destination, proto, port, sport=68 if port == 67 else 40000
+        )
+        decided, rule = netstate.evaluate(chains, "INPUT", packet)
+        if decided != "ACCEPT":
+            problems.append(f"INPUT from {bridge} drops {label} to {destination} (by: {rule})")
+    return problems
+
+
+def _layer2_problems(ctx, contained):
+    """Guests kept apart at layer 2 (the baseline's OpenFlow rules or ebtables chain)."""
+    bridge = ctx.bridge
+    flows = contained["ovs_flows"]
+    if flows is not None:
+        allowed = list(OVS_GUEST_FLOWS)
+        if contained["bridge_mac"]:
+            allowed.append(f"dl_dst={contained['bridge_mac']}")
+        problems = []
+        if "priority=0 actions=drop" not in flows:
+            problems.append(f"OVS {bridge} has no priority=0 drop flow")
+        for flow in flows:
+            match, _sep, actions = flow.partition(" actions=")
+            if actions != "drop" and not set(match.split(",")) & set(allowed):
+                problems.append(f"OVS {bridge} forwards guest traffic beyond the gateway: {flow}")
+        return problems
+    forward = contained["ebtables_forward"]
+    if forward is not None and "-j GPUAAS-SLICE" not in forward:
+        return [
+            f"ebtables FORWARD does not jump to GPUAAS-SLICE (slices on {bridge} reach each "
+            "other at layer 2)"
+        ]
+    return []
+
+
+def check_slice_isolation(ctx):
+    """Slice guests are contained on the node, deny by default (docs/security.md): judged
+    by running probe packets of a guest through the live filter table (iptables-save),
+    so a rule another tool put before the baseline's chains counts as what it does."""
+    name = "slice_isolation"
+    net = ctx.network()
+    bridge = ctx.bridge
+    remediation = (
+        "run the slice network baseline (systemctl restart gpuaas-slice-network-baseline, or "
+        "the slice_network_baseline role) and remove rules that accept the bridge's traffic "
+        "before its chains (docs/security.md)"
+    )
+    if not net["bridge_link"]:
+        return result(name, FAIL, f"{bridge} does not exist: no containment to judge", remediation)
+    contained = netstate.containment_evidence(ctx.runner, bridge, net["bridge_kind"])
+    if contained["filter"] is None:
+        return result(name, FAIL, "; ".join(contained["errors"]), remediation)
+    problems = _containment_problems(ctx, net, contained["filter"])
+    if contained["ipv6_disabled"] is False:
+        problems.append(f"IPv6 from {bridge} is received (net.ipv6.conf.{bridge}.disable_ipv6=0)")
+    problems += _layer2_problems(ctx, contained)
+    problems += [e for e in contained["errors"] if not e.startswith("sysctl")]
+    if problems:
+        return result(name, FAIL, "; ".join(problems), remediation)
+    layer2 = (
+        "OpenFlow rules isolate guests"
+        if contained["ovs_flows"] is not None
+        else "ebtables isolates slots"
+    )
+    return result(
+        name,
+        PASS,
+        f"{bridge}: FORWARD drops {', '.join(ctx.infra_networks)} and slice to slice, NAT "
+        f"egress accepted; INPUT accepts only DHCP and DNS to the gateway; IPv6 off; {layer2}",
+    )
+
+
 def check_tmfifo(ctx):
     net = ctx.network()
     if net["tmfifo_ipv4"]:
@@ -892,6 +1069,7 @@ CHECK_FUNCTIONS = {
     "vnic_bandwidth": check_vnic_bandwidth,
     "nat": check_nat,
     "ip_forward": check_ip_forward,
+    "slice_isolation": check_slice_isolation,
     "tmfifo": check_tmfifo,
     "historical_network_service": check_historical_network_service,
     "api_topology": check_api_topology,
@@ -909,6 +1087,13 @@ def run_checks(ctx, checks=None):
     validate_checks(checks)
     wanted = set(checks) if checks else set(CHECKS)
     netstate.gateway_interface(ctx.slice_subnet)
+    for entry in ctx.infra_networks:
+        try:
+            ipaddress.IPv4Network(entry)
+        except ValueError as exc:
+            raise ParityError(
+                f"infra_networks entry {entry!r} is not an IPv4 network: {exc}"
+            ) from None
     if ctx.fabric_subnet:
         try:
             ipaddress.ip_network(ctx.fabric_subnet, strict=False)

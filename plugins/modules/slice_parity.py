@@ -32,7 +32,15 @@ description:
     root qdisc for inbound, a police action on its ingress for outbound, read with C(tc));
     PASS listing them, FAIL naming a rate the kernel does not apply, WARN when a status or
     tap is unreadable, V(nat) a MASQUERADE rule for the subnet, V(ip_forward) IPv4
-    forwarding, V(tmfifo) the BF3 management address (WARN when absent),
+    forwarding, V(slice_isolation) slice guests contained on the node (docs/security.md),
+    judged by running a guest's probe packets through the live filter table
+    (C(iptables-save -t filter)), so a rule another tool put first counts as what it does -
+    FORWARD from the bridge drops each of O(infra_networks) and slice to slice and accepts
+    NAT egress, INPUT from the bridge drops everything (sshd, libvirt, exporters, on the
+    gateway and the node's other addresses) but DHCP and DNS to the gateway, IPv6 is
+    disabled on the bridge, and guests are kept apart at layer 2 (the OpenFlow rules on Open
+    vSwitch, the ebtables jump on a Linux bridge); a FAIL names each missing part,
+    V(tmfifo) the BF3 management address (WARN when absent),
     V(historical_network_service) WARN when the historical
     C(gpuaas-slice-host-net-baseline) unit exists or still runs (active or enabled under
     systemd, else a live pidfile or a process running its script),
@@ -73,6 +81,13 @@ options:
         inside it, V(fabric_route) a route over C(ibp*) that covers it.
       - When unset, any C(ibp*) IPv4 address and any route over an C(ibp*) interface pass.
     type: str
+  infra_networks:
+    description:
+      - The operator's infrastructure ranges slice guests must not reach (V(slice_isolation));
+        the same list the node's network baseline was given.
+    type: list
+    elements: str
+    default: [10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 169.254.0.0/16, 100.64.0.0/10]
   libvirt_sockets:
     description: libvirt daemon sockets to try, in order.
     type: list
@@ -123,6 +138,7 @@ options:
       - vnic_bandwidth
       - nat
       - ip_forward
+      - slice_isolation
       - tmfifo
       - historical_network_service
       - api_topology
@@ -259,6 +275,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuaas.fleet.plugins.module_utils import (
     common_args,
     evidence_signing,
+    netstate,
     parity,
     sysfs,
 )
@@ -273,6 +290,9 @@ def main():
             slice_subnet=dict(type="str", default="10.100.0.0/24"),
             tmfifo_interface=dict(type="str", default="tmfifo_net0"),
             fabric_subnet=dict(type="str"),
+            infra_networks=dict(
+                type="list", elements="str", default=list(netstate.DEFAULT_INFRA_NETWORKS)
+            ),
             libvirt_sockets=dict(
                 type="list", elements="path", default=list(parity.LIBVIRT_SOCKETS)
             ),
@@ -298,6 +318,7 @@ def main():
         slice_subnet=params["slice_subnet"],
         tmfifo_interface=params["tmfifo_interface"],
         fabric_subnet=params["fabric_subnet"],
+        infra_networks=tuple(params["infra_networks"]),
         libvirt_sockets=tuple(params["libvirt_sockets"]),
         topology_evidence=params["topology_evidence"],
         topology_collected_at=params["topology_collected_at"],

@@ -10,6 +10,7 @@ import copy
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from ansible_collections.gpuaas.fleet.plugins.module_utils import parity
@@ -25,9 +26,17 @@ from tests.integration.discovery.discovery_helpers import (
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
+COLLECTIONS = Path(__file__).resolve().parents[3] / ".collections"
+
 BOTH = ["topology_discover.yml", "parity.yml"]
 DISCOVER_TASK = "Discover GPUs, fabric, NVMe, virtualization and slice network state"
-FLIPPING = ("bridge", "nat", "ip_forward", "dnsmasq", "libvirt")
+FLIPPING = ("bridge", "nat", "ip_forward", "slice_isolation", "dnsmasq", "libvirt")
+# The guests' containment as the network baseline converges it (its NAT left to the test).
+CONTAIN = (
+    "import sys; sys.path.insert(0, sys.argv[1])\n"
+    "from ansible_collections.gpuaas.fleet.plugins.module_utils import network_baseline as nb\n"
+    "nb.converge(nb.load_config({'bridge': 'ovsbr0', 'bridge_type': 'linux', 'nat': False}))\n"
+)
 
 
 def hard_codes(topology_map: dict) -> set[str]:
@@ -105,6 +114,7 @@ def test_parity_flips_with_the_namespace_state(slice_ns, trees, ansible_env, tmp
     slice_ns.add_address("ovsbr0", GATEWAY)
     slice_ns.add_masquerade(SLICE_SUBNET)
     slice_ns.set_ip_forward(True)
+    slice_ns.run([sys.executable, "-c", CONTAIN, str(COLLECTIONS)])
     dnsmasq = start_dnsmasq(slice_ns, daemon_dir)
     libvirtd, _sock = start_session_libvirtd(slice_ns, daemon_dir)
     rc, doc = run_playbooks(ansible_env, BOTH, extravars, tmp_path, slice_ns)
@@ -112,7 +122,7 @@ def test_parity_flips_with_the_namespace_state(slice_ns, trees, ansible_env, tmp
     after = task_result(doc, "Run the slice parity checks")
     assert statuses(after) == dict.fromkeys(parity.CHECKS, "PASS"), after["results"]
     assert after["lines"][-1] == (
-        "GPUAAS_SLICE_PARITY_SUMMARY status=PASS checks=16 passed=16 failures=0 warnings=0"
+        "GPUAAS_SLICE_PARITY_SUMMARY status=PASS checks=17 passed=17 failures=0 warnings=0"
     )
     assert after["failures"] == 0 and after["warning_count"] == 0
     printed = task_result(
@@ -142,6 +152,7 @@ def test_parity_flips_with_the_namespace_state(slice_ns, trees, ansible_env, tmp
     slice_ns.remove_masquerade(SLICE_SUBNET)
     slice_ns.set_ip_forward(False)
     slice_ns.run(["ip", "link", "set", "ibp26s0", "down"])
+    slice_ns.run(["iptables", "-D", "INPUT", "-j", "GPUAAS-SLICE-IN"])
     rc, doc = run_playbooks(
         ansible_env, BOTH, {**extravars, "slice_parity_fail_on_failures": False}, tmp_path, slice_ns
     )
@@ -153,8 +164,8 @@ def test_parity_flips_with_the_namespace_state(slice_ns, trees, ansible_env, tmp
     )
     parsed, summary = parity.parse_lines(again["lines"])
     assert parsed == again["results"]
-    # The five above, the IPoIB address and route, and api_topology.
-    assert summary["failures"] == again["failures"] == 8
+    # The six above, the IPoIB address and route, and api_topology.
+    assert summary["failures"] == again["failures"] == 9
 
 
 def ok_json(env: dict, *args: str) -> dict:
