@@ -45,5 +45,6 @@ def analyze_if_stale(session: Session) -> list[str]:
     session.flush()
     stale = list(session.execute(STALE_TABLES, {"tables": list(SHAPE_TABLES)}).scalars())
     if stale:
-        session.execute(text("ANALYZE (SKIP_LOCKED) " + ", ".join(stale)))
+        # As the store's owner, whose ANALYZE it is (docs/operations.md, "Store roles").
+        session.execute(text("SELECT analyze_shape_tables(:tables)"), {"tables": stale})
     return stale

@@ -28,6 +28,22 @@ CREATE OR REPLACE TRIGGER evidence_append_only
     BEFORE UPDATE OR DELETE OR TRUNCATE ON evidence
     FOR EACH STATEMENT EXECUTE FUNCTION evidence_append_only();
 
+-- The calls that change the shape tables refresh their planner statistics
+-- (controlplane/repositories/statistics.py). ANALYZE is the owner's, so this runs it as the
+-- owner for the role that made the change, on those tables only.
+CREATE OR REPLACE FUNCTION analyze_shape_tables(tables text[]) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    IF NOT tables <@ ARRAY['nodes', 'node_capacity', 'node_resource_slots'] THEN
+        RAISE EXCEPTION 'only the shape tables are analyzed here, not %', tables
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF cardinality(tables) > 0 THEN
+        EXECUTE 'ANALYZE (SKIP_LOCKED) ' || array_to_string(tables, ', ');
+    END IF;
+END
+$$;
+
 -- The counter triggers run as the owner of the store (SECURITY DEFINER, on the store's
 -- schema only): no process role is granted a write of node_capacity or of a quota's
 -- usage, so the counters change only here (docs/operations.md, "Store roles").

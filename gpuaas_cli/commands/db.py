@@ -42,7 +42,11 @@ def db_roles(
         ),
     ],
     prefix: Annotated[
-        str, typer.Option("--prefix", help="Roles are <prefix>_owner, _controller, ...")
+        str,
+        typer.Option(
+            "--prefix",
+            help="Names the roles <prefix>_owner, _controller, _operator and _reader.",
+        ),
     ] = "gpuaas",
     rotate_passwords: Annotated[
         bool, typer.Option("--rotate-passwords", help="Give existing roles new passwords too.")
@@ -51,9 +55,8 @@ def db_roles(
 ) -> None:
     """Create or check the least-privilege store roles (run as a superuser).
 
-    The owner alone changes the schema; the controller (flows, workers), operator (CLI)
-    and reader (dashboards) get what their jobs need. A second run changes nothing.
-    Passwords are never printed: see docs/operations.md, "Store roles".
+    The owner alone changes the schema; flows, the CLI and dashboards get their own roles.
+    A second run changes nothing, and passwords go only to 0600 files, never to the output.
     """
     from controlplane import store_roles
 

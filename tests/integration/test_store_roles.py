@@ -311,6 +311,7 @@ EVIDENCE_ROW = (
         ),
         ("controller", "DELETE FROM project_reservations", NOT_YOURS),
         ("controller", "CREATE TEMPORARY TABLE evidence (id int)", NOT_YOURS),
+        ("controller", "SELECT analyze_shape_tables(ARRAY['evidence'])", "only the shape tables"),
         ("operator", "DROP TABLE evidence", NOT_OWNER),
         ("operator", "CREATE SCHEMA operator_schema", NOT_YOURS),
         ("operator", "UPDATE evidence SET summary = 'rewritten'", NOT_YOURS),
@@ -375,6 +376,27 @@ def test_the_owner_runs_migrations_and_a_new_table_is_readable_at_once(store):
         with owner.begin() as conn:
             conn.execute(text("DROP TABLE owner_made"))
         owner.dispose()
+
+
+def test_a_process_role_refreshes_the_shape_tables_statistics_as_the_owner(store):
+    def analyzed() -> int:
+        admin = create_engine(store.admin_url)
+        with admin.connect() as conn:
+            count = conn.execute(
+                text(
+                    "SELECT analyze_count FROM pg_stat_user_tables"
+                    " WHERE relname = 'node_resource_slots'"
+                )
+            ).scalar_one()
+        admin.dispose()
+        return count
+
+    before = analyzed()
+    operator = store.engine("operator")
+    with operator.begin() as conn:
+        conn.execute(text("SELECT analyze_shape_tables(ARRAY['node_resource_slots'])"))
+    operator.dispose()
+    assert analyzed() == before + 1
 
 
 def quota_used(store: Store) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""The usage counters' triggers run as the store's owner.
+"""The usage counters' triggers, and ANALYZE of the shape tables, run as the store's owner.
 
 Why: every process reached the store with one login that could do anything, so a flow,
 the CLI or a dashboard could rewrite a usage counter or the schema. The store now has
@@ -7,7 +7,10 @@ alone changes the schema, a controller for flows and workers, an operator for th
 a reader. The process roles are granted no write of ``node_capacity`` or of a quota's
 usage columns, so the triggers that keep those counters (controlplane/sql/triggers.sql and
 quotas.sql) become SECURITY DEFINER, running as the owner with the store's schema as their
-search path; they write what they wrote before (docs/operations.md, "Store roles").
+search path; they write what they wrote before. ANALYZE is the owner's too, so the calls
+that refresh the shape tables' statistics (controlplane/repositories/statistics.py) do so
+through ``analyze_shape_tables``, which runs it as the owner on those tables only
+(docs/operations.md, "Store roles").
 
 Revision ID: 0019
 Revises: 0018
@@ -40,5 +43,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.execute("DROP FUNCTION analyze_shape_tables(text[])")
     for function in COUNTER_TRIGGER_FUNCTIONS:
         op.execute(f"ALTER FUNCTION {function} SECURITY INVOKER RESET search_path")
