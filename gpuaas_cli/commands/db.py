@@ -22,11 +22,14 @@ def db_upgrade(as_json: JsonFlag = False) -> None:
         plane = control_plane()
         revision = plane.upgrade_schema()
         # Run as a store owner, the process roles get their access to any new table.
-        return {"revision": revision, "grants": store_roles.grant_as_owner(plane.engine)}
+        grants = store_roles.grant_as_owner(plane.engine)
+        return (
+            {"revision": revision} if grants is None else {"revision": revision, "grants": grants}
+        )
 
     def render(result: dict[str, Any]) -> None:
         out.print(f"schema at revision {result['revision']}")
-        for change in result["grants"] or []:
+        for change in result.get("grants", []):
             out.print(f"  {change}")
 
     run(as_json, upgrade, render)

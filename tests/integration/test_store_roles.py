@@ -355,21 +355,32 @@ def test_the_operator_cannot_run_a_migration(store):
     operator.dispose()
 
 
-def test_the_owner_runs_migrations_and_a_new_table_is_readable_at_once(store):
+def test_the_owner_runs_migrations_and_the_process_roles_get_new_tables(store):
     owner = store.engine("owner")
     migrate.downgrade(owner, "0018")
-    migrate.upgrade(owner)
-    assert migrate.current_revision(owner) == migrate.head_revision()
+    admin = create_engine(store.admin_url)
+    with admin.begin() as conn:
+        # As if evidence were a table the migration below had just created.
+        conn.execute(text(f"REVOKE INSERT ON evidence FROM {PREFIX}_controller"))
+    admin.dispose()
+    upgraded = gpuaas(
+        {**os.environ, db.DATABASE_URL_ENV: store.url("owner")}, "db", "upgrade", "--json"
+    )
+    assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
+    assert json.loads(upgraded.stdout) == {
+        "revision": migrate.head_revision(),
+        "grants": [f"granted INSERT on evidence to {PREFIX}_controller"],
+    }
     with owner.begin() as conn:
         conn.execute(text("CREATE TABLE owner_made (id bigserial PRIMARY KEY)"))
     try:
         reader, controller = store.engine("reader"), store.engine("controller")
+        # The owner's default privileges: readable and its sequence usable at once.
         with reader.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM owner_made")).scalar_one() == 0
         with controller.connect() as conn:
             conn.execute(text("SELECT nextval('owner_made_id_seq')"))
-        granted = store_roles.grant_as_owner(owner)
-        assert granted == []
+        assert store_roles.grant_as_owner(owner) == []
         reader.dispose()
         controller.dispose()
     finally:
