@@ -3,10 +3,14 @@ prefect.yaml registered and the automations of automations.yaml installed, from 
 The worker runs this checkout's flows (it is first on their PYTHONPATH) with the store they
 are given (passed to them as GPUAAS_DATABASE_URL); the server keeps its own data in
 PostgreSQL when given a database for it, else in Prefect's SQLite under PREFECT_HOME.
+Given an auth string, the server answers only requests with it (basic auth), and every
+process the stack starts sends it; it goes to them in their environment, never in argv
+(docs/operations.md, "The Prefect API behind credentials").
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import subprocess
@@ -33,6 +37,22 @@ AUTOMATIONS = REPO_ROOT / "automations.yaml"
 # (docs/operations.md, "Site resilience"); Prefect's client then retries for about a
 # minute, as it does by itself for 502/503 and a server it cannot reach.
 WORKER_ENVIRONMENT = {"PREFECT_CLIENT_RETRY_EXTRA_CODES": "500"}
+# The server's basic auth string, and the one its clients send (docs/operations.md, "The
+# Prefect API behind credentials").
+SERVER_AUTH_ENV = "PREFECT_SERVER_API_AUTH_STRING"
+CLIENT_AUTH_ENV = "PREFECT_API_AUTH_STRING"
+NOT_INHERITED = frozenset({SERVER_AUTH_ENV, CLIENT_AUTH_ENV, "PREFECT_API_KEY"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine reaches ``host``: ``localhost`` or a loopback address (a
+    name, or an address such as 0.0.0.0, may be reached from elsewhere)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass
@@ -51,6 +71,9 @@ class PrefectStack:
 
     workers: dict[str, subprocess.Popen] = field(default_factory=dict)
     server_argv: list[str] = field(default_factory=list)
+    # The server's environment: ``env`` (its clients') and the server's auth string.
+    server_env: dict[str, str] = field(default_factory=dict)
+    authenticated: bool = False
 
     @property
     def server(self) -> subprocess.Popen:
@@ -63,7 +86,7 @@ class PrefectStack:
         began = time.monotonic()
         stop(self.server)
         time.sleep(down_seconds)
-        self.processes[0] = start_server(self.server_argv, self.env)
+        self.processes[0] = start_server(self.server_argv, self.server_env)
         wait_healthy(self.api_url, timeout)
         return time.monotonic() - began
 
@@ -141,19 +164,21 @@ def wait_healthy(api_url: str, timeout: float) -> None:
     raise GpuaasError("prefect_server_unhealthy", f"the Prefect server at {api_url} did not start")
 
 
-def install_automations(api_url: str) -> list[str]:
-    """The automations of automations.yaml on the server at ``api_url``, each replacing
-    any automation of its name (so a restarted stack keeps one of each)."""
+def install_automations(api_url: str, auth_string: str | None = None) -> list[str]:
+    """The automations of automations.yaml on the server at ``api_url`` (sending
+    ``auth_string`` when given), each replacing any automation of its name (so a restarted
+    stack keeps one of each)."""
     import yaml
     from prefect.client.orchestration import get_client
     from prefect.events.schemas.automations import AutomationCore
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
     wanted = [
         AutomationCore.model_validate(item)
         for item in yaml.safe_load(AUTOMATIONS.read_text())["automations"]
     ]
-    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+    settings = {PREFECT_API_URL: api_url, PREFECT_API_AUTH_STRING: auth_string}
+    with temporary_settings(settings), get_client(sync_client=True) as client:
         for automation in wanted:
             for existing in client.read_automations_by_name(automation.name):
                 client.delete_automation(existing.id)
@@ -186,10 +211,19 @@ def prefect_stack(
     startup_timeout: float = 180.0,
     workers: int = 1,
     host: str = "127.0.0.1",
+    auth_string: str | None = None,
 ) -> Iterator[PrefectStack]:
     """Server, work pool, deployments and ``workers`` workers whose flows use the store at
     ``store_url``; everything stopped on exit. The server listens on ``host`` (loopback
-    unless a site's controllers on other machines must reach it)."""
+    unless a site's controllers on other machines must reach it), behind ``auth_string``
+    when given; refused without one on any other address."""
+    if auth_string is None and not is_loopback(host):
+        raise GpuaasError(
+            "auth_string_required",
+            f"a Prefect server on {host}, beyond loopback, needs an auth string "
+            '(docs/operations.md, "The Prefect API behind credentials")',
+            {"host": host},
+        )
     if not DEPLOYMENTS.is_file():
         raise GpuaasError(
             "checkout_required",
@@ -198,8 +232,11 @@ def prefect_stack(
         )
     home = prefect_home()
     api_url = f"http://{host}:{port}/api"
+    # The caller's own credentials are not passed on: the stack's are ``auth_string``'s (a
+    # Prefect Cloud key would be sent instead of it, docs/operations.md).
+    inherited = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
     env = {
-        **os.environ,
+        **inherited,
         "PREFECT_HOME": str(home),
         "PREFECT_API_URL": api_url,
         "PREFECT_SERVER_API_HOST": host,
@@ -212,15 +249,21 @@ def prefect_stack(
     }
     if prefect_database:
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = prefect_database
+    # Workers, the runs they start and the CLI calls send it; only the server checks it.
+    server_env = dict(env)
+    if auth_string is not None:
+        env[CLIENT_AUTH_ENV] = auth_string
+        server_env[SERVER_AUTH_ENV] = auth_string
     (home / "logs").mkdir(exist_ok=True)
     server_argv = [prefect_bin(), "server", "start", "--host", host, "--port", str(port)]
     processes: list[subprocess.Popen] = []
     try:
-        processes.append(start_server(server_argv, env))
+        processes.append(start_server(server_argv, server_env))
+        # /api/health answers without the auth string (Prefect's probes do).
         wait_healthy(api_url, startup_timeout)
         prefect_cli(env, "work-pool", "create", WORK_POOL, "--type", "process", "--overwrite")
         prefect_cli(env, "--no-prompt", "deploy", "--all")
-        install_automations(api_url)
+        install_automations(api_url, auth_string)
         stack = PrefectStack(
             api_url=api_url,
             ui_url=f"http://{host}:{port}",
@@ -228,6 +271,8 @@ def prefect_stack(
             env=env,
             processes=processes,
             server_argv=server_argv,
+            server_env=server_env,
+            authenticated=auth_string is not None,
         )
         for _ in range(workers):
             stack.start_worker()

@@ -4,6 +4,7 @@ handling it needs are in ``gpuaas_cli.ui``)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -22,13 +23,23 @@ def ui_command(
         typer.Option(
             "--host",
             help="Address the Prefect server listens on: loopback by default, the site's "
-            "management address when controllers on other machines use it.",
+            "management address when controllers on other machines use it (with an auth "
+            "string).",
         ),
     ] = "127.0.0.1",
     demo: Annotated[
         bool,
         typer.Option("--demo", help="Act on the demo's fleet (after make demo) and its runs."),
     ] = False,
+    auth_string_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--auth-string-file",
+            help="File only its owner can read holding USER:PASSWORD, the basic auth every "
+            "API call must send (or PREFECT_SERVER_API_AUTH_STRING); required with a --host "
+            "beyond loopback.",
+        ),
+    ] = None,
 ) -> None:
     """Start a Prefect server and worker (on loopback unless given --host) with every
     deployment (Ctrl-C, SIGTERM or SIGHUP stops both)."""
@@ -39,11 +50,16 @@ def ui_command(
     ui.stop_on_signals()
     try:
         with error_contract(False):
+            # Before anything starts: a server beyond loopback is refused without one.
+            auth_string = ui.auth_string(host, auth_string_file)
             store_url, prefect_database = ui.ui_store(demo)
-            with prefect_stack(store_url, port, prefect_database, host=host) as stack:
+            with prefect_stack(
+                store_url, port, prefect_database, host=host, auth_string=auth_string
+            ) as stack:
+                api = f"{stack.api_url} behind basic auth" if stack.authenticated else stack.api_url
                 # soft_wrap: a long data path must not split a line that scripts read.
                 out.print(
-                    f"Prefect UI: {stack.ui_url}  (API {stack.api_url}, Prefect data: "
+                    f"Prefect UI: {stack.ui_url}  (API {api}, Prefect data: "
                     f"{stack.database}, fleet store: database {make_url(store_url).database})\n"
                     "deployments from prefect.yaml are registered on work pool gpuaas-process; "
                     "a process worker is running. Ctrl-C stops both.",

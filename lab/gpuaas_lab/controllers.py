@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flows.serve import WORK_POOL, WORKER_ENVIRONMENT
+from flows.serve import CLIENT_AUTH_ENV, WORK_POOL, WORKER_ENVIRONMENT
 from gpuaas_lab.processes import kill_tree
 
 INSTALL_TIMEOUT = 1800
@@ -85,13 +85,19 @@ def install_controller(checkout: Path, base: Path) -> Controller:
 
 
 def worker_environment(
-    controller: Controller, home: Path, api_url: str, store_url: str
+    controller: Controller,
+    home: Path,
+    api_url: str,
+    store_url: str,
+    auth_string: str | None = None,
 ) -> dict[str, str]:
     """What the worker's service unit gives it (docs/operations.md): its own state under
-    ``home``, the site's server and store, the installed collection."""
+    ``home``, the site's server (and its auth string, when it asks for one) and store, the
+    installed collection."""
     return {
         **bare_environment(controller.venv),
         **WORKER_ENVIRONMENT,
+        **({CLIENT_AUTH_ENV: auth_string} if auth_string is not None else {}),
         "PREFECT_API_URL": api_url,
         "PREFECT_HOME": str(home / "prefect"),
         "GPUAAS_DATABASE_URL": store_url,
@@ -163,9 +169,14 @@ class ControllerMachine:
         return ["ip", "netns", "exec", self.namespace]
 
     def start_worker(
-        self, controller: Controller, api_url: str, store_url: str, limit: int | None = None
+        self,
+        controller: Controller,
+        api_url: str,
+        store_url: str,
+        limit: int | None = None,
+        auth_string: str | None = None,
     ) -> subprocess.Popen:
-        env = worker_environment(controller, self.home, api_url, store_url)
+        env = worker_environment(controller, self.home, api_url, store_url, auth_string)
         self.worker = start_worker(controller, self.name, env, self.home, self.prefix, limit)
         return self.worker
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -29,7 +30,7 @@ from typing import Any
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
-from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 from sqlalchemy import Engine, create_engine, text
 
 from controlplane.api import ControlPlane
@@ -128,6 +129,10 @@ def site(tmp_path_factory) -> Iterator[Site]:
         host = cleanup.enter_context(LabSliceHost(base / "host", slots=8))
         host.enroll(cp)
         fleet.register(cp)
+        # The server on the management address asks for an auth string, which the
+        # controllers' workers are given (docs/operations.md, "The Prefect API behind
+        # credentials").
+        auth_string = f"gpuaas:{secrets.token_urlsafe(16)}"
         prefect = cleanup.enter_context(
             prefect_stack(
                 store_url,
@@ -135,14 +140,21 @@ def site(tmp_path_factory) -> Iterator[Site]:
                 prefect_database_url(store_url),
                 workers=0,
                 host=address,
+                auth_string=auth_string,
             )
         )
-        cleanup.enter_context(temporary_settings({PREFECT_API_URL: prefect.api_url}))
+        cleanup.enter_context(
+            temporary_settings(
+                {PREFECT_API_URL: prefect.api_url, PREFECT_API_AUTH_STRING: auth_string}
+            )
+        )
         machines = controller_machines(CONTROLLERS, tag, fleet.bridge, fleet.subnet, base)
         for machine in machines:
             cleanup.callback(machine.close)
             machine.create()
-            machine.start_worker(controller, prefect.api_url, store_url, limit=WORKER_LIMIT)
+            machine.start_worker(
+                controller, prefect.api_url, store_url, WORKER_LIMIT, auth_string=auth_string
+            )
         # Reconnects after the restarts like the control plane's own engine (controlplane/db.py).
         engine = create_engine(store_url, pool_pre_ping=True)
         cleanup.callback(engine.dispose)
