@@ -44,7 +44,7 @@ PROCESS_JOBS = ("controller", "operator", "reader")
 # Marks a role ensure_roles created (a comment on the role), and for which job.
 MARKER = "gpuaas store role: "
 PREFIX_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,40}")
-TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
+RELATION_KINDS = {"r": "TABLE", "p": "TABLE", "v": "VIEW", "m": "MATERIALIZED VIEW"}
 
 
 @dataclass(frozen=True)
@@ -158,8 +158,8 @@ def role_names(prefix: str) -> dict[str, str]:
 def ensure_roles(
     engine: Engine, prefix: str, password_dir: Path, rotate_passwords: bool = False
 ) -> RolesReport:
-    """Create or check the four roles on the store ``engine`` reaches (as a superuser or
-    a login with CREATEROLE that owns the store's objects), in one transaction."""
+    """Create or check the four roles on the store ``engine`` reaches (as a PostgreSQL
+    superuser), and converge ownership and grants, in one transaction."""
     names = role_names(prefix)
     staged: dict[Path, Path] = {}
     try:
@@ -195,9 +195,16 @@ def ensure_roles(
             report.changes += _transfer_ownership(conn, names["owner"])
             report.changes += _grants(conn, names)
             staged = _stage_password_files(password_dir, passwords)
-    except BaseException:
+    except BaseException as exc:
         for partial in staged:
             partial.unlink(missing_ok=True)
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+            raise GpuaasError(
+                "store_roles_not_permitted",
+                f"the login of GPUAAS_DATABASE_URL may not set up the store roles ({exc}): "
+                "run gpuaas db roles as a PostgreSQL superuser; nothing was changed",
+                {"refused": str(exc)},
+            ) from exc
         raise
     # Committed: the new passwords hold, so their files replace the old ones.
     for partial, final in staged.items():
@@ -388,17 +395,18 @@ def _transfer_ownership(conn: psycopg.Connection, owner: str) -> list[str]:
     relations = conn.execute(
         """
         SELECT c.relname, c.relkind FROM pg_class c
-        WHERE c.relnamespace = %s::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+        WHERE c.relnamespace = %s::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm')
           AND c.relowner <> %s::regrole
         ORDER BY 1
         """,
         (SCHEMA, owner),
     ).fetchall()
     for name, kind in relations:
-        statement = "ALTER VIEW {} OWNER TO {}" if kind in "vm" else "ALTER TABLE {} OWNER TO {}"
-        if kind == "m":
-            statement = "ALTER MATERIALIZED VIEW {} OWNER TO {}"
-        conn.execute(sql.SQL(statement).format(sql.Identifier(SCHEMA, name), sql.Identifier(owner)))
+        conn.execute(
+            sql.SQL("ALTER {} {} OWNER TO {}").format(
+                sql.SQL(RELATION_KINDS[kind]), sql.Identifier(SCHEMA, name), sql.Identifier(owner)
+            )
+        )
         changes.append(f"{owner} owns {name}")
     sequences = conn.execute(
         """
@@ -439,6 +447,8 @@ def _grants(conn: psycopg.Connection, names: dict[str, str]) -> list[str]:
     """Converge the schema's, tables', columns' and sequences' grants on ACCESS, and the
     owner's default privileges, so a table a later migration creates is readable at once."""
     process_roles = [names[job] for job in PROCESS_JOBS]
+    # A privilege granted to PUBLIC is every role's, so it is revoked from PUBLIC as well.
+    revocable = ["public", *process_roles]
     owner = names["owner"]
     changes = _converge(
         conn,
@@ -473,7 +483,7 @@ def _grants(conn: psycopg.Connection, names: dict[str, str]) -> list[str]:
             table,
             _acl(conn, "SELECT relacl FROM pg_class WHERE oid = %s", (oid,)),
             {(role, p) for role, rule in rules.items() for p in rule.table},
-            process_roles,
+            revocable,
         )
         columns = [
             name
@@ -501,7 +511,7 @@ def _grants(conn: psycopg.Connection, names: dict[str, str]) -> list[str]:
                     (oid, column),
                 ),
                 wanted,
-                process_roles,
+                revocable,
                 column,
             )
     writers = [names["controller"], names["operator"]]
@@ -517,7 +527,7 @@ def _grants(conn: psycopg.Connection, names: dict[str, str]) -> list[str]:
             f"sequence {sequence}",
             _acl(conn, "SELECT relacl FROM pg_class WHERE oid = %s", (oid,)),
             {(role, "USAGE") for role in writers},
-            process_roles,
+            revocable,
         )
     changes += _default_privileges(conn, owner, process_roles, writers)
     return changes

@@ -39,6 +39,9 @@ from controlplane.services.inventory import NodeSpec
 from controlplane.services.projects import QuotaScope
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
 
+# One cluster for the module, whose tests run in order on one worker.
+pytestmark = pytest.mark.xdist_group("store_roles")
+
 PREFIX = "rl"
 DATABASE = "store"
 SLICE = "h200-sxm-slice"
@@ -469,7 +472,7 @@ def test_the_reader_reads_the_fleet_picture_and_occupancy(store):
     plane = ControlPlane(reader)
     assert plane.fleet_picture().nodes
     assert plane.occupancy() is not None
-    assert {n.hostname for n in plane.list_nodes()} >= {"rl00001", "rl00002", "j22u15"}
+    assert {n.hostname for n in plane.list_nodes()} >= {"rl00001", "rl00002"}
     reader.dispose()
 
 
@@ -535,6 +538,71 @@ def test_an_open_password_directory_is_refused_before_any_role_is_made(store, tm
         )
     admin.dispose()
     assert list(open_dir.iterdir()) == []
+
+
+def test_a_grant_beyond_the_rules_is_revoked_by_the_next_run(store):
+    admin = create_engine(store.admin_url)
+    with admin.begin() as conn:
+        conn.execute(text(f"GRANT UPDATE ON evidence TO {PREFIX}_controller"))
+        conn.execute(text("GRANT DELETE ON evidence TO PUBLIC"))
+    report = store_roles.ensure_roles(admin, PREFIX, store.password_dir)
+    admin.dispose()
+    assert report.changes == [
+        "revoked DELETE on evidence from public",
+        f"revoked UPDATE on evidence from {PREFIX}_controller",
+    ]
+    controller = store.engine("controller")
+    assert NOT_YOURS in str(refused(controller, "DELETE FROM evidence").orig)
+    controller.dispose()
+
+
+def test_a_login_that_is_not_a_superuser_is_refused_and_nothing_changes(store, tmp_path):
+    operator = store.engine("operator")
+    with pytest.raises(GpuaasError, match="as a PostgreSQL superuser") as caught:
+        store_roles.ensure_roles(operator, "notsuper", tmp_path / "p")
+    operator.dispose()
+    assert caught.value.code == "store_roles_not_permitted"
+    admin = create_engine(store.admin_url)
+    with admin.connect() as conn:
+        made = conn.execute(text("SELECT count(*) FROM pg_roles WHERE rolname LIKE 'notsuper%'"))
+        assert made.scalar_one() == 0
+    admin.dispose()
+    assert not (tmp_path / "p").exists()
+
+
+def test_roles_made_before_the_schema_let_the_owner_migrate_it(store, tmp_path):
+    """On an empty database: the owner creates the whole schema (and migration 0001's
+    trusted extension), and its upgrade gives the process roles their access."""
+    admin = create_engine(store.admin_url.replace(f"/{DATABASE}?", "/postgres?"))
+    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("CREATE DATABASE fresh"))
+    try:
+        fresh_admin = create_engine(store.admin_url.replace(f"/{DATABASE}?", "/fresh?"))
+        report = store_roles.ensure_roles(fresh_admin, "fr", tmp_path / "p")
+        fresh_admin.dispose()
+        assert all(r.created for r in report.roles)
+        owner = create_engine(fresh_url(store, "owner", tmp_path / "p"))
+        migrate.upgrade(owner)
+        granted = store_roles.grant_as_owner(owner)
+        owner.dispose()
+        assert "granted INSERT on evidence to fr_controller" in granted
+        reader = create_engine(fresh_url(store, "reader", tmp_path / "p"))
+        with reader.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM skus")).scalar_one() > 0
+        reader.dispose()
+    finally:
+        with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("DROP DATABASE fresh WITH (FORCE)"))
+            for job in store_roles.JOBS:
+                conn.execute(text(f"DROP ROLE fr_{job}"))
+        admin.dispose()
+
+
+def fresh_url(store: Store, job: str, password_dir: Path) -> str:
+    return (
+        f"postgresql+psycopg://fr_{job}@localhost:{store.port}/fresh?sslmode=verify-full"
+        f"&sslrootcert={store.ca_file}&passfile={password_dir}/fr_{job}.pgpass"
+    )
 
 
 def test_a_prefix_that_is_not_a_plain_name_is_refused():
