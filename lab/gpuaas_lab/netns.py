@@ -241,6 +241,29 @@ class NetNamespace:
         else:
             peer_netns.link_up(peer)
 
+    def add_veth_to(
+        self, name: str, peer_netns: NetNamespace, peer: str, address: str | None = None
+    ) -> None:
+        """A veth pair joining this namespace (`name`, with `address`) and `peer_netns`
+        (`peer`, no address). Both ends get unique names in the root namespace first, so
+        `name` may be one the machine itself uses (an uplink's `eno8303`)."""
+        if len(name) > IFNAME_MAX or len(peer) > IFNAME_MAX:
+            raise ValueError(f"interface names longer than {IFNAME_MAX}: {name}, {peer}")
+        here, there = unique_ifname("gv"), unique_ifname("gv")
+        _run(["ip", "link", "add", here, "type", "veth", "peer", "name", there])
+        try:
+            _run(["ip", "link", "set", there, "netns", peer_netns.name])
+            _run(["ip", "link", "set", here, "netns", self.name])
+        except NetnsError:
+            _run(["ip", "link", "del", here], check=False)
+            raise
+        self.run(["ip", "link", "set", here, "name", name])
+        peer_netns.run(["ip", "link", "set", there, "name", peer])
+        if address:
+            self.add_address(name, address)
+        self.link_up(name)
+        peer_netns.link_up(peer)
+
     def link_up(self, name: str) -> None:
         self.run(["ip", "link", "set", name, "up"])
 

@@ -25,6 +25,7 @@ from controlplane.services.images import ImageSpec
 from controlplane.services.inventory import NodeSpec, SkuSpec
 from gpuaas_lab import hosttrees
 from gpuaas_lab.hosts import SigningKey, interpreter_in
+from gpuaas_lab.netns import NetNamespace
 from gpuaas_lab.vmguest import GuestImage, ensure_guest_image
 from gpuaas_lab.vmguest import unavailable_reason as guest_unavailable_reason
 from gpuaas_lab.vmlab import VmLab, vm_lab_unavailable_reason
@@ -33,6 +34,9 @@ from gpuaas_lab.vmlab import VmLab, vm_lab_unavailable_reason
 # 64 GiB per GPU); lab nodes are their own family so no real SKU lands on them. Guests
 # touch little of their memory, so a full eight-slot lab host fits on a small machine.
 LAB_IMAGE = "lab-guest"
+# The lab node's uplink address (TEST-NET-1) and its default gateway.
+UPLINK_ADDRESS = "192.0.2.21/24"
+UPLINK_GATEWAY = "192.0.2.1"
 LAB_SKU = SkuSpec(
     slug="lab-slice",
     display_name="Lab slice VM (QEMU emulation, no passthrough)",
@@ -93,6 +97,11 @@ class LabSliceHost:
     guest_image: Callable[[], GuestImage] = ensure_guest_image
     # The slice bridge: a Linux bridge, or Open vSwitch with the userspace datapath.
     bridge_type: str = "linux"
+    # Names the slice network's dnsmasq answers (VmLab.dns_records); empty: no DNS.
+    dns_records: dict[str, str] = field(default_factory=dict)
+    # The namespace at the far end of the uplink, holding its default gateway 192.0.2.1
+    # (gpuaas_lab.containment's outside); None: the uplink is a dummy link.
+    uplink_peer: NetNamespace | None = None
     lab: VmLab | None = None
     image: GuestImage | None = None
     host_vars: dict[str, Any] = field(default_factory=dict)
@@ -101,12 +110,20 @@ class LabSliceHost:
     def __enter__(self) -> LabSliceHost:
         self.root.mkdir(parents=True, exist_ok=True)
         self.image = self.guest_image()
-        self.lab = VmLab(self.root / "lab", bridge_type=self.bridge_type, dev_disk_by_id=True)
+        self.lab = VmLab(
+            self.root / "lab",
+            bridge_type=self.bridge_type,
+            dev_disk_by_id=True,
+            dns_records=self.dns_records,
+        )
         try:
             self.lab.start()
             # An uplink with a default route, as fleet hosts have.
-            self.lab.ns.add_dummy("eno8303", "192.0.2.21/24")
-            self.lab.ns.add_route("default", "eno8303", via="192.0.2.1")
+            if self.uplink_peer is None:
+                self.lab.ns.add_dummy("eno8303", UPLINK_ADDRESS)
+            else:
+                self.lab.ns.add_veth_to("eno8303", self.uplink_peer, "wan0", UPLINK_ADDRESS)
+            self.lab.ns.add_route("default", "eno8303", via=UPLINK_GATEWAY)
             assert self.lab.loops is not None
             prefix = "000000000000000100a07524" + secrets.token_hex(3)
             euis = [f"{prefix}{slot:02x}" for slot in range(self.slots)]

@@ -16,7 +16,10 @@ without seeing or touching the machine's own libvirt, OVS or network configurati
 
 The lab's bridge owns the node-subnet gateway address, the nat table has the subnet's
 MASQUERADE rule, IPv4 forwarding is on, and dnsmasq serves only static reservations from
-a `--dhcp-hostsfile` (lines `MAC,IP,name`) with its own leasefile and pidfile.
+a `--dhcp-hostsfile` (lines `MAC,IP,name`) with its own leasefile and pidfile. It serves
+no DNS unless the lab is given `dns_records` (name -> IPv4 address): then it answers those
+names on the gateway address, as the baseline role's dnsmasq serves DNS to the slices, and
+forwards nothing (the lab has no upstream resolver).
 The Open vSwitch lab uses the userspace datapath (`datapath_type=netdev`), the only one
 this machine supports; libvirt attaches the VM's tap port with `ovs-vsctl` as in production.
 Mounts a test wants the modules to see must be made inside the lab (`lab.run(["mount", ...])`):
@@ -244,6 +247,8 @@ class VmLab:
     # their disks by the same stable path as on a real host (and pass slot approval).
     dev_disk_by_id: bool = False
     dev_disk: SharedDevDisk | None = None
+    # Names dnsmasq answers on the gateway (name -> IPv4); empty: no DNS (port 0).
+    dns_records: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.bridge_type not in ("linux", "openvswitch"):
@@ -405,6 +410,12 @@ class VmLab:
         self.dnsmasq_hostsfile.parent.mkdir(parents=True, exist_ok=True)
         self.dnsmasq_hostsfile.touch()
         network = ipaddress.ip_network(self.subnet)
+        if self.dns_records:
+            dns = ["--no-resolv", "--no-hosts"] + [
+                f"--host-record={name},{address}" for name, address in self.dns_records.items()
+            ]
+        else:
+            dns = ["--port=0"]
         self.ns.start_daemon(
             [
                 "dnsmasq",
@@ -417,7 +428,7 @@ class VmLab:
                 "--bind-interfaces",
                 f"--interface={self.bridge}",
                 "--except-interface=lo",
-                "--port=0",
+                *dns,
                 "--dhcp-authoritative",
                 f"--dhcp-range={network.network_address},static,{network.netmask},1h",
                 f"--dhcp-hostsfile={self.dnsmasq_hostsfile}",
