@@ -32,6 +32,7 @@ from controlplane.repositories import slots as slot_repo
 from controlplane.scheduler.placement import Placement, PlacementRequest, Scheduler, Unavailable
 from controlplane.services import (
     allocations,
+    audit_trail,
     benchmarks,
     deploys,
     events,
@@ -71,9 +72,15 @@ class ControlPlane:
         migrate.upgrade(self.engine)
         return migrate.current_revision(self.engine)
 
-    def register_node(self, spec: inventory.NodeSpec) -> inventory.RegisteredNode:
+    def register_node(
+        self,
+        spec: inventory.NodeSpec,
+        *,
+        actor: str = audit_trail.DIRECT_CALLER,
+        reason: str | None = None,
+    ) -> inventory.RegisteredNode:
         with db.transaction(self.engine) as session:
-            node, created = inventory.register(session, spec)
+            node, created = inventory.register(session, spec, actor, reason)
             return inventory.RegisteredNode(**asdict(inventory.NodeView.of(node)), created=created)
 
     def pin_host_keys(
@@ -166,6 +173,21 @@ class ControlPlane:
                 for n in node_repo.list_nodes(session, region, include_retired)
             ]
 
+    def show_node(self, hostname: str, audit_limit: int = 20) -> inventory.NodeDetail:
+        """The node (retired ones too) and its latest audit rows."""
+        with db.transaction(self.engine) as session:
+            node = inventory.NodeView.of(node_repo.get_by_hostname(session, hostname))
+            wanted = audit_trail.AuditFilter(node=hostname, limit=audit_limit)
+            return inventory.NodeDetail(node, audit_trail.listing(session, wanted))
+
+    def list_operator_actions(
+        self, wanted: audit_trail.AuditFilter | None = None
+    ) -> list[audit_trail.AuditEntry]:
+        """Operator actions across the fleet, newest first (docs/operations.md, "Audit
+        trail")."""
+        with db.transaction(self.engine) as session:
+            return audit_trail.listing(session, wanted or audit_trail.AuditFilter())
+
     def retire_node(self, hostname: str, reason: str, actor: str) -> inventory.AdminStateChange:
         """Retire a node for good (docs/operations.md, "Retiring a node")."""
         with db.transaction(self.engine) as session:
@@ -175,10 +197,17 @@ class ControlPlane:
             )
 
     def set_admin_state(
-        self, hostname: str, state: AdminState, reason: str | None = None
+        self,
+        hostname: str,
+        state: AdminState,
+        reason: str | None = None,
+        *,
+        actor: str = audit_trail.DIRECT_CALLER,
     ) -> inventory.AdminStateChange:
+        """Drain a node, make it schedulable again or unavailable (recorded with
+        ``actor`` and ``reason`` when it changes: docs/operations.md, "Audit trail")."""
         with db.transaction(self.engine) as session:
-            node, changed = inventory.set_admin_state(session, hostname, state, reason)
+            node, changed = inventory.set_admin_state(session, hostname, state, reason, actor)
             return inventory.AdminStateChange(
                 **asdict(inventory.NodeView.of(node)), changed=changed
             )
@@ -190,10 +219,14 @@ class ControlPlane:
             return slot_service.import_topology(session, hostname, document, actor, node_task_id)
 
     def approve_slots(
-        self, hostname: str, slot_indexes: list[int] | None, actor: str
+        self,
+        hostname: str,
+        slot_indexes: list[int] | None,
+        actor: str,
+        reason: str | None = None,
     ) -> slot_service.ApprovalResult:
         with db.transaction(self.engine) as session:
-            return slot_service.approve(session, hostname, slot_indexes, actor)
+            return slot_service.approve(session, hostname, slot_indexes, actor, reason)
 
     def list_slots(self, hostname: str | None = None) -> list[slot_service.SlotView]:
         with db.transaction(self.engine) as session:
@@ -327,10 +360,16 @@ class ControlPlane:
         with db.transaction(self.engine) as session:
             return inventory.verify_storage_approval(session, hostname, reference, devices)
 
-    def register_image(self, spec: images.ImageSpec) -> images.RegisteredImage:
+    def register_image(
+        self,
+        spec: images.ImageSpec,
+        *,
+        actor: str = audit_trail.DIRECT_CALLER,
+        reason: str | None = None,
+    ) -> images.RegisteredImage:
         """Create or update a slice OS image in the catalog (upsert by slug)."""
         with db.transaction(self.engine) as session:
-            return images.register(session, spec)
+            return images.register(session, spec, actor, reason)
 
     def publish_image(
         self,
@@ -340,6 +379,9 @@ class ControlPlane:
         skus: Sequence[str],
         node_path: str | None = None,
         plain_http: bool = False,
+        *,
+        actor: str = audit_trail.DIRECT_CALLER,
+        reason: str | None = None,
     ) -> images.RegisteredImage:
         """Push a raw image to the registry as an OCI artifact and make it the catalog's
         image ``slug``, which nodes fetch from there (``gpuaas.fleet.image_cache``). The
@@ -367,13 +409,20 @@ class ControlPlane:
                 dataclasses.replace(
                     spec, digest_sha256=published.digest_sha256, size_bytes=published.size_bytes
                 ),
+                actor,
+                reason,
             )
 
     def create_project(
-        self, project_id: str, name: str | None = None
+        self,
+        project_id: str,
+        name: str | None = None,
+        *,
+        actor: str = audit_trail.DIRECT_CALLER,
+        reason: str | None = None,
     ) -> tuple[projects.ProjectView, bool]:
         with db.transaction(self.engine) as session:
-            return projects.create(session, project_id, name)
+            return projects.create(session, project_id, name, actor, reason)
 
     def list_projects(self, include_retired: bool = False) -> list[projects.ProjectView]:
         with db.transaction(self.engine) as session:
@@ -383,16 +432,28 @@ class ControlPlane:
         with db.transaction(self.engine) as session:
             return projects.show(session, project_id)
 
-    def retire_project(self, project_id: str) -> tuple[projects.ProjectView, bool]:
+    def retire_project(
+        self,
+        project_id: str,
+        *,
+        actor: str = audit_trail.DIRECT_CALLER,
+        reason: str | None = None,
+    ) -> tuple[projects.ProjectView, bool]:
         with db.transaction(self.engine) as session:
-            return projects.retire(session, project_id)
+            return projects.retire(session, project_id, actor, reason)
 
     def set_project_policy(
-        self, project_id: str, regions: list[str] | None, node_families: list[str] | None
+        self,
+        project_id: str,
+        regions: list[str] | None,
+        node_families: list[str] | None,
+        *,
+        actor: str = audit_trail.DIRECT_CALLER,
+        reason: str | None = None,
     ) -> tuple[projects.ProjectView, bool]:
         """The regions and node families the project may place in (None: any)."""
         with db.transaction(self.engine) as session:
-            return projects.set_policy(session, project_id, regions, node_families)
+            return projects.set_policy(session, project_id, regions, node_families, actor, reason)
 
     def reserve_capacity(
         self,
@@ -402,16 +463,26 @@ class ControlPlane:
         gpus: int,
         nodes: list[str] | None = None,
         ends_at: dt.datetime | None = None,
+        *,
+        actor: str = audit_trail.DIRECT_CALLER,
+        reason: str | None = None,
     ) -> tuple[projects.ProjectView, int]:
         """Hold GPUs of a SKU in a region (or on named nodes) for a project."""
         with db.transaction(self.engine) as session:
-            return projects.reserve(session, project_id, sku, region, gpus, nodes, ends_at)
+            return projects.reserve(
+                session, project_id, sku, region, gpus, nodes, ends_at, actor=actor, reason=reason
+            )
 
     def unreserve_capacity(
-        self, project_id: str, reservation_id: int
+        self,
+        project_id: str,
+        reservation_id: int,
+        *,
+        actor: str = audit_trail.DIRECT_CALLER,
+        reason: str | None = None,
     ) -> tuple[projects.ProjectView, bool]:
         with db.transaction(self.engine) as session:
-            return projects.unreserve(session, project_id, reservation_id)
+            return projects.unreserve(session, project_id, reservation_id, actor, reason)
 
     def set_project_quota(
         self,
@@ -419,10 +490,15 @@ class ControlPlane:
         scope: projects.QuotaScope,
         gpu_limit: int | None,
         allocation_limit: int | None,
+        *,
+        actor: str = audit_trail.DIRECT_CALLER,
+        reason: str | None = None,
     ) -> tuple[projects.ProjectView, bool]:
         """Set (or, with both limits None, remove) the quota of one scope."""
         with db.transaction(self.engine) as session:
-            return projects.set_quota(session, project_id, scope, gpu_limit, allocation_limit)
+            return projects.set_quota(
+                session, project_id, scope, gpu_limit, allocation_limit, actor, reason
+            )
 
     def list_images(self) -> list[images.ImageView]:
         with db.transaction(self.engine) as session:
@@ -597,10 +673,20 @@ class ControlPlane:
         payload: dict[str, Any],
         actor: str,
         node_task_id: uuid.UUID | None = None,
+        allocation_id: uuid.UUID | None = None,
     ) -> int:
+        """Evidence about the node (and, with ``allocation_id``, of that allocation)."""
         with db.transaction(self.engine) as session:
             return tasks.record_evidence(
-                session, hostname, kind, passed, summary, payload, actor, node_task_id
+                session,
+                hostname,
+                kind,
+                passed,
+                summary,
+                payload,
+                actor,
+                node_task_id,
+                allocation_id=allocation_id,
             )
 
     def benchmark_storage_target(self, hostname: str, target: str, in_guest: bool = False) -> str:

@@ -136,6 +136,8 @@ class EvidenceKind(StrEnum):
     OPERATOR_ACTION = "operator_action"
     HOST_KEYS = "host_keys"
     BENCHMARK = "benchmark"
+    # What a slice guest could reach, each attempt from inside it (gpuaas.containment_probe/v1).
+    CONTAINMENT = "containment"
 
 
 class HostKeySource(StrEnum):

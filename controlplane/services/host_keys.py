@@ -27,6 +27,7 @@ from controlplane.models import Node
 from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import host_keys as key_repo
 from controlplane.repositories import nodes as node_repo
+from controlplane.services import audit_trail
 
 # A busy host answers slowly; a scan that missed a key type would pin fewer keys.
 SCAN_TIMEOUT_SECONDS = 30
@@ -63,8 +64,7 @@ def pin(
 ) -> PinResult:
     if not keys:
         raise InvalidInput("host_keys_missing", f"no {purpose.value} public key given", {})
-    if not reason.strip():
-        raise InvalidInput("reason_required", "say why the keys are (re)pinned", {})
+    reason = audit_trail.required_reason(reason, "pinning keys")
     if purpose is KeyPurpose.EVIDENCE_SIGNING and [k.key_type for k in keys] != ["ssh-ed25519"]:
         raise InvalidInput(
             "signing_key_type",
@@ -100,6 +100,17 @@ def pin(
             "added": [k.fingerprint for k in added],
             "retired": [r.fingerprint for r in retired],
         },
+    )
+    audit_trail.record(
+        session,
+        audit_trail.Action.NODE_PIN_KEYS,
+        actor,
+        reason,
+        f"{purpose.value} keys of node {hostname}",
+        before={"fingerprints": [r.fingerprint for r in before]},
+        after={"fingerprints": [k.fingerprint for k in keys]},
+        subject={"purpose": purpose.value, "source": source.value, "key_evidence_id": row.id},
+        node_id=node.id,
     )
     return PinResult(
         hostname,
@@ -143,8 +154,7 @@ def pin_reported_signing_key(
 def forget_signing_key(session: Session, hostname: str, actor: str, reason: str) -> PinResult:
     """Retire the node's evidence signing key (recorded), so its next bootstrap pins the
     new one; until then its results are not believed."""
-    if not reason.strip():
-        raise InvalidInput("reason_required", "say why the signing key is forgotten", {})
+    reason = audit_trail.required_reason(reason, "forgetting a signing key")
     node = node_repo.get_by_hostname(session, hostname, for_update=True)
     current = key_repo.current_rows(session, node.id, KeyPurpose.EVIDENCE_SIGNING)
     if not current:
@@ -162,6 +172,17 @@ def forget_signing_key(session: Session, hostname: str, actor: str, reason: str)
             "reason": reason,
             "retired": [r.fingerprint for r in current],
         },
+    )
+    audit_trail.record(
+        session,
+        audit_trail.Action.NODE_FORGET_SIGNING_KEY,
+        actor,
+        reason,
+        f"evidence signing key of node {hostname}",
+        before={"fingerprints": [r.fingerprint for r in current]},
+        after={"fingerprints": []},
+        subject={"key_evidence_id": row.id},
+        node_id=node.id,
     )
     return PinResult(hostname, True, [], [r.fingerprint for r in current], [], row.id)
 

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from controlplane.enums import CapacityShape, ImageStatus
 from controlplane.errors import InvalidInput, NotFound
 from controlplane.models import SHA256_PATTERN, OsImage, Sku
-from controlplane.services import image_cache
+from controlplane.services import audit_trail, image_cache
 
 SLUG_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 # Where a published image lands on the nodes unless the publisher names a path.
@@ -109,8 +109,11 @@ def validate(session: Session, spec: ImageSpec) -> str:
     return digest
 
 
-def register(session: Session, spec: ImageSpec) -> RegisteredImage:
+def register(
+    session: Session, spec: ImageSpec, actor: str, reason: str | None = None
+) -> RegisteredImage:
     """Create or update the catalog row of ``spec.slug``; returns it and whether it changed."""
+    reason = audit_trail.optional_reason(reason)
     digest = validate(session, spec)
     image = session.scalars(
         select(OsImage).where(OsImage.slug == spec.slug).with_for_update()
@@ -132,6 +135,17 @@ def register(session: Session, spec: ImageSpec) -> RegisteredImage:
     session.flush()
     image_cache.mark_stale(session, image)
     after = view(image)
+    if after != before:
+        audit_trail.record(
+            session,
+            audit_trail.Action.IMAGE_REGISTER,
+            actor,
+            reason,
+            f"image {spec.slug}",
+            before=dataclasses.asdict(before) if before else {},
+            after=dataclasses.asdict(after),
+            subject={"image": spec.slug},
+        )
     return RegisteredImage(**dataclasses.asdict(after), changed=after != before)
 
 

@@ -23,6 +23,7 @@ from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
 from controlplane.repositories import statistics
 from controlplane.secrets import is_secret_key
+from controlplane.services import audit_trail
 
 HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
@@ -188,12 +189,49 @@ class AdminStateChange(NodeView):
     changed: bool
 
 
-def register(session: Session, spec: NodeSpec) -> tuple[Node, bool]:
+@dataclass(frozen=True)
+class NodeDetail:
+    node: NodeView
+    audit: list[audit_trail.AuditEntry]
+
+
+# What a registration sets: the audit row of a registration names those it changed.
+REGISTERED_FIELDS = (
+    "region_code",
+    "node_family",
+    "maas_system_id",
+    "maas_tags",
+    "profile_intent",
+    "gpu_count",
+    "slice_subnet",
+    "slice_bridge",
+    "management_address",
+    "host_vars",
+    "host_action_limit",
+)
+
+
+def _registration(node: Node) -> dict[str, Any]:
+    values = {name: getattr(node, name) for name in REGISTERED_FIELDS}
+    return {
+        **values,
+        "maas_tags": list(values["maas_tags"] or []),
+        "profile_intent": values["profile_intent"].value,
+        "slice_subnet": None if values["slice_subnet"] is None else str(values["slice_subnet"]),
+        "host_vars": dict(values["host_vars"] or {}),
+    }
+
+
+def register(
+    session: Session, spec: NodeSpec, actor: str, reason: str | None = None
+) -> tuple[Node, bool]:
     """Create the node, or update it in place; returns (node, created)."""
     subnet = validate_spec(spec)
     intent = profile_intent_from_tags(spec.maas_tags)
+    reason = audit_trail.optional_reason(reason)
     node = node_repo.find_by_hostname(session, spec.hostname)
     created = node is None
+    before = {} if node is None else _registration(node)
     if node is not None:
         node_repo.refuse_retired(node, "be registered again (choose another host name)")
     if node is None:
@@ -223,23 +261,64 @@ def register(session: Session, spec: NodeSpec) -> tuple[Node, bool]:
     node.host_action_limit = spec.host_action_limit
     node.updated_at = dt.datetime.now(dt.UTC)
     session.flush()
+    after = _registration(node)
+    if after != before:
+        audit_trail.record(
+            session,
+            audit_trail.Action.NODE_REGISTER,
+            actor,
+            reason,
+            f"node {spec.hostname}" + (" (new)" if created else ""),
+            before=before,
+            after=after,
+            subject={"created": created},
+            node_id=node.id,
+        )
     statistics.analyze_if_stale(session)
     return node, created
 
 
+ADMIN_STATE_ACTIONS = {
+    AdminState.DRAINING: audit_trail.Action.NODE_DRAIN,
+    AdminState.SCHEDULABLE: audit_trail.Action.NODE_UNDRAIN,
+    AdminState.UNAVAILABLE: audit_trail.Action.NODE_MARK_UNAVAILABLE,
+}
+
+
+def admin_state_of(node: Node) -> dict[str, Any]:
+    return {"admin_state": node.admin_state.value, "admin_state_reason": node.admin_state_reason}
+
+
 def set_admin_state(
-    session: Session, hostname: str, state: AdminState, reason: str | None
+    session: Session, hostname: str, state: AdminState, reason: str | None, actor: str
 ) -> tuple[Node, bool]:
+    """Move the node to ``state`` (draining or unavailable with a reason; schedulable
+    clears it, the reason given then only recorded); returns (node, changed)."""
+    if state == AdminState.SCHEDULABLE:
+        reason = audit_trail.optional_reason(reason)
+    else:
+        reason = audit_trail.required_reason(reason, f"moving a node to {state.value}")
     node = node_repo.get_by_hostname(session, hostname, for_update=True)
     node_repo.refuse_retired(node, f"become {state.value}")
-    if state != AdminState.SCHEDULABLE and not (reason and reason.strip()):
-        raise InvalidInput("reason_required", f"moving a node to {state.value} needs a reason", {})
-    changed = node.admin_state != state or node.admin_state_reason != reason
+    before = admin_state_of(node)
     node.admin_state = state
     node.admin_state_reason = reason if state != AdminState.SCHEDULABLE else None
+    after = admin_state_of(node)
+    if before == after:
+        return node, False
     node.updated_at = dt.datetime.now(dt.UTC)
     session.flush()
-    return node, changed
+    audit_trail.record(
+        session,
+        ADMIN_STATE_ACTIONS[state],
+        actor,
+        reason,
+        f"node {hostname}",
+        before=before,
+        after=after,
+        node_id=node.id,
+    )
+    return node, True
 
 
 PARITY_REASON_PREFIX = "parity: "
@@ -415,6 +494,16 @@ def record_storage_approval(
         f"({reference})",
         recorded_by=actor,
         payload={"scope": STORAGE_APPROVAL_SCOPE, "reference": reference, "devices": approved},
+        node_id=node.id,
+    )
+    audit_trail.record(
+        session,
+        audit_trail.Action.STORAGE_APPROVE,
+        actor,
+        reference,
+        f"disks of node {hostname}",
+        after={"approved_devices": approved},
+        subject={"reference": reference, "approval_evidence_id": row.id},
         node_id=node.id,
     )
     return RecordedApproval(

@@ -27,6 +27,7 @@ from controlplane.models import (
     Sku,
 )
 from controlplane.scheduler.quotas import QuotaRow
+from controlplane.services import audit_trail
 
 PROJECT_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 # A project's reservations: their nodes and the GPUs free on them now.
@@ -166,8 +167,33 @@ def _get(session: Session, project_id: str, for_update: bool = False) -> Project
     return project
 
 
-def create(session: Session, project_id: str, name: str | None) -> tuple[ProjectView, bool]:
+def _audit(
+    session: Session,
+    action: audit_trail.Action,
+    project: Project,
+    actor: str,
+    reason: str | None,
+    before: dict[str, Any] | None = None,
+    after: dict[str, Any] | None = None,
+    **subject: Any,
+) -> None:
+    audit_trail.record(
+        session,
+        action,
+        actor,
+        reason,
+        f"project {project.id}",
+        before=before,
+        after=after,
+        subject={"project": project.id, **subject},
+    )
+
+
+def create(
+    session: Session, project_id: str, name: str | None, actor: str, reason: str | None = None
+) -> tuple[ProjectView, bool]:
     """A new project (``changed``), or the existing one unchanged when it has that name."""
+    reason = audit_trail.optional_reason(reason)
     if not PROJECT_ID.match(project_id):
         raise InvalidInput(
             "invalid_project_id",
@@ -187,6 +213,7 @@ def create(session: Session, project_id: str, name: str | None) -> tuple[Project
     session.add(project)
     session.flush()
     session.refresh(project)
+    _audit(session, audit_trail.Action.PROJECT_CREATE, project, actor, reason, after={"name": name})
     return _view(session, project, False), True
 
 
@@ -201,9 +228,12 @@ def show(session: Session, project_id: str) -> ProjectView:
     return _view(session, _get(session, project_id), True)
 
 
-def retire(session: Session, project_id: str) -> tuple[ProjectView, bool]:
+def retire(
+    session: Session, project_id: str, actor: str, reason: str | None = None
+) -> tuple[ProjectView, bool]:
     """Retire for good: nothing new is placed for it; its allocations keep running and
     keep their history (release them as usual)."""
+    reason = audit_trail.optional_reason(reason)
     if project_id == DEFAULT_PROJECT:
         raise InvalidInput("default_project", "the default project serves callers that name none")
     project = _get(session, project_id, for_update=True)
@@ -212,6 +242,15 @@ def retire(session: Session, project_id: str) -> tuple[ProjectView, bool]:
     project.state = ProjectState.RETIRED
     project.retired_at = dt.datetime.now(dt.UTC)
     session.flush()
+    _audit(
+        session,
+        audit_trail.Action.PROJECT_RETIRE,
+        project,
+        actor,
+        reason,
+        before={"state": ProjectState.ACTIVE.value},
+        after={"state": project.state.value},
+    )
     return _view(session, project, True), True
 
 
@@ -220,20 +259,41 @@ def set_policy(
     project_id: str,
     regions: list[str] | None,
     node_families: list[str] | None,
+    actor: str,
+    reason: str | None = None,
 ) -> tuple[ProjectView, bool]:
     """Keep the project to these regions and node families (None: any); a placement
     outside them is refused before any lock (``policy_denied``). Running allocations
     elsewhere are not touched."""
+    reason = audit_trail.optional_reason(reason)
     project = _get(session, project_id, for_update=True)
     wanted = (
         sorted(set(regions)) if regions is not None else None,
         sorted(set(node_families)) if node_families is not None else None,
     )
-    if (project.allowed_regions, project.allowed_node_families) == wanted:
+    before = (project.allowed_regions, project.allowed_node_families)
+    if before == wanted:
         return _view(session, project, True), False
     project.allowed_regions, project.allowed_node_families = wanted
     session.flush()
+    policy = ("allowed_regions", "allowed_node_families")
+    _audit(
+        session,
+        audit_trail.Action.PROJECT_POLICY,
+        project,
+        actor,
+        reason,
+        before=dict(zip(policy, before, strict=True)),
+        after=dict(zip(policy, wanted, strict=True)),
+    )
     return _view(session, project, True), True
+
+
+def _limits(quota: ProjectQuota | None) -> dict[str, int | None]:
+    """A scope's limits (None: no limit, as when it has no quota)."""
+    if quota is None:
+        return {"gpu_limit": None, "allocation_limit": None}
+    return {"gpu_limit": quota.gpu_limit, "allocation_limit": quota.allocation_limit}
 
 
 def set_quota(
@@ -242,9 +302,12 @@ def set_quota(
     scope: QuotaScope,
     gpu_limit: int | None,
     allocation_limit: int | None,
+    actor: str,
+    reason: str | None = None,
 ) -> tuple[ProjectView, bool]:
     """Set the limits of one scope (both None removes its quota). A limit below what the
     project holds now in that scope is refused, naming the usage."""
+    reason = audit_trail.optional_reason(reason)
     for label, limit in (("GPU", gpu_limit), ("allocation", allocation_limit)):
         if limit is not None and limit < 0:
             raise InvalidInput("invalid_limit", f"a {label} limit is 0 or more, not {limit}")
@@ -271,11 +334,26 @@ def set_quota(
             ProjectQuota.region_code.is_not_distinct_from(scope.region),
         )
     ).one_or_none()
+    before = _limits(existing)
+
+    def audit_quota(after: ProjectQuota | None) -> None:
+        _audit(
+            session,
+            audit_trail.Action.PROJECT_QUOTA,
+            project,
+            actor,
+            reason,
+            before=before,
+            after=_limits(after),
+            scope=asdict(scope),
+        )
+
     if gpu_limit is None and allocation_limit is None:
         if existing is None:
             return _view(session, project, True), False
         session.delete(existing)
         session.flush()
+        audit_quota(None)
         return _view(session, project, True), True
     if existing is not None and (existing.gpu_limit, existing.allocation_limit) == (
         gpu_limit,
@@ -315,6 +393,7 @@ def set_quota(
     existing.allocation_limit = allocation_limit
     existing.updated_at = dt.datetime.now(dt.UTC)
     session.flush()
+    audit_quota(existing)
     return _view(session, project, True), True
 
 
@@ -326,12 +405,16 @@ def reserve(
     gpus: int,
     nodes: list[str] | None = None,
     ends_at: dt.datetime | None = None,
+    *,
+    actor: str,
+    reason: str | None = None,
 ) -> tuple[ProjectView, int]:
     """Hold whole nodes of ``sku``'s family in ``region`` for the project until
     ``ends_at``: the named ``nodes``, or free nodes until they have ``gpus`` GPUs. No other
     project is placed on them while it lasts. What it holds counts toward the project's
     quota: a reservation larger than a GPU limit that covers it is refused. Returns the
     project and the reservation's id."""
+    reason = audit_trail.optional_reason(reason)
     if gpus < 1:
         raise InvalidInput("invalid_gpus", f"a reservation holds 1 GPU or more, not {gpus}")
     if ends_at is not None and ends_at <= dt.datetime.now(dt.UTC):
@@ -395,7 +478,18 @@ def reserve(
         for node_id in node_ids
     )
     session.flush()
-    return _view(session, project, True), reservation.id
+    view = _view(session, project, True)
+    [held] = [r for r in view.reservations if r.id == reservation.id]
+    _audit(
+        session,
+        audit_trail.Action.PROJECT_RESERVE,
+        project,
+        actor,
+        reason,
+        after={"reservation": asdict(held)},
+        reservation=reservation.id,
+    )
+    return view, reservation.id
 
 
 def named_nodes(session: Session, hostnames: list[str], region: str, family: str) -> list:
@@ -427,7 +521,14 @@ def named_nodes(session: Session, hostnames: list[str], region: str, family: str
     return [known[h].id for h in hostnames]
 
 
-def unreserve(session: Session, project_id: str, reservation_id: int) -> tuple[ProjectView, bool]:
+def unreserve(
+    session: Session,
+    project_id: str,
+    reservation_id: int,
+    actor: str,
+    reason: str | None = None,
+) -> tuple[ProjectView, bool]:
+    reason = audit_trail.optional_reason(reason)
     project = _get(session, project_id, for_update=True)
     reservation = session.scalars(
         select(ProjectReservation).where(
@@ -436,6 +537,16 @@ def unreserve(session: Session, project_id: str, reservation_id: int) -> tuple[P
     ).one_or_none()
     if reservation is None:
         return _view(session, project, True), False
+    [held] = [r for r in _view(session, project, True).reservations if r.id == reservation_id]
     session.delete(reservation)
     session.flush()
+    _audit(
+        session,
+        audit_trail.Action.PROJECT_UNRESERVE,
+        project,
+        actor,
+        reason,
+        before={"reservation": asdict(held)},
+        reservation=reservation_id,
+    )
     return _view(session, project, True), True

@@ -13,13 +13,13 @@ from controlplane.enums import (
     AdminState,
     AllocationState,
     ClaimState,
-    EvidenceKind,
     SlotStatus,
 )
-from controlplane.errors import Conflict, InvalidInput
+from controlplane.errors import Conflict
 from controlplane.models import Allocation, AllocationResourceClaim, Node, NodeResourceSlot
-from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import nodes as node_repo
+from controlplane.services import audit_trail
+from controlplane.services.inventory import admin_state_of
 from controlplane.services.slots import touch
 from controlplane.services.tasks import running_on
 
@@ -36,11 +36,11 @@ UNWIPED = (SlotStatus.CLEANUP, SlotStatus.CLEANUP_BLOCKED)
 def retire(session: Session, hostname: str, reason: str, actor: str) -> tuple[Node, bool]:
     """Retire ``hostname``; refused while it holds allocations or claims, runs a host
     action, or has a slot whose disk still needs a wipe. Returns (node, changed)."""
-    if not reason.strip():
-        raise InvalidInput("reason_required", "retiring a node needs a reason", {})
+    reason = audit_trail.required_reason(reason, "retiring a node")
     node = node_repo.get_by_hostname(session, hostname, for_update=True)
     if node.retired_at is not None:
         return node, False
+    before = admin_state_of(node)
     live = session.scalar(
         select(func.count())
         .select_from(Allocation)
@@ -96,13 +96,15 @@ def retire(session: Session, hostname: str, reason: str, actor: str) -> tuple[No
     node.retired_at = now
     node.updated_at = now
     session.flush()
-    evidence_repo.add(
+    audit_trail.record(
         session,
-        kind=EvidenceKind.OPERATOR_ACTION,
-        passed=True,
-        summary=f"node {hostname} retired: {reason}",
-        recorded_by=actor,
-        payload={"action": "retire", "reason": reason, "slots_disabled": disabled},
+        audit_trail.Action.NODE_RETIRE,
+        actor,
+        reason,
+        f"node {hostname}",
+        before={**before, "retired_at": None},
+        after={**admin_state_of(node), "retired_at": now.isoformat()},
+        subject={"slots_disabled": disabled},
         node_id=node.id,
     )
     return node, True

@@ -25,6 +25,7 @@ from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
 from controlplane.repositories import statistics
+from controlplane.services import audit_trail
 
 # Slot fields that come from discovery; a change to any of them needs re-approval.
 DISCOVERED_FIELDS = (
@@ -362,9 +363,14 @@ def import_topology(
 
 
 def approve(
-    session: Session, hostname: str, slot_indexes: list[int] | None, approved_by: str
+    session: Session,
+    hostname: str,
+    slot_indexes: list[int] | None,
+    approved_by: str,
+    reason: str | None = None,
 ) -> ApprovalResult:
     """Make slots ``available``: all or nothing, every rule re-validated against the store."""
+    reason = audit_trail.optional_reason(reason)
     node = node_repo.get_by_hostname(session, hostname, for_update=True)
     task = evidence_repo.latest_task(
         session, node.id, NodeTaskKind.TOPOLOGY_DISCOVER, NodeTaskState.SUCCEEDED
@@ -410,11 +416,13 @@ def approve(
         )
     now = dt.datetime.now(dt.UTC)
     result = ApprovalResult(hostname=hostname)
+    before: dict[str, Any] = {}
     for index in wanted:
         row = rows[index]
         if row.status == SlotStatus.AVAILABLE:
             result.unchanged.append(index)
             continue
+        before[str(index)] = row.status.value
         row.status = SlotStatus.AVAILABLE
         row.health_state = HealthState.HEALTHY
         row.health_detail = None
@@ -440,31 +448,57 @@ def approve(
             node_id=node.id,
             slot_id=rows[index].id,
         )
+    if result.approved:
+        audit_trail.record(
+            session,
+            audit_trail.Action.SLOTS_APPROVE,
+            approved_by,
+            reason,
+            f"slots {result.approved} of {hostname}",
+            before=before,
+            after={index: SlotStatus.AVAILABLE.value for index in before},
+            subject={"slots": result.approved, "topology_task_id": str(task.id)},
+            node_id=node.id,
+        )
     statistics.analyze_if_stale(session)
     return result
 
 
+def _slot_state(row: NodeResourceSlot) -> dict[str, Any]:
+    return {
+        "status": row.status.value,
+        "health_state": row.health_state.value,
+        "health_detail": row.health_detail,
+    }
+
+
 def _record_operator_action(
-    session: Session, node: Node, row: NodeResourceSlot, action: str, reason: str, actor: str
+    session: Session,
+    node: Node,
+    row: NodeResourceSlot,
+    before: dict[str, Any],
+    action: audit_trail.Action,
+    reason: str,
+    actor: str,
 ) -> None:
     touch(row, dt.datetime.now(dt.UTC))
     session.flush()
-    evidence_repo.add(
+    audit_trail.record(
         session,
-        kind=EvidenceKind.OPERATOR_ACTION,
-        passed=True,
-        summary=f"slot {row.slot_index} of {node.hostname}: {action} -> {row.status.value}: "
-        f"{reason}",
-        recorded_by=actor,
-        payload={"action": action, "reason": reason, "status": row.status.value},
+        action,
+        actor,
+        reason,
+        f"slot {row.slot_index} of {node.hostname}",
+        before=before,
+        after=_slot_state(row),
+        subject={"slot_index": row.slot_index},
         node_id=node.id,
         slot_id=row.id,
     )
 
 
 def disable(session: Session, hostname: str, slot_index: int, reason: str, actor: str) -> bool:
-    if not reason.strip():
-        raise InvalidInput("reason_required", "disabling a slot needs a reason", {})
+    reason = audit_trail.required_reason(reason, "disabling a slot")
     node = node_repo.get_by_hostname(session, hostname)
     row = slot_repo.get(session, node.id, slot_index, for_update=True)
     if row.status in (
@@ -480,9 +514,12 @@ def disable(session: Session, hostname: str, slot_index: int, reason: str, actor
         )
     if row.status == SlotStatus.DISABLED:
         return False
+    before = _slot_state(row)
     row.status = SlotStatus.DISABLED
     row.health_detail = f"disabled: {reason}"
-    _record_operator_action(session, node, row, "disable", reason, actor)
+    _record_operator_action(
+        session, node, row, before, audit_trail.Action.SLOTS_DISABLE, reason, actor
+    )
     return True
 
 
@@ -492,8 +529,7 @@ def repair(session: Session, hostname: str, slot_index: int, reason: str, actor:
     A slot whose disk may hold tenant data goes to ``cleanup`` (a wipe proof brings it
     back); otherwise to ``disabled`` (it needs approval again).
     """
-    if not reason.strip():
-        raise InvalidInput("reason_required", "repairing a slot needs a reason", {})
+    reason = audit_trail.required_reason(reason, "repairing a slot")
     node = node_repo.get_by_hostname(session, hostname)
     row = slot_repo.get(session, node.id, slot_index, for_update=True)
     repairable = row.status in (SlotStatus.CLEANUP_BLOCKED, SlotStatus.DISABLED, SlotStatus.CLEANUP)
@@ -505,8 +541,11 @@ def repair(session: Session, hostname: str, slot_index: int, reason: str, actor:
             {"status": row.status.value},
         )
     target = SlotStatus.CLEANUP if row.wipe_required else SlotStatus.DISABLED
+    before = _slot_state(row)
     row.status = target
     row.health_state = HealthState.UNKNOWN
     row.health_detail = f"repaired: {reason}"
-    _record_operator_action(session, node, row, "repair", reason, actor)
+    _record_operator_action(
+        session, node, row, before, audit_trail.Action.SLOTS_REPAIR, reason, actor
+    )
     return target.value
