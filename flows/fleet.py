@@ -13,7 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.runtime import flow_run
+from prefect.runtime import deployment, flow_run
 from prefect.states import Completed
 
 from controlplane.api import ControlPlane
@@ -26,6 +26,7 @@ from flows.hostwork import (
     HostOutcome,
     run_host_action,
 )
+from flows.parameters import given
 from flows.refusals import ended
 
 ACTOR = "flow"
@@ -37,6 +38,12 @@ def control_plane() -> ControlPlane:
 
 def current_run() -> str | None:
     return str(flow_run.id) if flow_run.id else None
+
+
+def run_actor() -> str:
+    """Who this flow run acts as in the audit trail: its deployment (its flow, when run
+    outside one) and the run (docs/operations.md, "Audit trail")."""
+    return f"flow:{deployment.name or flow_run.flow_name}/{flow_run.id}"
 
 
 def no_nodes_matched(hostnames: list[str], region: str, intent: str) -> str:
@@ -157,11 +164,11 @@ def rerun_note(swept: sweeps.SweepResult) -> str:
 
 
 @task(name="approve slots")
-def approve(hostname: str, slots: list[int]) -> dict[str, Any]:
+def approve(hostname: str, slots: list[int], actor: str, reason: str | None) -> dict[str, Any]:
     """The approval (of every candidate slot when ``slots`` is empty), or the refusal with
     every rejection (a refusal is an answer, not a crash: nothing was written)."""
     try:
-        approved = control_plane().approve_slots(hostname, slots or None, ACTOR)
+        approved = control_plane().approve_slots(hostname, slots or None, actor, reason)
         return {"refused": False, **asdict(approved)}
     except GpuaasError as refused:
         return {"refused": True, "message": refused.message, **refused.as_dict()}
@@ -171,18 +178,20 @@ def approve(hostname: str, slots: list[int]) -> dict[str, Any]:
 def approve_slots(
     hostname: str,
     slots: list[int] = [],  # noqa: B006 (flows/parameters.py)
+    reason: str = "",
 ) -> dict[str, Any]:
     """Approve a node's candidate slots: every rule re-checked, all or nothing.
 
     Args:
         hostname: The node whose candidate slots to approve.
         slots: Only these slot indexes (default: every candidate slot).
+        reason: Why (recorded in the audit trail with this run as the actor).
     """
     logger = get_run_logger()
     logger.info(
         "approving %s of %s", f"slots {slots}" if slots else "every candidate slot", hostname
     )
-    result = approve(hostname, slots)
+    result = approve(hostname, slots, run_actor(), given(reason))
     if not result["refused"]:
         logger.info(
             "%s: approved slots %s, already available %s",

@@ -17,6 +17,7 @@ from rich.console import Console
 from gpuaas_cli import helpfix
 from gpuaas_cli.commands import (
     alloc,
+    audit,
     bench,
     db,
     demo,
@@ -54,6 +55,7 @@ app.add_typer(storage.app, name="storage")
 app.add_typer(bench.app, name="bench")
 app.add_typer(lab.app, name="lab")
 app.add_typer(project.app, name="project")
+app.add_typer(audit.app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -87,6 +87,58 @@ def render_nodes(nodes: list[dict[str, Any]]) -> None:
     )
 
 
+def change_line(entry: dict[str, Any]) -> str:
+    """An audit row's changes, one "field: before -> after" each."""
+    return "; ".join(
+        f"{field}: {entry['before'].get(field)} -> {entry['after'].get(field)}"
+        for field in sorted(entry["before"].keys() | entry["after"].keys())
+    )
+
+
+def audit_subject(entry: dict[str, Any]) -> str | None:
+    """What an audit row acted on: its node (and slot), else its project or image."""
+    if entry["node"]:
+        slot = entry["slot_index"]
+        return entry["node"] + ("" if slot is None else f" slot {slot}")
+    for kind in ("project", "image"):
+        if kind in entry["subject"]:
+            return f"{kind} {entry['subject'][kind]}"
+    return None
+
+
+def render_audit(entries: list[dict[str, Any]]) -> None:
+    table(
+        "audit trail",
+        ["id", "at", "actor", "action", "on", "reason", "changed"],
+        [
+            [
+                e["id"],
+                e["recorded_at"][:19],
+                e["actor"],
+                e["action"],
+                audit_subject(e),
+                e["reason"],
+                change_line(e),
+            ]
+            for e in entries
+        ],
+    )
+
+
+def render_node(result: dict[str, Any]) -> None:
+    render_nodes([result["node"]])
+    node = result["node"]
+    out.print(
+        f"  management address {node['management_address'] or '-'}, "
+        f"{node['gpu_count']} GPUs, host actions at once {node['host_action_limit']}"
+        + (f", retired at {node['retired_at']}" if node["retired_at"] else "")
+    )
+    if result["audit"]:
+        render_audit(result["audit"])
+    else:
+        out.print("  no operator actions recorded")
+
+
 def render_import(result: dict[str, Any]) -> None:
     out.print(
         f"imported topology of {result['hostname']} collected at {result['collected_at']}: "

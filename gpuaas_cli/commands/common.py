@@ -26,6 +26,7 @@ from gpuaas_cli.store import control_plane
 __all__ = [
     "JsonFlag",
     "NodeOpt",
+    "OptionalReasonOpt",
     "ReasonOpt",
     "actor",
     "control_plane",
@@ -41,9 +42,13 @@ __all__ = [
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
 NodeOpt = Annotated[str, typer.Option("--node", help="Node host name.")]
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded as evidence).")]
+OptionalReasonOpt = Annotated[
+    str | None, typer.Option("--reason", help="Why (recorded in the audit trail).")
+]
 
 
 def actor() -> str:
+    """Who the command acts as in the store's records (docs/operations.md, "Audit trail")."""
     return f"cli:{getpass.getuser()}"
 
 

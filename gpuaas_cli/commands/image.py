@@ -9,7 +9,7 @@ import typer
 
 from controlplane.errors import GpuaasError
 from gpuaas_cli import render
-from gpuaas_cli.commands.common import JsonFlag, control_plane, out, run
+from gpuaas_cli.commands.common import JsonFlag, OptionalReasonOpt, actor, control_plane, out, run
 
 app = typer.Typer(no_args_is_help=True, help="The slice OS image catalog.")
 
@@ -26,6 +26,7 @@ def image_register(
     disabled: Annotated[
         bool, typer.Option("--disabled", help="Register without offering it.")
     ] = False,
+    reason: OptionalReasonOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Create or update a catalog image (upsert by slug); active unless --disabled."""
@@ -34,7 +35,9 @@ def image_register(
     run(
         as_json,
         lambda: control_plane().register_image(
-            ImageSpec(slug, sha256, path, tuple(sku), active=not disabled)
+            ImageSpec(slug, sha256, path, tuple(sku), active=not disabled),
+            actor=actor(),
+            reason=reason,
         ),
         lambda r: out.print(
             f"image {r['slug']} {r['status']} ({r['digest_sha256'][:12]}...) for "
@@ -59,12 +62,15 @@ def image_publish(
     plain_http: Annotated[
         bool, typer.Option("--plain-http", help="The registry speaks HTTP (loopback labs).")
     ] = False,
+    reason: OptionalReasonOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Push a raw image as an OCI artifact and make it the catalog's image SLUG."""
     run(
         as_json,
-        lambda: control_plane().publish_image(slug, file, registry, sku, path, plain_http),
+        lambda: control_plane().publish_image(
+            slug, file, registry, sku, path, plain_http, actor=actor(), reason=reason
+        ),
         lambda r: out.print(
             f"image {r['slug']} published to {r['source_uri']} (sha256"
             f" {r['digest_sha256'][:12]}..., {r['size_bytes']} bytes) for"

@@ -15,6 +15,7 @@ from controlplane.services.inventory import NodeSpec
 from gpuaas_cli import render
 from gpuaas_cli.commands.common import (
     JsonFlag,
+    OptionalReasonOpt,
     ReasonOpt,
     actor,
     control_plane,
@@ -59,9 +60,11 @@ def node_register(
             " at once; bootstrap and storage transition always run alone.",
         ),
     ] = 4,
+    reason: OptionalReasonOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Register a node (or update its registration)."""
+    """Register a node (or update its registration); a change is recorded in the audit
+    trail."""
 
     def register() -> dict[str, Any]:
         spec = NodeSpec(
@@ -77,7 +80,7 @@ def node_register(
             host_vars=dict(parse_host_var(item) for item in var or []),
             host_action_limit=host_actions,
         )
-        return control_plane().register_node(spec)
+        return control_plane().register_node(spec, actor=actor(), reason=reason)
 
     run(
         as_json,
@@ -102,6 +105,18 @@ def node_list(
     )
 
 
+@app.command("show")
+def node_show(
+    hostname: Annotated[str, typer.Argument()],
+    limit: Annotated[
+        int, typer.Option("--limit", help="How many of its latest audit rows to show.")
+    ] = 20,
+    as_json: JsonFlag = False,
+) -> None:
+    """A node (retired ones too) and who last changed it by hand, and why."""
+    run(as_json, lambda: control_plane().show_node(hostname, limit), render.render_node)
+
+
 @app.command("retire")
 def node_retire(
     hostname: Annotated[str, typer.Argument()], reason: ReasonOpt, as_json: JsonFlag = False
@@ -123,8 +138,10 @@ def node_retire(
 def set_admin_state(hostname: str, state: AdminState, reason: str | None, as_json: bool) -> None:
     run(
         as_json,
-        lambda: control_plane().set_admin_state(hostname, state, reason),
-        lambda n: out.print(f"{n['hostname']} is {n['admin_state']}"),
+        lambda: control_plane().set_admin_state(hostname, state, reason, actor=actor()),
+        lambda n: out.print(
+            f"{n['hostname']} is {n['admin_state']}" + ("" if n["changed"] else " (unchanged)")
+        ),
     )
 
 
@@ -137,9 +154,13 @@ def node_drain(
 
 
 @app.command("undrain")
-def node_undrain(hostname: Annotated[str, typer.Argument()], as_json: JsonFlag = False) -> None:
+def node_undrain(
+    hostname: Annotated[str, typer.Argument()],
+    reason: OptionalReasonOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
     """Make a node schedulable again."""
-    set_admin_state(hostname, AdminState.SCHEDULABLE, None, as_json)
+    set_admin_state(hostname, AdminState.SCHEDULABLE, reason, as_json)
 
 
 @app.command("keys")

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from gpuaas_cli import render
-from gpuaas_cli.commands.common import JsonFlag, control_plane, run
+from gpuaas_cli.commands.common import JsonFlag, OptionalReasonOpt, actor, control_plane, run
 
 app = typer.Typer(no_args_is_help=True, help="Tenant projects and their quotas.")
 quota_app = typer.Typer(no_args_is_help=True, help="A project's quotas.")
@@ -30,10 +30,14 @@ def change_project(as_json: bool, change: Callable[[], tuple[Any, bool]]) -> Non
 def project_create(
     project_id: Annotated[str, typer.Argument(help="Lowercase id (letters, digits, . _ -).")],
     name: Annotated[str | None, typer.Option("--name", help="Display name.")] = None,
+    reason: OptionalReasonOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Create a project (again with the same name: unchanged)."""
-    change_project(as_json, lambda: control_plane().create_project(project_id, name))
+    change_project(
+        as_json,
+        lambda: control_plane().create_project(project_id, name, actor=actor(), reason=reason),
+    )
 
 
 @app.command("list")
@@ -56,10 +60,15 @@ def project_show(project_id: str, as_json: JsonFlag = False) -> None:
 
 
 @app.command("retire")
-def project_retire(project_id: str, as_json: JsonFlag = False) -> None:
+def project_retire(
+    project_id: str, reason: OptionalReasonOpt = None, as_json: JsonFlag = False
+) -> None:
     """Retire a project for good: it places nothing new; its allocations keep their
     history (release them as usual)."""
-    change_project(as_json, lambda: control_plane().retire_project(project_id))
+    change_project(
+        as_json,
+        lambda: control_plane().retire_project(project_id, actor=actor(), reason=reason),
+    )
 
 
 @app.command("policy")
@@ -72,11 +81,17 @@ def project_policy(
         list[str] | None,
         typer.Option("--family", help="A node family it may use (repeatable)."),
     ] = None,
+    reason: OptionalReasonOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Keep a project to these regions and node families (no --region: any region; no
     --family: any family); a request outside them is refused before any lock."""
-    change_project(as_json, lambda: control_plane().set_project_policy(project_id, region, family))
+    change_project(
+        as_json,
+        lambda: control_plane().set_project_policy(
+            project_id, region, family, actor=actor(), reason=reason
+        ),
+    )
 
 
 @app.command("reserve")
@@ -92,6 +107,7 @@ def project_reserve(
         dt.datetime | None,
         typer.Option("--until", help="When the reservation ends (ISO 8601; UTC if no zone)."),
     ] = None,
+    reason: OptionalReasonOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Hold whole nodes of a SKU's family in a region for a project (the named ones, or
@@ -101,7 +117,7 @@ def project_reserve(
 
     def reserve() -> dict[str, Any]:
         view, reservation = control_plane().reserve_capacity(
-            project_id, sku, region, gpus, node, ends_at
+            project_id, sku, region, gpus, node, ends_at, actor=actor(), reason=reason
         )
         return {"project": view.as_dict(), "reservation": reservation, "changed": True}
 
@@ -109,9 +125,19 @@ def project_reserve(
 
 
 @app.command("unreserve")
-def project_unreserve(project_id: str, reservation: int, as_json: JsonFlag = False) -> None:
+def project_unreserve(
+    project_id: str,
+    reservation: int,
+    reason: OptionalReasonOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
     """Remove one of the project's reservations (by its id, shown by project show)."""
-    change_project(as_json, lambda: control_plane().unreserve_capacity(project_id, reservation))
+    change_project(
+        as_json,
+        lambda: control_plane().unreserve_capacity(
+            project_id, reservation, actor=actor(), reason=reason
+        ),
+    )
 
 
 @quota_app.command("set")
@@ -124,6 +150,7 @@ def project_quota_set(
     sku: Annotated[str | None, typer.Option("--sku", help="Only this SKU.")] = None,
     shape: Annotated[str | None, typer.Option("--shape", help="Only this capacity shape.")] = None,
     region: Annotated[str | None, typer.Option("--region", help="Only this region.")] = None,
+    reason: OptionalReasonOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Set the limits of one scope (the whole project unless --sku, --shape or --region);
@@ -134,6 +161,11 @@ def project_quota_set(
     change_project(
         as_json,
         lambda: control_plane().set_project_quota(
-            project_id, QuotaScope(sku, shape, region), gpus, allocations
+            project_id,
+            QuotaScope(sku, shape, region),
+            gpus,
+            allocations,
+            actor=actor(),
+            reason=reason,
         ),
     )

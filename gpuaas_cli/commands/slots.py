@@ -10,6 +10,7 @@ from gpuaas_cli import render
 from gpuaas_cli.commands.common import (
     JsonFlag,
     NodeOpt,
+    OptionalReasonOpt,
     ReasonOpt,
     actor,
     control_plane,
@@ -51,12 +52,13 @@ def slots_approve(
     slot: Annotated[
         list[int] | None, typer.Option("--slot", help="Slot index (repeatable).")
     ] = None,
+    reason: OptionalReasonOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Approve slots as available: every rule re-checked, all or nothing."""
     run(
         as_json,
-        lambda: control_plane().approve_slots(node, slot or None, actor()),
+        lambda: control_plane().approve_slots(node, slot or None, actor(), reason),
         lambda r: out.print(
             f"{r['hostname']}: approved {r['approved']}, already available {r['unchanged']}"
         ),
