@@ -30,6 +30,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from controlplane import db, migrate, store_roles
 from controlplane.api import ControlPlane
+from controlplane.audit import audit
 from controlplane.embedded import EmbeddedPostgres
 from controlplane.enums import AdminState, EvidenceKind
 from controlplane.errors import GpuaasError
@@ -473,6 +474,9 @@ def test_the_reader_reads_the_fleet_picture_and_occupancy(store):
     assert plane.fleet_picture().nodes
     assert plane.occupancy() is not None
     assert {n.hostname for n in plane.list_nodes()} >= {"rl00001", "rl00002"}
+    # The whole-store audit reads as the reader, and finds the roles' work consistent.
+    with reader.connect() as conn:
+        assert audit(conn) == []
     reader.dispose()
 
 
