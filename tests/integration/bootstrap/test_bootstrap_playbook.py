@@ -50,6 +50,7 @@ CAN_PASS = {
     "vnic_bandwidth",
     "nat",
     "ip_forward",
+    "slice_isolation",
     "tmfifo",
     "historical_network_service",
 }
