@@ -41,6 +41,7 @@ from controlplane.secrets import (
     split_secret_vars,
 )
 from flows.collection import Collection, find_collection
+from flows.serve import PREFECT_CREDENTIAL_ENV
 
 TASK_EVENTS = {
     "runner_on_ok": "ok",
@@ -283,7 +284,8 @@ class TaskProgress:
 
 def runner_environment(collection: Collection | None = None) -> dict[str, str]:
     """ansible-runner needs the venv's bin on PATH, the collection's path and its
-    ansible.cfg, and host key checking left on."""
+    ansible.cfg, and host key checking left on; the Prefect API's credentials are left
+    out."""
     collection = collection or find_collection()
     venv_bin = str(Path(sys.executable).parent)
     return {
@@ -294,6 +296,9 @@ def runner_environment(collection: Collection | None = None) -> dict[str, str]:
         "ANSIBLE_NOCOLOR": "1",
         # ansible-runner would otherwise set it to False (docs/trust.md).
         "ANSIBLE_HOST_KEY_CHECKING": "True",
+        # runner hands the job this process's whole environment; a host action never calls
+        # the Prefect API, so it does not hold its credentials (docs/security.md).
+        **dict.fromkeys(sorted(PREFECT_CREDENTIAL_ENV), ""),
     }
 
 

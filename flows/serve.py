@@ -41,7 +41,9 @@ WORKER_ENVIRONMENT = {"PREFECT_CLIENT_RETRY_EXTRA_CODES": "500"}
 # Prefect API behind credentials").
 SERVER_AUTH_ENV = "PREFECT_SERVER_API_AUTH_STRING"
 CLIENT_AUTH_ENV = "PREFECT_API_AUTH_STRING"
-NOT_INHERITED = frozenset({SERVER_AUTH_ENV, CLIENT_AUTH_ENV, "PREFECT_API_KEY"})
+# Every variable a Prefect client or server authenticates with: the stack gives each
+# process its own, and a host action none (flows/runner.py).
+PREFECT_CREDENTIAL_ENV = frozenset({SERVER_AUTH_ENV, CLIENT_AUTH_ENV, "PREFECT_API_KEY"})
 
 
 def is_loopback(host: str) -> bool:
@@ -234,7 +236,7 @@ def prefect_stack(
     api_url = f"http://{host}:{port}/api"
     # The caller's own credentials are not passed on: the stack's are ``auth_string``'s (a
     # Prefect Cloud key would be sent instead of it, docs/operations.md).
-    inherited = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
+    inherited = {k: v for k, v in os.environ.items() if k not in PREFECT_CREDENTIAL_ENV}
     env = {
         **inherited,
         "PREFECT_HOME": str(home),

@@ -204,3 +204,51 @@ def test_scrubbing_refuses_a_directory_that_is_not_a_runner_private_directory(tm
     with pytest.raises(ValueError, match="not a runner private data directory"):
         scrub_artifacts(Path("."), frozenset())
     assert (tmp_path / "notes.txt").read_text() == "postgresql://u:keep-me@h/db\n"
+
+
+CREDENTIALS_PLAYBOOK = """
+- name: What a host action sees of the Prefect API's credentials
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Read them from the job's environment
+      ansible.builtin.set_fact:
+        prefect_credentials:
+          auth_string: "{{ lookup('ansible.builtin.env', 'PREFECT_API_AUTH_STRING') }}"
+          server: "{{ lookup('ansible.builtin.env', 'PREFECT_SERVER_API_AUTH_STRING') }}"
+          api_key: "{{ lookup('ansible.builtin.env', 'PREFECT_API_KEY') }}"
+    - name: Report whether any arrived (never their values)
+      ansible.builtin.debug:
+        msg: "{{ prefect_credentials | dict2items | selectattr('value') | map(attribute='key') }}"
+"""
+
+
+def test_a_host_action_does_not_hold_the_prefect_api_credentials(tmp_path, monkeypatch):
+    """A flow run holds the Prefect API's auth string (docs/operations.md, "The Prefect API
+    behind credentials"); the Ansible job it starts is given its environment without it."""
+    monkeypatch.setenv("PREFECT_API_AUTH_STRING", f"admin:{secrets.token_hex(8)}")
+    monkeypatch.setenv("PREFECT_SERVER_API_AUTH_STRING", f"admin:{secrets.token_hex(8)}")
+    monkeypatch.setenv("PREFECT_API_KEY", secrets.token_hex(8))
+    playbook = tmp_path / "credentials.yml"
+    playbook.write_text(CREDENTIALS_PLAYBOOK)
+    private = tmp_path / "run"
+    private.mkdir()
+    result = run_playbook(
+        PlaybookRun(
+            playbook=str(playbook),
+            inventory={
+                "all": {
+                    "hosts": {
+                        "box": {
+                            "ansible_connection": "local",
+                            "ansible_python_interpreter": sys.executable,
+                        }
+                    }
+                }
+            },
+        ),
+        private,
+    )
+    assert result.status == "successful", result.tasks
+    tasks = {t.task: t for t in result.tasks}
+    assert tasks["Report whether any arrived (never their values)"].result["msg"] == []
