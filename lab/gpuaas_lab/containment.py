@@ -262,12 +262,20 @@ def converge_baseline(lab: VmLab, slot_macs: list[str], root: Path) -> dict[str,
 
 
 def containment_off(lab: VmLab) -> list[str]:
-    """Turn the node's containment off: delete the jumps to the baseline's chains, as a
-    node without it (or with someone's rule flushed) would be. The commands run."""
+    """Turn the node's containment off: delete the jumps to the baseline's chains and, on
+    Open vSwitch, put back the bridge's default flow (plain switching), as a node without
+    the baseline would be. The commands run."""
     done = []
     for tool, builtin, chain in BASELINE_JUMPS:
         while lab.run([tool, "-D", builtin, "-j", chain], check=False).returncode == 0:
             done.append(f"{tool} -D {builtin} -j {chain}")
+    if lab.bridge_type == "openvswitch":
+        for argv in (
+            ["ovs-ofctl", "del-flows", lab.bridge],
+            ["ovs-ofctl", "add-flow", lab.bridge, "priority=0 actions=NORMAL"],
+        ):
+            lab.run(argv)
+            done.append(" ".join(argv))
     return done
 
 

@@ -43,6 +43,7 @@ from gpuaas_lab.sliceguest import ensure_slice_guest_image
 from gpuaas_lab.sliceguest import unavailable_reason as guest_unavailable_reason
 from gpuaas_lab.slicehost import LAB_IMAGE, LAB_SKU, LabSliceHost, unavailable_reason
 from gpuaas_lab.vmguest import ensure_guest_image
+from gpuaas_lab.vmlab import ovs_unavailable_reason
 from tests.integration.flows.conftest import DEBIAN_IMAGE, flow_control_plane
 from tests.integration.flows.test_allocation_flows import add_catalog_image
 
@@ -63,11 +64,17 @@ class ContainmentBreached(AssertionError):
 
 
 @pytest.fixture
-def contained_node(tmp_path, database_url, monkeypatch, prefect_harness):
+def contained_node(request, tmp_path, database_url, monkeypatch, prefect_harness):
     """A lab slice node among the containment stand-ins, its slots (two) approved and its
     baseline converged by the module with the slots' MACs, both guest images in the
-    catalog."""
-    reason = unavailable_reason() or guest_unavailable_reason()
+    catalog; on a Linux bridge or, parametrized indirectly with ``openvswitch``, on the
+    userspace Open vSwitch."""
+    bridge_type = request.param
+    reason = (
+        unavailable_reason()
+        or guest_unavailable_reason()
+        or (ovs_unavailable_reason() if bridge_type == "openvswitch" else None)
+    )
     cp = flow_control_plane(reason, tmp_path, database_url, monkeypatch)
     cp.define_sku(LAB_SKU)
     with (
@@ -77,6 +84,7 @@ def contained_node(tmp_path, database_url, monkeypatch, prefect_harness):
             slots=2,
             disk_mib=2048,
             guest_image=ensure_slice_guest_image,
+            bridge_type=bridge_type,
             uplink_peer=peers.outside,
             dns_records=DNS_RECORDS,
         ) as host,
@@ -131,8 +139,11 @@ def containment_evidence(engine, allocation: str) -> list[dict]:
         ]
 
 
-# Large labs (make test-lab): the Debian guest built from packages and booted under TCG.
+# Large labs (make test-lab): the Debian guest built from packages and booted under TCG,
+# on a Linux bridge (ebtables between the guests) and on the userspace Open vSwitch
+# (OpenFlow rules between them).
 @pytest.mark.lab
+@pytest.mark.parametrize("contained_node", ["linux", "openvswitch"], indirect=True)
 @pytest.mark.parametrize(
     "containment",
     [
