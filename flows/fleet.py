@@ -583,7 +583,9 @@ def pin_signing_key(hostname: str, outcome: HostOutcome) -> str | None:
         logger.warning("%s reported no evidence signing key; its proofs stay unverified", hostname)
         return None
     try:
-        pinned = control_plane().pin_reported_signing_key(hostname, reported["public_key"], ACTOR)
+        pinned = control_plane().pin_reported_signing_key(
+            hostname, reported["public_key"], run_actor()
+        )
     except Conflict as refused:
         logger.error("%s", refused.message)
         return refused.message

@@ -161,3 +161,11 @@ def test_bootstrap_takes_profile_network_and_approved_slots_from_the_store(
         "['fingerprint'])"
     ).stdout.strip()
     assert signing.fingerprint == reported
+    # The pin is the flow run's, in the audit trail (docs/operations.md, "Audit trail").
+    [(actor, run_id)] = rows(
+        engine,
+        "SELECT e.recorded_by, t.flow_run_id FROM evidence e, node_tasks t"
+        " WHERE e.kind = 'operator_action' AND e.payload->>'action' = 'node.pin_keys'"
+        " AND e.summary LIKE '%j22u15%' AND t.kind = 'host.bootstrap'",
+    )
+    assert actor == f"flow:bootstrap_host/{run_id}"
