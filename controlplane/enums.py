@@ -54,6 +54,18 @@ class HealthState(StrEnum):
     FAILED = "failed"
 
 
+class FindingSeverity(StrEnum):
+    """A health finding: critical fails its slots (or the node), a warning degrades them."""
+
+    CRITICAL = "critical"
+    WARNING = "warning"
+
+
+class FindingScope(StrEnum):
+    DEVICE = "device"
+    NODE = "node"
+
+
 class FabricClaimMode(StrEnum):
     PER_SLOT_VF = "per_slot_vf"
     SHARED_DEVICE = "shared_device"
@@ -75,6 +87,10 @@ class AllocationState(StrEnum):
     PENDING = "pending"
     PROVISIONING = "provisioning"
     ACTIVE = "active"
+    # Running, but a slot it holds or its node failed a health check: the tenant's to
+    # release, never released or wiped by the loop (docs/operations.md, "Health and
+    # remediation").
+    IMPAIRED = "impaired"
     RELEASING = "releasing"
     RELEASED = "released"
     FAILED = "failed"
@@ -138,6 +154,8 @@ class EvidenceKind(StrEnum):
     BENCHMARK = "benchmark"
     # What a slice guest could reach, each attempt from inside it (gpuaas.containment_probe/v1).
     CONTAINMENT = "containment"
+    # One health check of a node and what the store made of it (gpuaas.health/v1).
+    HEALTH = "health"
 
 
 class HostKeySource(StrEnum):
