@@ -51,6 +51,7 @@ from controlplane.services import (
     tasks,
     wipes,
 )
+from controlplane.services import health as health_service
 from controlplane.services import slots as slot_service
 from controlplane.services.ansible_inventory import build_inventory
 
@@ -659,6 +660,29 @@ class ControlPlane:
             return inventory.AdminStateChange(
                 **asdict(inventory.NodeView.of(node)), changed=changed
             )
+
+    def record_health(
+        self,
+        hostname: str,
+        health: dict[str, Any] | None,
+        *,
+        reachable: bool,
+        actor: str,
+        sweep_run_id: str | None = None,
+    ) -> dict[str, Any]:
+        """One health check of ``hostname`` (``health``: a ``gpuaas.health/v1`` report,
+        None when it could not be reached) judged in one transaction: slot and node health,
+        impaired allocations with their events, findings and a ``health`` evidence row.
+        Returns the verdict (controlplane/services/health.py)."""
+        with db.transaction(self.engine) as session:
+            return health_service.record(
+                session,
+                hostname,
+                health,
+                reachable=reachable,
+                actor=actor,
+                sweep_run_id=sweep_run_id,
+            ).as_dict()
 
     def set_allocation_flow_run(self, allocation_id: uuid.UUID, flow_run_id: str) -> None:
         with db.transaction(self.engine) as session:

@@ -39,7 +39,7 @@ CHECKS: dict[str, str] = {
     "slice_claims_do_not_match_gpu_count": """
         SELECT a.id FROM allocations a
         WHERE a.capacity_shape = 'gpu_slice'
-          AND a.state IN ('pending', 'provisioning', 'active', 'releasing')
+          AND a.state IN ('pending', 'provisioning', 'active', 'impaired', 'releasing')
           AND a.gpu_count <> (SELECT coalesce(sum(s.gpu_count), 0)
                               FROM allocation_resource_claims c
                               JOIN node_resource_slots s ON s.id = c.slot_id

@@ -525,6 +525,9 @@ class Allocation(Base):
         server_default=AllocationState.PENDING.value,
     )
     failure_reason: Mapped[str | None] = mapped_column(Text)
+    # Why and since when the health loop found it impaired (controlplane/services/health.py).
+    impaired_reason: Mapped[str | None] = mapped_column(Text)
+    impaired_at: Mapped[dt.datetime | None]
     # Read model only: correctness lives in allocation_resource_claims.
     node_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
     region_code: Mapped[str | None] = mapped_column(String(100))
@@ -546,6 +549,9 @@ class Allocation(Base):
         CheckConstraint("gpu_count > 0", name="gpu_count_positive"),
         CheckConstraint(
             "state <> 'failed' OR failure_reason IS NOT NULL", name="failed_has_reason"
+        ),
+        CheckConstraint(
+            "state <> 'impaired' OR impaired_reason IS NOT NULL", name="impaired_has_reason"
         ),
         Index("ix_allocations_state", "state"),
         Index("ix_allocations_project_id", "project_id"),

@@ -123,6 +123,9 @@ class ClaimView:
 @dataclass(frozen=True)
 class AllocationView(AllocationSummary):
     failure_reason: str | None
+    # Why the health loop impaired it, and when (None when it never was).
+    impaired_reason: str | None
+    impaired_at: str | None
     project_id: str | None
     requested_by: str
     runtime_metadata: dict[str, Any]
@@ -196,6 +199,8 @@ def allocation_view(session: Session, allocation_id: uuid.UUID) -> AllocationVie
     return AllocationView(
         **_summary(allocation, sku, hostname),
         failure_reason=allocation.failure_reason,
+        impaired_reason=allocation.impaired_reason,
+        impaired_at=allocation.impaired_at.isoformat() if allocation.impaired_at else None,
         project_id=allocation.project_id,
         requested_by=allocation.requested_by,
         runtime_metadata=dict(allocation.runtime_metadata or {}),
@@ -249,6 +254,9 @@ TRANSITIONS: dict[AllocationState, frozenset[AllocationState]] = {
     AllocationState.PENDING: frozenset({AllocationState.PROVISIONING, AllocationState.RELEASING}),
     AllocationState.PROVISIONING: frozenset({AllocationState.ACTIVE, AllocationState.RELEASING}),
     AllocationState.ACTIVE: frozenset({AllocationState.RELEASING}),
+    # The health loop impairs an active allocation (services/health.py); its tenant or an
+    # operator releases it as an active one.
+    AllocationState.IMPAIRED: frozenset({AllocationState.RELEASING}),
     AllocationState.RELEASING: frozenset(),
     AllocationState.RELEASED: frozenset(),
     AllocationState.FAILED: frozenset(),

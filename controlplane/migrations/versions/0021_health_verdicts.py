@@ -9,8 +9,8 @@ node comes back only after K passing checks (``health_passes``), a node fails af
 checks unreachable in a row (``nodes.health_unreachable``). A node's own health state sits
 on the node beside its admin state, which the loop moves only with a ``health: `` reason
 and never over an operator's. An allocation on a failed slot or node becomes
-``impaired``: still running and holding its GPUs and quota, the tenant's to release
-(docs/operations.md, "Health and remediation").
+``impaired`` (why and since when on the allocation): still running and holding its GPUs
+and quota, the tenant's to release (docs/operations.md, "Health and remediation").
 
 Revision ID: 0021
 Revises: 0020
@@ -73,6 +73,15 @@ def upgrade() -> None:
         _in("state", ALLOCATION_STATES_WITH_IMPAIRED),
     )
 
+    op.add_column("allocations", sa.Column("impaired_reason", sa.Text(), nullable=True))
+    op.add_column(
+        "allocations", sa.Column("impaired_at", sa.DateTime(timezone=True), nullable=True)
+    )
+    op.create_check_constraint(
+        op.f("ck_allocations_impaired_has_reason"),
+        "allocations",
+        "state <> 'impaired' OR impaired_reason IS NOT NULL",
+    )
     op.add_column(
         "nodes",
         sa.Column(
@@ -206,6 +215,9 @@ def downgrade() -> None:
         "health_state",
     ):
         op.drop_column("nodes", column)
+    op.drop_constraint(op.f("ck_allocations_impaired_has_reason"), "allocations", type_="check")
+    op.drop_column("allocations", "impaired_at")
+    op.drop_column("allocations", "impaired_reason")
     # Refused while an allocation is impaired or health evidence exists (evidence is
     # append-only): release the allocations first; the evidence stays.
     _replace_check(
