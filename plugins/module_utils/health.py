@@ -683,8 +683,9 @@ def dcgm_health(text):
 
 
 def nvidia_findings(ctx, slots_of):
-    """Findings of the NVIDIA tools, when installed: only GPUs the host driver holds answer
-    (a GPU on vfio-pci is its slice's), so on a slice node they mostly report nothing."""
+    """Findings of the NVIDIA tools, when installed, on the slots' GPUs (a GPU of no slot
+    is not the probe's to judge). Only GPUs the host driver holds answer (a GPU on vfio-pci
+    is its slice's), so on a slice node in service they report nothing."""
     smi = ctx.runner(list(NVIDIA_SMI))
     if smi.rc == MISSING or (not smi.ok and NO_NVIDIA_GPU in smi.output):
         return []
@@ -705,7 +706,9 @@ def nvidia_findings(ctx, slots_of):
         ]
     found = []
     for address, fields in gpus:
-        slots = slots_of.get(address, [])
+        slots = slots_of.get(address)
+        if not slots:
+            continue
         checks = (
             (
                 fields["ecc_volatile_uncorrectable"] > 0,
@@ -751,9 +754,9 @@ def dcgm_findings(ctx, smi_order, slots_of):
     found = []
     for gpu_id, (health, incidents, xids) in sorted(report.items()):
         severity = DCGM_FAILING.get(health)
-        if severity is None:
+        address = smi_order[gpu_id] if gpu_id < len(smi_order) else None
+        if severity is None or not slots_of.get(address):
             continue
-        address = smi_order[gpu_id] if gpu_id < len(smi_order) else f"dcgm-gpu-{gpu_id}"
         code = "gpu_xid" if xids else "gpu_dcgm_health"
         found.append(
             finding(
@@ -761,7 +764,7 @@ def dcgm_findings(ctx, smi_order, slots_of):
                 severity,
                 DEVICE,
                 address,
-                slots_of.get(address, []),
+                slots_of[address],
                 f"GPU {address} (DCGM GPU {gpu_id}) health {health}: "
                 + ("; ".join(incidents) or "no incident given")[:400],
                 {"health": health, "xids": xids},

@@ -225,6 +225,15 @@ def test_nvidia_smi_ecc_and_pending_pages_and_dcgm_health_per_gpu(probe, healthy
     assert "double-bit ECC error" in xid["detail"]
 
 
+def test_nvidia_findings_on_a_gpu_of_no_slot_are_not_the_probe_s(probe, healthy_tree):
+    slots = [s for s in healthtrees.slots(healthy_tree) if s["gpu_pci_address"] != GPU1]
+    tools = RecordedTools(
+        nvidia_smi=(0, recorded("nvidia-smi-q-x.xml"), ""),
+        dcgmi=(0, recorded("dcgmi-health-c-j.json"), ""),
+    )
+    assert probe(tools=tools, slots=slots)["findings"] == []
+
+
 def test_older_nvidia_smi_double_bit_and_retired_pages(probe, healthy_tree):
     tools = RecordedTools(nvidia_smi=(0, recorded("nvidia-smi-q-x-a100.xml"), ""))
     assert codes(probe(tools=tools)) == [
