@@ -175,11 +175,16 @@ class ControlPlane:
             ]
 
     def show_node(self, hostname: str, audit_limit: int = 20) -> inventory.NodeDetail:
-        """The node (retired ones too) and its latest audit rows."""
+        """The node (retired ones too), its health with the open findings, and its latest
+        audit rows."""
         with db.transaction(self.engine) as session:
-            node = inventory.NodeView.of(node_repo.get_by_hostname(session, hostname))
+            row = node_repo.get_by_hostname(session, hostname)
             wanted = audit_trail.AuditFilter(node=hostname, limit=audit_limit)
-            return inventory.NodeDetail(node, audit_trail.listing(session, wanted))
+            return inventory.NodeDetail(
+                inventory.NodeView.of(row),
+                audit_trail.listing(session, wanted),
+                health_service.node_health(session, row),
+            )
 
     def list_operator_actions(
         self, wanted: audit_trail.AuditFilter | None = None

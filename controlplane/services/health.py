@@ -556,3 +556,72 @@ def _summary(verdict: Verdict, report: HealthReport) -> str:
     if verdict.impaired_allocations:
         parts.append(f"impaired {len(verdict.impaired_allocations)} allocation(s)")
     return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class FindingView:
+    code: str
+    severity: str
+    scope: str
+    slot_index: int | None
+    device: str | None
+    detail: str
+    first_seen: str
+    last_seen: str
+
+
+@dataclass(frozen=True)
+class SlotHealth:
+    slot_index: int
+    health_state: str
+    health_detail: str | None
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """What ``gpuaas node show`` says of a node's health: its own state, the slots that
+    are not healthy, and the open findings with when they were first and last seen."""
+
+    health_state: str
+    health_detail: str | None
+    checked_at: str | None
+    unreachable_checks: int
+    slots: list[SlotHealth]
+    findings: list[FindingView]
+
+
+def node_health(session: Session, node: Node) -> NodeHealth:
+    slots = session.scalars(
+        select(NodeResourceSlot)
+        .where(
+            NodeResourceSlot.node_id == node.id,
+            NodeResourceSlot.health_state != HealthState.HEALTHY,
+        )
+        .order_by(NodeResourceSlot.slot_index)
+    ).all()
+    findings = session.execute(
+        select(HealthFinding, NodeResourceSlot.slot_index)
+        .outerjoin(NodeResourceSlot, NodeResourceSlot.id == HealthFinding.slot_id)
+        .where(HealthFinding.node_id == node.id, HealthFinding.cleared_at.is_(None))
+        .order_by(NodeResourceSlot.slot_index.nulls_first(), HealthFinding.code, HealthFinding.id)
+    ).all()
+    return NodeHealth(
+        health_state=node.health_state.value,
+        health_detail=node.health_detail,
+        checked_at=node.health_checked_at.isoformat() if node.health_checked_at else None,
+        unreachable_checks=node.health_unreachable,
+        slots=[SlotHealth(s.slot_index, s.health_state.value, s.health_detail) for s in slots],
+        findings=[
+            FindingView(
+                code=f.code,
+                severity=f.severity.value,
+                scope=f.scope.value,
+                slot_index=index,
+                device=f.device,
+                detail=f.detail,
+                first_seen=f.first_seen.isoformat(),
+                last_seen=f.last_seen.isoformat(),
+            )
+            for f, index in findings
+        ],
+    )

@@ -20,6 +20,7 @@ from controlplane.errors import GpuaasError
 from controlplane.scheduler.placement import PlacementRequest
 from controlplane.services.health import PASSES_TO_RECOVER, UNREACHABLE_TO_FAIL
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
+from tests.integration.test_cli import gpuaas, ok_json
 
 SLICE = "h200-sxm-slice"
 HOST = "hv00001"
@@ -345,3 +346,41 @@ def test_bad_input_is_refused_and_changes_nothing(cp, engine, host, health, reac
     error = bad(cp, host, health, reachable)
     assert error.code == code and words in error.message
     assert store_state(engine) == before
+
+
+def test_node_show_lists_the_findings_and_alloc_show_says_why_impaired(cp, engine, cli_env):
+    allocation, _ = active_on(cp)
+    second, _ = active_on(cp)
+    check(cp, report(gpu_gone(1), {**gpu_gone(2, "warning"), "device": "0000:2b:00.0"}))
+
+    shown = ok_json(cli_env, "node", "show", HOST)
+    health = shown["health"]
+    assert health["health_state"] == "healthy" and health["checked_at"]
+    assert [(s["slot_index"], s["health_state"]) for s in health["slots"]] == [
+        (1, "failed"),
+        (2, "degraded"),
+    ]
+    assert [(f["slot_index"], f["code"], f["severity"]) for f in health["findings"]] == [
+        (1, "gpu_missing", "critical"),
+        (2, "pcie_link_degraded", "warning"),
+    ]
+    first_seen = health["findings"][0]["first_seen"]
+    human = gpuaas(cli_env, "node", "show", HOST)
+    assert human.returncode == 0, human.stderr
+    assert "open health findings" in human.stdout and "gpu_missing" in human.stdout
+    assert first_seen[:16] in human.stdout
+    assert f"slot 1 failed: health: gpu_missing {GPU1}: not on the bus" in human.stdout
+
+    view = ok_json(cli_env, "alloc", "show", str(second))
+    assert view["state"] == "impaired"
+    assert view["impaired_reason"] == f"slot 1 failed: gpu_missing {GPU1}: not on the bus"
+    text_view = gpuaas(cli_env, "alloc", "show", str(second)).stdout
+    assert f"impaired since {view['impaired_at']}: slot 1 failed: gpu_missing" in text_view
+    assert ok_json(cli_env, "alloc", "show", str(allocation))["impaired_reason"] is None
+    listed = ok_json(cli_env, "alloc", "list", "--state", "impaired")
+    assert [a["id"] for a in listed] == [str(second)]
+
+    # Unreachable: node show says how many checks in a row.
+    check(cp, None, reachable=False)
+    human = gpuaas(cli_env, "node", "show", HOST).stdout
+    assert "unreachable 1 check(s) in a row" in human and "node_unreachable" in human
