@@ -39,6 +39,7 @@ from controlplane.models import (
 from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import outbox
 from controlplane.repositories import slots as slot_repo
+from controlplane.services import health
 
 RELEASE_CLAIMS = text(
     """
@@ -311,7 +312,7 @@ def transition(
     allocation.updated_at = now
     for slot in _claimed_slots(session, allocation_id):
         slot.status = SLOT_STATUS_FOR[target]
-        if target == AllocationState.ACTIVE:
+        if target == AllocationState.ACTIVE and not health.owns(slot):
             slot.health_state = HealthState.HEALTHY
         slot.generation += 1
         slot.updated_at = now

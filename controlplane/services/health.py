@@ -625,3 +625,34 @@ def node_health(session: Session, node: Node) -> NodeHealth:
             for f, index in findings
         ],
     )
+
+
+def owns(slot: NodeResourceSlot) -> bool:
+    """The health loop set this slot's health (a failure or a warning it still judges)."""
+    return _owned(slot.health_detail)
+
+
+def standing_health(session: Session, slot: NodeResourceSlot) -> tuple[HealthState, str] | None:
+    """The health the slot's open findings call for (None when it has none): what a step
+    that would call the slot healthy again (a verified wipe) must leave standing, so a
+    device still failing its checks is not offered to the next tenant."""
+    findings = session.scalars(
+        select(HealthFinding)
+        .where(HealthFinding.slot_id == slot.id, HealthFinding.cleared_at.is_(None))
+        .order_by(HealthFinding.id)
+    ).all()
+    if not findings:
+        return None
+    severity = worst(
+        [
+            Finding(f.code, f.severity, f.scope, f.device, (slot.slot_index,), f.detail)
+            for f in findings
+        ]
+    )
+    state = HealthState.FAILED if severity == FindingSeverity.CRITICAL else HealthState.DEGRADED
+    detail = "; ".join(
+        Finding(f.code, f.severity, f.scope, f.device, (), f.detail).describe()
+        for f in findings
+        if f.severity == severity
+    )
+    return state, _reason(detail)

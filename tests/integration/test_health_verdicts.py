@@ -21,6 +21,7 @@ from controlplane.scheduler.placement import PlacementRequest
 from controlplane.services.health import PASSES_TO_RECOVER, UNREACHABLE_TO_FAIL
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
 from tests.integration.test_cli import gpuaas, ok_json
+from tests.integration.wipe_proofs import proof_for
 
 SLICE = "h200-sxm-slice"
 HOST = "hv00001"
@@ -384,3 +385,25 @@ def test_node_show_lists_the_findings_and_alloc_show_says_why_impaired(cp, engin
     check(cp, None, reachable=False)
     human = gpuaas(cli_env, "node", "show", HOST).stdout
     assert "unreachable 1 check(s) in a row" in human and "node_unreachable" in human
+
+
+def test_a_wipe_after_release_leaves_a_still_failing_device_out_of_placement(cp, engine):
+    allocation, [slot] = active_on(cp)
+    check(cp, report(gpu_gone(slot)))
+    cp.release(allocation, "tenant")
+    cp.record_wipe_proof(HOST, slot, proof_for(cp, HOST, slot), "test")
+    status, state, detail = rows(
+        engine,
+        "SELECT status, health_state, health_detail FROM node_resource_slots WHERE slot_index = :i",
+        i=slot,
+    )[0]
+    assert (status, state) == ("available", "failed")
+    assert detail == f"health: gpu_missing {GPU1}: not on the bus"
+    placed = cp.place(PlacementRequest(SLICE, 1, requested_by="tenant"))
+    assert [s["slot_index"] for s in placed.slots] != [slot]
+    cp.release(placed.allocation_id, "tenant")
+    assert_clean(engine)
+    # Its checks passing again return it.
+    for _ in range(PASSES_TO_RECOVER):
+        check(cp)
+    assert slot_health(engine)[slot] == ("healthy", None)
