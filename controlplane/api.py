@@ -22,6 +22,7 @@ from controlplane.enums import (
     HostKeySource,
     KeyPurpose,
     NodeTaskKind,
+    ProvisionProgress,
     SweepKind,
 )
 from controlplane.errors import GpuaasError
@@ -45,6 +46,7 @@ from controlplane.services import (
     occupancy,
     projects,
     reconcile,
+    remediation,
     requests,
     retirement,
     sweeps,
@@ -580,10 +582,44 @@ class ControlPlane:
             return allocations.transition(session, allocation_id, target, actor)
 
     def fail_allocation(
-        self, allocation_id: uuid.UUID, reason: str, actor: str, details: Any = None
+        self,
+        allocation_id: uuid.UUID,
+        reason: str,
+        actor: str,
+        details: Any = None,
+        progress: ProvisionProgress | str = ProvisionProgress.DISK_WRITTEN,
     ) -> bool:
+        """Fail a provision with how far it got on its node (unknown: ``disk_written``):
+        ``nothing_on_host`` returns its slots at once, anything else leaves them to the
+        ``remediate`` flow."""
         with db.transaction(self.engine) as session:
-            return allocations.fail(session, allocation_id, reason, actor, details)
+            return allocations.fail(session, allocation_id, reason, actor, details, progress)
+
+    def remediation_pending(self, limit: int = 100) -> list[remediation.PendingRemediation]:
+        """Failed provisions whose slots wait for the remediate flow."""
+        with db.transaction(self.engine) as session:
+            return remediation.pending(session, limit)
+
+    def begin_remediation(
+        self, allocation_id: uuid.UUID, actor: str
+    ) -> remediation.RemediationStart:
+        """Start an attempt on a failed provision's leftovers (the VM release to run)."""
+        with db.transaction(self.engine) as session:
+            return remediation.begin(session, allocation_id, actor)
+
+    def settle_remediation(
+        self,
+        allocation_id: uuid.UUID,
+        proofs: list[Any],
+        failure: str,
+        actor: str,
+        nonce: uuid.UUID | None,
+    ) -> remediation.RemediationResult:
+        """Settle an attempt with the release's wipe proofs (signed for its node task,
+        ``nonce``): verified ones return their slots, others count a failed attempt (the
+        third quarantines the slot)."""
+        with db.transaction(self.engine) as session:
+            return remediation.settle(session, allocation_id, proofs, failure, actor, nonce)
 
     def begin_tasks(
         self,

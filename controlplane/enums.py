@@ -96,6 +96,18 @@ class AllocationState(StrEnum):
     FAILED = "failed"
 
 
+class ProvisionProgress(StrEnum):
+    """How far a failed provision got on its node: what may be left there to remove
+    (docs/operations.md, "Failed provisions"). Unknown progress is ``disk_written``."""
+
+    # Refused before anything was written on the host (preflight): the slots return at once.
+    NOTHING_ON_HOST = "nothing_on_host"
+    # Host state outside the slot disks may exist (seed, DHCP reservation, libvirt domain).
+    DOMAIN_DEFINED = "domain_defined"
+    # A slot disk may have been written (the image clone began, or the progress is unknown).
+    DISK_WRITTEN = "disk_written"
+
+
 class ProjectState(StrEnum):
     ACTIVE = "active"
     RETIRED = "retired"

@@ -66,6 +66,7 @@ from controlplane.enums import (
     NodeTaskState,
     ProfileIntent,
     ProjectState,
+    ProvisionProgress,
     SharingMechanism,
     SlotStatus,
     SweepKind,
@@ -352,6 +353,12 @@ class NodeResourceSlot(Base):
         BigInteger, ForeignKey("evidence.id", ondelete="RESTRICT", use_alter=True)
     )
     generation: Mapped[int] = mapped_column(Integer, server_default=text("1"))
+    # The failed allocation whose leftovers the remediate flow still has to remove from
+    # this slot, and how many of its attempts failed (services/remediation.py).
+    remediation_allocation_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("allocations.id", ondelete="RESTRICT")
+    )
+    remediation_attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     approved_at: Mapped[dt.datetime | None]
     approved_by: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[dt.datetime] = utcnow_column()
@@ -375,6 +382,11 @@ class NodeResourceSlot(Base):
         CheckConstraint("vcpu_count > 0 AND memory_gib > 0", name="profile_positive"),
         CheckConstraint("generation > 0", name="generation_positive"),
         CheckConstraint("health_passes >= 0", name="health_passes_nonnegative"),
+        CheckConstraint("remediation_attempts >= 0", name="remediation_attempts_nonnegative"),
+        CheckConstraint(
+            "remediation_allocation_id IS NULL OR status IN ('cleanup_blocked', 'cleanup')",
+            name="remediation_only_when_out_of_service",
+        ),
         CheckConstraint(
             f"gpu_pci_address IS NULL OR gpu_pci_address ~ '{PCI_ADDRESS_PATTERN}'",
             name="gpu_pci_address_format",
@@ -528,6 +540,10 @@ class Allocation(Base):
     # Why and since when the health loop found it impaired (controlplane/services/health.py).
     impaired_reason: Mapped[str | None] = mapped_column(Text)
     impaired_at: Mapped[dt.datetime | None]
+    # How far a failed provision got on its node (set with the failure, never after).
+    provision_progress: Mapped[ProvisionProgress | None] = mapped_column(
+        checked_enum(ProvisionProgress, "provision_progress")
+    )
     # Read model only: correctness lives in allocation_resource_claims.
     node_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
     region_code: Mapped[str | None] = mapped_column(String(100))
@@ -552,6 +568,9 @@ class Allocation(Base):
         ),
         CheckConstraint(
             "state <> 'impaired' OR impaired_reason IS NOT NULL", name="impaired_has_reason"
+        ),
+        CheckConstraint(
+            "provision_progress IS NULL OR state = 'failed'", name="progress_only_when_failed"
         ),
         Index("ix_allocations_state", "state"),
         Index("ix_allocations_project_id", "project_id"),
