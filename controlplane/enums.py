@@ -135,6 +135,7 @@ class NodeTaskKind(StrEnum):
     RECONCILE = "node.reconcile"
     IMAGE_CACHE = "image.cache"
     HOST_BENCHMARK = "host.benchmark"
+    HOST_HEALTH = "host.health"
 
 
 class SweepKind(StrEnum):

@@ -120,10 +120,10 @@ def nvme_pci_address(root: Path, stable_path: str) -> str:
     return next(p for p in reversed(real.split("/")) if p.count(":") == 2 and "." in p)
 
 
-def write_healthy(spec: hosttrees.HostSpec, dest: Path | str) -> Path:
-    """A slice node in service: every slot's GPU and VF on vfio-pci, links at their
+def make_healthy(root: Path | str) -> Path:
+    """Put a written tree in service: every slot's GPU and VF on vfio-pci, links at their
     maximum, AER counters and EDAC at 0, hugepages free. Returns the root."""
-    root = hosttrees.write_tree(spec, dest)
+    root = Path(root)
     for slot in slots(root):
         devices = [slot["gpu_pci_address"], slot["fabric_vf_pci_address"]]
         for address in filter(None, devices):
@@ -137,6 +137,11 @@ def write_healthy(spec: hosttrees.HostSpec, dest: Path | str) -> Path:
         set_edac(root, controller, 0, 0)
     set_hugepages(root, 1024, 0)
     return root
+
+
+def write_healthy(spec: hosttrees.HostSpec, dest: Path | str) -> Path:
+    """`spec` written to `dest` and put in service (`make_healthy`). Returns the root."""
+    return make_healthy(hosttrees.write_tree(spec, dest))
 
 
 def build(hostname: str, dest: Path | str) -> Path:

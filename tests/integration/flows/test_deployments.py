@@ -24,6 +24,7 @@ def test_prefect_yaml_declares_every_flow_on_one_process_pool():
         "flows.fleet.discover_topology",
         "flows.fleet.approve_slots",
         "flows.fleet.parity_sweep",
+        "flows.health.health_sweep",
         "flows.sweeps.sweep_batch",
         "flows.fleet.storage_transition",
         "flows.fleet.bootstrap_host",
@@ -32,6 +33,7 @@ def test_prefect_yaml_declares_every_flow_on_one_process_pool():
         "flows.images.prewarm_image",
         "flows.benchmarks.benchmark_compare",
         "flows.reconcile.reconcile",
+        "flows.remediation.remediate",
         "flows.events.publish_events",
     }
     assert {d["work_pool"]["name"] for d in config["deployments"]} == {"gpuaas-process"}
