@@ -18,11 +18,14 @@
   guest, so the tenant (or an operator) releases it (docs/operations.md, "Health and
   remediation").
 
-Each call is one transaction and one ``health`` evidence row. Locks, in the order every
-writer of these rows takes them (allocation before slot, as transitions and releases do):
-the node (FOR NO KEY UPDATE), the node's active and impaired allocations by id, its slots
-by index, its open findings. Placement only skips what is locked (SKIP LOCKED), so it
-never waits on a check.
+Each call is one transaction and one ``health`` evidence row. It locks the node (FOR NO
+KEY UPDATE), then the node's live allocations by id (transitions, releases and failures
+lock their allocation first, so none of them is midway on this node after that), then the
+node's counters row (the placement mutex, which releases take before slots), then the
+slots it can take at once (SKIP LOCKED, by index: a slot another transaction is changing,
+as a wipe does, slot then counters, is judged by the next check, never waited for while
+holding the counters), then its open findings. Placement skips the node for the few
+milliseconds of a check rather than wait.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from controlplane.enums import (
@@ -66,6 +69,18 @@ UNREACHABLE_TO_FAIL = 3
 REASON_PREFIX = "health: "
 UNREACHABLE_CODE = "node_unreachable"
 IMPAIRED_EVENT = "allocation.impaired"
+# Allocations whose writers (transitions, releases, failures) lock them first: the check
+# holds them so none of those is midway on this node while it holds the counters.
+LIVE = (
+    AllocationState.PENDING,
+    AllocationState.PROVISIONING,
+    AllocationState.ACTIVE,
+    AllocationState.IMPAIRED,
+    AllocationState.RELEASING,
+)
+# The node's counters row, the per-node placement mutex (controlplane/scheduler/placement.py):
+# taken before any slot, as placements and releases take it.
+LOCK_COUNTERS = text("SELECT node_id FROM node_capacity WHERE node_id = :node FOR UPDATE")
 DETAIL_LIMIT = 2000
 
 
@@ -308,11 +323,14 @@ def _judge_slots(
     return recovered, changed
 
 
+FindingKey = tuple[uuid.UUID | None, str, str | None]
+
+
 def _finding_rows(
-    node: Node, slots_by_index: dict[int, NodeResourceSlot], report: HealthReport
-) -> dict[tuple[uuid.UUID | None, str, str | None], tuple[Finding, FindingScope]]:
+    node: Node, ids_by_index: dict[int, uuid.UUID], report: HealthReport
+) -> dict[FindingKey, tuple[Finding, FindingScope]]:
     """The findings this check reports, keyed as their open rows are."""
-    rows: dict[tuple[uuid.UUID | None, str, str | None], tuple[Finding, FindingScope]] = {}
+    rows: dict[FindingKey, tuple[Finding, FindingScope]] = {}
     if not report.reachable:
         severity = (
             FindingSeverity.CRITICAL
@@ -333,7 +351,7 @@ def _finding_rows(
         if finding.on_node:
             rows[(None, finding.code, finding.device)] = (finding, finding.scope)
         for index in finding.slots:
-            rows[(slots_by_index[index].id, finding.code, finding.device)] = (
+            rows[(ids_by_index[index], finding.code, finding.device)] = (
                 finding,
                 FindingScope.DEVICE,
             )
@@ -343,7 +361,7 @@ def _finding_rows(
 def _record_findings(
     session: Session,
     node: Node,
-    slots_by_index: dict[int, NodeResourceSlot],
+    ids_by_index: dict[int, uuid.UUID],
     report: HealthReport,
     now: dt.datetime,
 ) -> bool:
@@ -355,9 +373,9 @@ def _record_findings(
         .order_by(HealthFinding.id)
         .with_for_update()
     ).all()
-    current = _finding_rows(node, slots_by_index, report)
+    current = _finding_rows(node, ids_by_index, report)
     changed = False
-    seen: set[tuple[uuid.UUID | None, str, str | None]] = set()
+    seen: set[FindingKey] = set()
     for row in open_rows:
         key = (row.slot_id, row.code, row.device)
         if key in current:
@@ -472,30 +490,35 @@ def record(
     allocations = list(
         session.scalars(
             select(Allocation)
-            .where(
-                Allocation.node_id == node.id,
-                Allocation.state.in_((AllocationState.ACTIVE, AllocationState.IMPAIRED)),
-            )
+            .where(Allocation.node_id == node.id, Allocation.state.in_(LIVE))
             .order_by(Allocation.id)
             .with_for_update()
         )
     )
+    session.execute(LOCK_COUNTERS, {"node": node.id})
+    every_slot = session.execute(
+        select(NodeResourceSlot.slot_index, NodeResourceSlot.id, NodeResourceSlot.health_state)
+        .where(NodeResourceSlot.node_id == node.id)
+        .order_by(NodeResourceSlot.slot_index)
+    ).all()
+    ids_by_index = {index: slot_id for index, slot_id, _ in every_slot}
+    unknown = sorted({i for f in report.findings for i in f.slots if i not in ids_by_index})
+    if unknown:
+        raise _invalid(
+            f"{hostname} has no slot {', '.join(map(str, unknown))}"
+            f" (its slots: {sorted(ids_by_index) or 'none'})",
+            {"slots": unknown},
+        )
+    # A slot another transaction is changing (a wipe, a release) is judged by the next
+    # check: waiting for it here, holding the counters, could deadlock that transaction.
     slots = list(
         session.scalars(
             select(NodeResourceSlot)
             .where(NodeResourceSlot.node_id == node.id)
             .order_by(NodeResourceSlot.slot_index)
-            .with_for_update()
+            .with_for_update(skip_locked=True)
         )
     )
-    slots_by_index = {s.slot_index: s for s in slots}
-    unknown = sorted({i for f in report.findings for i in f.slots if i not in slots_by_index})
-    if unknown:
-        raise _invalid(
-            f"{hostname} has no slot {', '.join(map(str, unknown))}"
-            f" (its slots: {sorted(slots_by_index) or 'none'})",
-            {"slots": unknown},
-        )
 
     now = dt.datetime.now(dt.UTC)
     node_before = _node_snapshot(node)
@@ -509,13 +532,16 @@ def record(
     if report.reachable:
         recovered, slots_changed = _judge_slots(slots, report, now)
     session.flush()
-    findings_changed = _record_findings(session, node, slots_by_index, report, now)
+    findings_changed = _record_findings(session, node, ids_by_index, report, now)
     impaired = _impair(session, node, allocations, slots, actor, now)
 
     verdict = Verdict(
         node=hostname,
         node_state=node.health_state.value,
-        slots={s.slot_index: s.health_state.value for s in slots},
+        slots={
+            **{index: state.value for index, _, state in every_slot},
+            **{s.slot_index: s.health_state.value for s in slots},
+        },
         impaired_allocations=impaired,
         recovered_slots=recovered,
         changed=node_changed or slots_changed or findings_changed or bool(impaired),

@@ -7,6 +7,7 @@ every verdict is evidence and the whole-store audit stays clean."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Any
 
@@ -407,3 +408,46 @@ def test_a_wipe_after_release_leaves_a_still_failing_device_out_of_placement(cp,
     for _ in range(PASSES_TO_RECOVER):
         check(cp)
     assert slot_health(engine)[slot] == ("healthy", None)
+
+
+def test_checks_run_beside_placements_and_releases_without_deadlock(cp, engine):
+    """record_health locks the node, its allocations, then its slots: transitions and
+    releases (allocation, then slots) and placements (counters, then slots SKIP LOCKED)
+    run beside it without a deadlock, and the store stays consistent."""
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def checks() -> None:
+        try:
+            for i in range(30):
+                check(cp, report(gpu_gone(i % 4)) if i % 3 == 0 else report())
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            stop.set()
+
+    def tenants() -> None:
+        try:
+            while not stop.is_set():
+                placed = cp.place(PlacementRequest(SLICE, 1, requested_by="tenant"))
+                if not placed.placed:
+                    continue
+                cp.transition(placed.allocation_id, AllocationState.PROVISIONING, "t")
+                cp.transition(placed.allocation_id, AllocationState.ACTIVE, "t")
+                cp.release(placed.allocation_id, "tenant")
+                for slot in placed.slots:
+                    index = slot["slot_index"]
+                    cp.record_wipe_proof(HOST, index, proof_for(cp, HOST, index), "t")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=checks)] + [
+        threading.Thread(target=tenants) for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert errors == [], [str(e) for e in errors]
+    assert rows(engine, "SELECT count(*) FROM evidence WHERE kind = 'health'") == [(30,)]
+    assert_clean(engine)
