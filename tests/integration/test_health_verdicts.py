@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.orm import Session
 
 from controlplane.api import ControlPlane
 from controlplane.audit import audit
 from controlplane.enums import AdminState, AllocationState
 from controlplane.errors import GpuaasError
 from controlplane.scheduler.placement import PlacementRequest
+from controlplane.services import reconcile
 from controlplane.services.health import PASSES_TO_RECOVER, UNREACHABLE_TO_FAIL
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
 from tests.integration.test_cli import gpuaas, ok_json
@@ -450,4 +452,38 @@ def test_checks_run_beside_placements_and_releases_without_deadlock(cp, engine):
         thread.join(timeout=600)
     assert errors == [], [str(e) for e in errors]
     assert rows(engine, "SELECT count(*) FROM evidence WHERE kind = 'health'") == [(30,)]
+    assert_clean(engine)
+
+
+def test_an_impaired_allocation_is_live_for_quotas_reconcile_and_retirement(cp, engine):
+    allocation, slots = active_on(cp, gpus=2)
+    usage = "SELECT gpus, allocations FROM project_usage('default', NULL, NULL, NULL)"
+    before = rows(engine, usage)
+    check(cp, report(gpu_gone(slots[0])))
+    assert state_of(engine, allocation)[0] == "impaired"
+    # It still holds its GPUs and counts against its project's quota.
+    assert rows(engine, usage) == before == [(2, 1)]
+    # Reconcile repairs nothing, still expects its VM and still probes its node.
+    assert cp.repair_claims_and_slots("reconcile") == []
+    with engine.connect() as conn, Session(conn) as session:
+        expected = reconcile.expected_runtime(session, HOST)
+    assert [e["allocation_id"] for e in expected] == [str(allocation)]
+    assert cp.nodes_to_probe() == [HOST]
+    with pytest.raises(GpuaasError) as caught:
+        cp.retire_node(HOST, "decommissioned", "operator")
+    assert caught.value.code == "node_has_claims"
+    assert_clean(engine)
+
+
+def test_a_baremetal_tenant_on_a_failed_node_is_impaired(engine):
+    create_fleet(engine, FleetSpec(nodes=1, baremetal_nodes=1, prefix="bm"))
+    cp = ControlPlane(engine)
+    placed = cp.place(PlacementRequest("h200-sxm-baremetal", 8, requested_by="tenant"))
+    cp.transition(placed.allocation_id, AllocationState.PROVISIONING, "t")
+    cp.transition(placed.allocation_id, AllocationState.ACTIVE, "t")
+    verdict = cp.record_health(
+        "bm00001", report(ROOT_PORT_FATAL, host="bm00001"), reachable=True, actor="t"
+    )
+    assert verdict["node_state"] == "failed" and verdict["slots"] == {}
+    assert verdict["impaired_allocations"] == [str(placed.allocation_id)]
     assert_clean(engine)
