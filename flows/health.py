@@ -12,12 +12,14 @@ judged (it said nothing about the node's devices).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.states import Completed
 
+from controlplane.api import ControlPlane
 from controlplane.services.sweeps import TaskOutcome
 from flows import artifacts, sweeps
 from flows.fleet import ACTOR, control_plane, no_nodes_matched, rerun_note, select_nodes, shorten
@@ -83,44 +85,49 @@ def unreachable(outcome: TaskOutcome) -> bool:
     return not outcome.succeeded and bool((outcome.summary or {}).get("unreachable"))
 
 
-def judge_node(sweep_id: str, hostname: str, outcome: TaskOutcome | None, batch: int) -> NodeHealth:
-    """The store's verdict on one node's check (none for a node not checked or whose probe
-    failed), logged."""
-    logger = get_run_logger()
-    if outcome is None:
-        logger.info(
-            "%s: not checked (a host action was running on it, or its batch ended no task); "
-            "the next sweep checks it",
-            hostname,
-        )
-        return NodeHealth(hostname, NOT_CHECKED, "busy with another host action, or not run")
-    cp = control_plane()
-    if unreachable(outcome):
+def judge_with(cp: ControlPlane) -> Callable[[str, str, TaskOutcome | None, int], NodeHealth]:
+    """The sweep's judge of one node's check: the store's verdict (none for a node not
+    checked or whose probe failed), logged."""
+
+    def judge(sweep_id: str, hostname: str, outcome: TaskOutcome | None, batch: int) -> NodeHealth:
+        logger = get_run_logger()
+        if outcome is None:
+            logger.info(
+                "%s: not checked (a host action was running on it, or its batch ended no "
+                "task); the next sweep checks it",
+                hostname,
+            )
+            return NodeHealth(hostname, NOT_CHECKED, "busy with another host action, or not run")
+        if unreachable(outcome):
+            verdict = cp.record_health(
+                hostname, None, reachable=False, actor=ACTOR, sweep_run_id=sweep_id
+            )
+            logger.warning(
+                "%s: unreachable (%s); node %s", hostname, outcome.error, verdict["node_state"]
+            )
+            return NodeHealth(hostname, UNREACHABLE, outcome.error or "", None, verdict)
+        report = (outcome.result or {}).get("health")
+        if not outcome.succeeded or not isinstance(report, dict):
+            logger.warning("%s: the health probe failed: %s", hostname, outcome.error)
+            return NodeHealth(hostname, PROBE_FAILED, outcome.error or "no health report")
         verdict = cp.record_health(
-            hostname, None, reachable=False, actor=ACTOR, sweep_run_id=sweep_id
+            hostname, report, reachable=True, actor=ACTOR, sweep_run_id=sweep_id
         )
-        logger.warning(
-            "%s: unreachable (%s); node %s", hostname, outcome.error, verdict["node_state"]
+        found = report.get("findings") or []
+        logger.log(
+            logging.WARNING if found else logging.INFO,
+            "%s (batch %d): %d device(s) checked, %d finding(s)%s; node %s%s",
+            hostname,
+            batch,
+            report.get("devices_checked", 0),
+            len(found),
+            f" ({', '.join(sorted({f['code'] for f in found}))})" if found else "",
+            verdict["node_state"],
+            " (changed)" if verdict.get("changed") else "",
         )
-        return NodeHealth(hostname, UNREACHABLE, outcome.error or "", None, verdict)
-    report = (outcome.result or {}).get("health")
-    if not outcome.succeeded or not isinstance(report, dict):
-        logger.warning("%s: the health probe failed: %s", hostname, outcome.error)
-        return NodeHealth(hostname, PROBE_FAILED, outcome.error or "no health report")
-    verdict = cp.record_health(hostname, report, reachable=True, actor=ACTOR, sweep_run_id=sweep_id)
-    found = report.get("findings") or []
-    logger.log(
-        logging.WARNING if found else logging.INFO,
-        "%s (batch %d): %d device(s) checked, %d finding(s)%s; node %s%s",
-        hostname,
-        batch,
-        report.get("devices_checked", 0),
-        len(found),
-        f" ({', '.join(sorted({f['code'] for f in found}))})" if found else "",
-        verdict["node_state"],
-        " (changed)" if verdict.get("changed") else "",
-    )
-    return NodeHealth(hostname, RECORDED, "", report, verdict)
+        return NodeHealth(hostname, RECORDED, "", report, verdict)
+
+    return judge
 
 
 @task(name="publish the health tables")
@@ -171,7 +178,7 @@ def health_sweep(
         parallel_batches,
         extravars or {},
         "health-sweep-progress",
-        judge_node=judge_node,
+        judge_node=judge_with(control_plane()),
     )
     nodes = sorted(swept.verdicts, key=lambda node: node.hostname)
     publish(nodes)
