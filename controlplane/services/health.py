@@ -531,6 +531,12 @@ def record(
     slots_changed = False
     if report.reachable:
         recovered, slots_changed = _judge_slots(slots, report, now)
+    else:
+        # A check that saw nothing is not a pass: the slots' streaks start again.
+        for slot in slots:
+            if slot.health_passes:
+                slot.health_passes = 0
+                slots_changed = True
     session.flush()
     findings_changed = _record_findings(session, node, ids_by_index, report, now)
     impaired = _impair(session, node, allocations, slots, actor, now)

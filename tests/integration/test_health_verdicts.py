@@ -174,7 +174,11 @@ def test_a_gpu_finding_fails_only_its_slot_and_impairs_only_its_allocation(cp, e
     assert sorted(s["slot_index"] for s in third.slots) == [2, 3]
     cp.release(third.allocation_id, "tenant")
 
-    # K-1 passing checks keep it failed; the K-th brings it back, cleared.
+    # K-1 passing checks keep it failed; an unreachable check breaks the streak; then K
+    # passing checks in a row bring it back, cleared.
+    for _ in range(PASSES_TO_RECOVER - 1):
+        assert check(cp)["slots"][1] == "failed"
+    assert check(cp, None, reachable=False)["slots"][1] == "failed"
     for _ in range(PASSES_TO_RECOVER - 1):
         assert check(cp)["slots"][1] == "failed"
     back = check(cp)
@@ -198,11 +202,11 @@ def test_a_gpu_finding_fails_only_its_slot_and_impairs_only_its_allocation(cp, e
         "SELECT passed, payload->>'sweep_run_id', payload->'verdict'->>'node_state'"
         " FROM evidence WHERE kind = 'health' ORDER BY id",
     )
-    assert len(evidence) == 3 + PASSES_TO_RECOVER
+    k = PASSES_TO_RECOVER
+    assert len(evidence) == 3 + (k - 1) + 1 + k
     assert evidence[1] == (False, "sweep-1", "healthy")
-    assert [passed for passed, _, _ in evidence] == [True, False, False] + [True] * (
-        PASSES_TO_RECOVER
-    )
+    passes = [True] * (k - 1) + [False] + [True] * k
+    assert [passed for passed, _, _ in evidence] == [True, False, False, *passes]
 
 
 def test_a_warning_degrades_the_slot_and_keeps_the_tenant_active(cp, engine):
