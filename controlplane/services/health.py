@@ -233,6 +233,21 @@ class Verdict:
         }
 
 
+def _detail(
+    state: HealthState,
+    severity: FindingSeverity | None,
+    findings: list[Finding],
+    current: str | None,
+) -> str | None:
+    """The reason a health state carries: the findings that made it; none once healthy; the
+    failure's own while a failed subject with only warnings works its way back."""
+    if state == HealthState.HEALTHY:
+        return None
+    if severity is None or (state == HealthState.FAILED) != (severity == FindingSeverity.CRITICAL):
+        return current
+    return _reason("; ".join(f.describe() for f in findings if f.severity == severity))
+
+
 def _reason(text: str) -> str:
     return (REASON_PREFIX + text)[:DETAIL_LIMIT]
 
@@ -270,12 +285,7 @@ def _judge_node(node: Node, report: HealthReport) -> None:
         on_node = [f for f in report.findings if f.on_node]
         severity = worst(on_node)
         state, node.health_passes = next_health(node.health_state, node.health_passes, severity)
-        if severity is not None:
-            node.health_detail = _reason(
-                "; ".join(f.describe() for f in on_node if f.severity == severity)
-            )
-        elif state == HealthState.HEALTHY:
-            node.health_detail = None
+        node.health_detail = _detail(state, severity, on_node, node.health_detail)
         node.health_state = state
     failed = node.health_state == HealthState.FAILED
     if failed and (
@@ -306,11 +316,7 @@ def _judge_slots(
         severity = worst(mine)
         before = (slot.health_state, slot.health_detail, slot.health_passes)
         state, passes = next_health(slot.health_state, slot.health_passes, severity)
-        detail = slot.health_detail
-        if severity is not None:
-            detail = _reason("; ".join(f.describe() for f in mine if f.severity == severity))
-        elif state == HealthState.HEALTHY:
-            detail = None
+        detail = _detail(state, severity, mine, slot.health_detail)
         if (state, detail, passes) == before:
             continue
         if state == HealthState.HEALTHY and before[0] != HealthState.HEALTHY:

@@ -289,6 +289,30 @@ def test_a_node_scope_critical_fails_the_node_and_parity_keeps_its_reason(cp, en
     assert_clean(engine)
 
 
+def test_a_failed_node_with_only_warnings_keeps_its_failure_until_it_comes_back(cp, engine):
+    failure = "health: aer_fatal 0000:00:01.0: fatal AER errors on a root port"
+    check(cp, report(ROOT_PORT_FATAL))
+    hugepages = {
+        "code": "hugepages_short",
+        "severity": "warning",
+        "scope": "node",
+        "device": None,
+        "slots": [],
+        "detail": "4 of 8 1G pages free",
+        "observed": 4,
+        "expected": 8,
+    }
+    for _ in range(PASSES_TO_RECOVER - 1):
+        assert check(cp, report(hugepages))["node_state"] == "failed"
+        assert node_row(engine) == ("failed", "unavailable", failure)
+    assert check(cp, report(hugepages))["node_state"] == "degraded"
+    # Degraded is no failure: the loop gives the node back to placement.
+    assert node_row(engine) == ("degraded", "schedulable", None)
+    assert rows(engine, "SELECT health_detail FROM nodes") == [
+        ("health: hugepages_short: 4 of 8 1G pages free",)
+    ]
+
+
 def test_a_slot_failed_by_something_else_is_left_alone(cp, engine):
     with engine.begin() as conn:
         conn.execute(
