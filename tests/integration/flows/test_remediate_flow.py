@@ -1,8 +1,9 @@
-"""A failed provision cleans itself: on a lab slice node (libvirtd, dnsmasq and a loop disk
-in the lab's namespaces) a provision whose guest misses its readiness gate after the
+"""Failed provisions clean themselves, on a lab slice node (libvirtd, dnsmasq and a loop
+disk in the lab's namespaces): a provision whose guest misses its readiness gate after the
 image was cloned onto the slot's disk and the domain started fails ``disk_written``; the
 remediate flow removes the domain and the DHCP reservation, wipes the disk with a
-verified proof and returns the slot."""
+verified proof and returns the slot. A slot whose disk the node refuses to wipe is
+quarantined by the third run."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 from sqlalchemy import text
 
 from controlplane.audit import audit
+from controlplane.enums import AllocationState
+from controlplane.scheduler.placement import PlacementRequest
 from flows.allocation import provision_allocation
 from flows.fleet import approve_slots, discover_topology
 from flows.remediation import remediate
@@ -20,12 +23,7 @@ from tests.integration.flows.conftest import flow_control_plane
 from tests.integration.flows.prefect_reads import flow_run_logs
 from tests.integration.flows.test_allocation_flows import add_catalog_image
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.root,
-    pytest.mark.vm,
-    pytest.mark.xdist_group("prefect"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefect")]
 
 
 @pytest.fixture
@@ -46,6 +44,7 @@ def domains(host: LabSliceHost) -> list[str]:
     return sorted(host.lab.virsh("list", "--all", "--name").stdout.split())
 
 
+@pytest.mark.vm
 def test_a_provision_failed_after_its_disk_was_written_is_remediated_with_a_proof(
     impatient_node, engine
 ):
@@ -116,3 +115,80 @@ def test_a_provision_failed_after_its_disk_was_written_is_remediated_with_a_proo
     assert [tuple(s) for s in steps] == [("begin", True), ("settle", True)]
     # Nothing is left to do: the next scheduled run finds nothing.
     assert remediate()["allocations"] == 0
+
+
+@pytest.fixture
+def unwipeable_node(tmp_path, database_url, monkeypatch, prefect_harness):
+    """A lab slice node whose release looks for slot disks where none is: every wipe is
+    refused, so no remediation can return its slot."""
+    cp = flow_control_plane(unavailable_reason(), tmp_path, database_url, monkeypatch)
+    cp.define_sku(LAB_SKU)
+    with LabSliceHost(tmp_path / "host") as host:
+        elsewhere = tmp_path / "no-slot-disks-here"
+        elsewhere.mkdir()
+        host.host_vars["slice_vm_release_stable_dirs"] = [str(elsewhere)]
+        host.enroll(cp)
+        discover_topology(hostnames=[host.hostname])
+        assert approve_slots(host.hostname)["approved"] == [0]
+        yield cp, host
+
+
+def test_a_slot_whose_wipe_fails_three_remediations_is_quarantined(unwipeable_node, engine):
+    cp, host = unwipeable_node
+    placed = cp.place(PlacementRequest(LAB_SKU.slug, 1))
+    allocation = placed.allocation_id
+    cp.transition(allocation, AllocationState.PROVISIONING, "test")
+    cp.fail_allocation(
+        allocation, "test: the domain failed to start", "test", progress="disk_written"
+    )
+
+    for attempt in (1, 2, 3):
+        state = remediate(return_state=True)
+        result = state.result()
+        [row] = result["slots"]
+        slot = cp.list_slots(host.hostname)[0]
+        assert (row["now"], row["attempts"]) == ("cleanup_blocked", attempt), row
+        assert (slot.status, slot.health_state, slot.wipe_required) == (
+            "cleanup_blocked",
+            "failed",
+            True,
+        )
+        logged = "\n".join(flow_run_logs(state.state_details.flow_run_id))
+        assert f"attempt {attempt} of 3" in logged, logged
+        if attempt < 3:
+            assert not row["quarantined"]
+            assert slot.health_detail.startswith(f"remediation attempt {attempt} of 3 failed: ")
+            # The release removed what it could and stopped at the refused wipe.
+            assert "Wipe every slot disk with proof" in slot.health_detail, slot.health_detail
+            assert [p.allocation_id for p in cp.remediation_pending()] == [str(allocation)]
+
+    assert row["quarantined"] and result["quarantined"] == 1
+    assert slot.health_detail.startswith(f"quarantined: remediation of allocation {allocation}")
+    assert "quarantined after 3 failed attempts" in logged
+    assert cp.remediation_pending() == []
+    assert remediate()["allocations"] == 0
+    with engine.connect() as conn:
+        releases = (
+            conn.execute(
+                text(
+                    "SELECT state FROM node_tasks WHERE kind = 'slice.vm_release'"
+                    " ORDER BY created_at"
+                )
+            )
+            .scalars()
+            .all()
+        )
+        steps = conn.execute(
+            text(
+                "SELECT payload ->> 'step', passed FROM evidence WHERE allocation_id = :a"
+                " AND payload ? 'remediation' ORDER BY id"
+            ),
+            {"a": allocation},
+        ).all()
+        assert audit(conn) == []
+    assert releases == ["failed"] * 3
+    assert [tuple(s) for s in steps] == [("begin", True), ("settle", False)] * 2 + [
+        ("begin", True),
+        ("quarantine", False),
+        ("settle", False),
+    ]
