@@ -269,6 +269,7 @@ def render_occupancy(result: dict[str, Any]) -> None:
             "in use",
             "cleanup",
             "blocked",
+            "unhealthy",
         ],
         [
             [
@@ -281,6 +282,7 @@ def render_occupancy(result: dict[str, Any]) -> None:
                 n["slots"]["in_use"],
                 n["slots"]["cleanup"],
                 n["slots"]["cleanup_blocked"],
+                n["slots"]["unhealthy"],
             ]
             for n in result["nodes"]
         ],

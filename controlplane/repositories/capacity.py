@@ -112,11 +112,15 @@ NODE_OCCUPANCY_SQL = text(
 SELECT n.id, n.hostname, n.region_code, n.node_family, n.profile_intent, n.admin_state,
        n.admin_state_reason, n.gpu_count, n.health_state,
        count(s.id) AS slots,
-       count(s.id) FILTER (WHERE s.status = 'available') AS available,
+       count(s.id) FILTER (WHERE slot_free(s.status, s.health_state, s.wipe_required))
+           AS available,
        count(s.id) FILTER (WHERE slot_in_use(s.status)) AS in_use,
        count(s.id) FILTER (WHERE s.status = 'cleanup') AS cleanup,
        count(s.id) FILTER (WHERE s.status = 'cleanup_blocked') AS cleanup_blocked,
        count(s.id) FILTER (WHERE s.status = 'disabled') AS disabled,
+       -- Held out of placement by the health loop (blocked and disabled slots count above).
+       count(s.id) FILTER (WHERE s.health_state IN ('failed', 'degraded')
+                           AND s.status NOT IN ('cleanup_blocked', 'disabled')) AS unhealthy,
        EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.node_id = n.id
                AND c.state = 'active' AND c.claim_kind = 'node_exclusive') AS exclusive,
        (SELECT count(*) FROM allocation_resource_claims c WHERE c.node_id = n.id

@@ -515,3 +515,19 @@ def test_a_baremetal_tenant_on_a_failed_node_is_impaired(engine):
     assert verdict["node_state"] == "failed" and verdict["slots"] == {}
     assert verdict["impaired_allocations"] == [str(placed.allocation_id)]
     assert_clean(engine)
+
+
+def test_occupancy_counts_only_healthy_slots_available_and_a_held_node_is_degraded(cp, engine):
+    def posture() -> tuple[str, dict[str, int]]:
+        [node] = cp.occupancy().nodes
+        return node.posture, node.slots
+
+    assert posture()[0] == "fully_available"
+    check(cp, report(gpu_gone(1), gpu_gone(2, "warning")))
+    state, slots = posture()
+    assert state == "degraded" and (slots["available"], slots["unhealthy"]) == (2, 2)
+    allocation, _ = active_on(cp, gpus=2)
+    assert posture()[0] == "fully_allocated_by_slices"
+    slice_sku = next(s for s in cp.occupancy().skus if s.sku == SLICE)
+    assert slice_sku.free_gpus == 0
+    cp.release(allocation, "tenant")
