@@ -744,9 +744,7 @@ class HealthFinding(Base):
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
-    slot_id: Mapped[uuid.UUID | None] = mapped_column(
-        ForeignKey("node_resource_slots.id", ondelete="RESTRICT")
-    )
+    slot_id: Mapped[uuid.UUID | None] = mapped_column()
     code: Mapped[str] = mapped_column(String(100))
     severity: Mapped[FindingSeverity] = mapped_column(
         checked_enum(FindingSeverity, "finding_severity")
@@ -759,6 +757,13 @@ class HealthFinding(Base):
     cleared_at: Mapped[dt.datetime | None]
 
     __table_args__ = (
+        # A finding's slot is a slot of its node.
+        ForeignKeyConstraint(
+            ["slot_id", "node_id"],
+            ["node_resource_slots.id", "node_resource_slots.node_id"],
+            name="fk_health_findings_slot_node",
+            ondelete="RESTRICT",
+        ),
         CheckConstraint("last_seen >= first_seen", name="seen_order"),
         CheckConstraint(
             "cleared_at IS NULL OR cleared_at >= first_seen", name="cleared_after_seen"

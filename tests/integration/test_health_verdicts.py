@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from controlplane.api import ControlPlane
@@ -531,3 +532,18 @@ def test_occupancy_counts_only_healthy_slots_available_and_a_held_node_is_degrad
     slice_sku = next(s for s in cp.occupancy().skus if s.sku == SLICE)
     assert slice_sku.free_gpus == 0
     cp.release(allocation, "tenant")
+
+
+def test_a_finding_names_only_a_slot_of_its_own_node(cp, engine):
+    create_fleet(engine, FleetSpec(nodes=1, slots_per_node=1, prefix="hw", mac_base=100))
+    refused = pytest.raises(IntegrityError, match="fk_health_findings_slot_node")
+    with refused, engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO health_findings (node_id, slot_id, code, severity, scope, detail)"
+                " SELECT n.id, s.id, 'gpu_missing', 'critical', 'device', 'x'"
+                " FROM nodes n, node_resource_slots s JOIN nodes o ON o.id = s.node_id"
+                " WHERE n.hostname = :h AND o.hostname = 'hw00001'"
+            ),
+            {"h": HOST},
+        )

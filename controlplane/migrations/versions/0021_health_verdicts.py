@@ -178,10 +178,11 @@ def upgrade() -> None:
             name=op.f("fk_health_findings_node_id_nodes"),
             ondelete="RESTRICT",
         ),
+        # A finding's slot is a slot of its node.
         sa.ForeignKeyConstraint(
-            ["slot_id"],
-            ["node_resource_slots.id"],
-            name=op.f("fk_health_findings_slot_id_node_resource_slots"),
+            ["slot_id", "node_id"],
+            ["node_resource_slots.id", "node_resource_slots.node_id"],
+            name="fk_health_findings_slot_node",
             ondelete="RESTRICT",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_health_findings")),
