@@ -489,7 +489,11 @@ def record(
     sweep_run_id: str | None = None,
 ) -> Verdict:
     """Judge one health check of ``hostname`` (``health`` None when it could not be
-    reached); see the module docstring for the rules. Bad input changes nothing."""
+    reached); see the module docstring for the rules. Bad input changes nothing.
+
+    The verdict's ``slots`` give every slot's health after the check (``unknown`` for a
+    slot never approved, which the loop does not judge); ``changed`` is whether the check
+    changed any state, reason, streak, finding or allocation (not the times it was seen)."""
     report = parse_report(hostname, health, reachable=reachable)
     node = node_repo.get_by_hostname(session, hostname, for_update=True)
     node_repo.refuse_retired(node, "take a health verdict")
