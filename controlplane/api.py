@@ -22,6 +22,7 @@ from controlplane.enums import (
     HostKeySource,
     KeyPurpose,
     NodeTaskKind,
+    ProvisionProgress,
     SweepKind,
 )
 from controlplane.errors import GpuaasError
@@ -45,12 +46,14 @@ from controlplane.services import (
     occupancy,
     projects,
     reconcile,
+    remediation,
     requests,
     retirement,
     sweeps,
     tasks,
     wipes,
 )
+from controlplane.services import health as health_service
 from controlplane.services import slots as slot_service
 from controlplane.services.ansible_inventory import build_inventory
 
@@ -174,11 +177,16 @@ class ControlPlane:
             ]
 
     def show_node(self, hostname: str, audit_limit: int = 20) -> inventory.NodeDetail:
-        """The node (retired ones too) and its latest audit rows."""
+        """The node (retired ones too), its health with the open findings, and its latest
+        audit rows."""
         with db.transaction(self.engine) as session:
-            node = inventory.NodeView.of(node_repo.get_by_hostname(session, hostname))
+            row = node_repo.get_by_hostname(session, hostname)
             wanted = audit_trail.AuditFilter(node=hostname, limit=audit_limit)
-            return inventory.NodeDetail(node, audit_trail.listing(session, wanted))
+            return inventory.NodeDetail(
+                inventory.NodeView.of(row),
+                audit_trail.listing(session, wanted),
+                health_service.node_health(session, row),
+            )
 
     def list_operator_actions(
         self, wanted: audit_trail.AuditFilter | None = None
@@ -574,10 +582,44 @@ class ControlPlane:
             return allocations.transition(session, allocation_id, target, actor)
 
     def fail_allocation(
-        self, allocation_id: uuid.UUID, reason: str, actor: str, details: Any = None
+        self,
+        allocation_id: uuid.UUID,
+        reason: str,
+        actor: str,
+        details: Any = None,
+        progress: ProvisionProgress | str = ProvisionProgress.DISK_WRITTEN,
     ) -> bool:
+        """Fail a provision with how far it got on its node (unknown: ``disk_written``):
+        ``nothing_on_host`` returns its slots at once, anything else leaves them to the
+        ``remediate`` flow."""
         with db.transaction(self.engine) as session:
-            return allocations.fail(session, allocation_id, reason, actor, details)
+            return allocations.fail(session, allocation_id, reason, actor, details, progress)
+
+    def remediation_pending(self, limit: int = 100) -> list[remediation.PendingRemediation]:
+        """Failed provisions whose slots wait for the remediate flow."""
+        with db.transaction(self.engine) as session:
+            return remediation.pending(session, limit)
+
+    def begin_remediation(
+        self, allocation_id: uuid.UUID, actor: str
+    ) -> remediation.RemediationStart:
+        """Start an attempt on a failed provision's leftovers (the VM release to run)."""
+        with db.transaction(self.engine) as session:
+            return remediation.begin(session, allocation_id, actor)
+
+    def settle_remediation(
+        self,
+        allocation_id: uuid.UUID,
+        proofs: list[Any],
+        failure: str,
+        actor: str,
+        nonce: uuid.UUID | None,
+    ) -> remediation.RemediationResult:
+        """Settle an attempt with the release's wipe proofs (signed for its node task,
+        ``nonce``): verified ones return their slots, others count a failed attempt (the
+        third quarantines the slot)."""
+        with db.transaction(self.engine) as session:
+            return remediation.settle(session, allocation_id, proofs, failure, actor, nonce)
 
     def begin_tasks(
         self,
@@ -659,6 +701,29 @@ class ControlPlane:
             return inventory.AdminStateChange(
                 **asdict(inventory.NodeView.of(node)), changed=changed
             )
+
+    def record_health(
+        self,
+        hostname: str,
+        health: dict[str, Any] | None,
+        *,
+        reachable: bool,
+        actor: str,
+        sweep_run_id: str | None = None,
+    ) -> dict[str, Any]:
+        """One health check of ``hostname`` (``health``: a ``gpuaas.health/v1`` report,
+        None when it could not be reached) judged in one transaction: slot and node health,
+        impaired allocations with their events, findings and a ``health`` evidence row.
+        Returns the verdict (controlplane/services/health.py)."""
+        with db.transaction(self.engine) as session:
+            return health_service.record(
+                session,
+                hostname,
+                health,
+                reachable=reachable,
+                actor=actor,
+                sweep_run_id=sweep_run_id,
+            ).as_dict()
 
     def set_allocation_flow_run(self, allocation_id: uuid.UUID, flow_run_id: str) -> None:
         with db.transaction(self.engine) as session:

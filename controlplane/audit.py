@@ -39,7 +39,7 @@ CHECKS: dict[str, str] = {
     "slice_claims_do_not_match_gpu_count": """
         SELECT a.id FROM allocations a
         WHERE a.capacity_shape = 'gpu_slice'
-          AND a.state IN ('pending', 'provisioning', 'active', 'releasing')
+          AND a.state IN ('pending', 'provisioning', 'active', 'impaired', 'releasing')
           AND a.gpu_count <> (SELECT coalesce(sum(s.gpu_count), 0)
                               FROM allocation_resource_claims c
                               JOIN node_resource_slots s ON s.id = c.slot_id
@@ -54,6 +54,9 @@ CHECKS: dict[str, str] = {
             SELECT 1 FROM allocation_resource_claims c
             WHERE c.node_id = s.node_id AND c.state = 'released'
               AND (c.slot_id = s.id OR c.claim_kind = 'node_exclusive')
+              -- A provision refused before it wrote anything on the host owes no wipe.
+              AND NOT EXISTS (SELECT 1 FROM allocations a WHERE a.id = c.allocation_id
+                              AND a.provision_progress = 'nothing_on_host')
               AND (s.last_wipe_proof_id IS NULL OR c.released_at > (
                   SELECT e.recorded_at FROM evidence e WHERE e.id = s.last_wipe_proof_id))))""",
     "capacity_counters_drifted": """

@@ -54,6 +54,18 @@ class HealthState(StrEnum):
     FAILED = "failed"
 
 
+class FindingSeverity(StrEnum):
+    """A health finding: critical fails its slots (or the node), a warning degrades them."""
+
+    CRITICAL = "critical"
+    WARNING = "warning"
+
+
+class FindingScope(StrEnum):
+    DEVICE = "device"
+    NODE = "node"
+
+
 class FabricClaimMode(StrEnum):
     PER_SLOT_VF = "per_slot_vf"
     SHARED_DEVICE = "shared_device"
@@ -75,9 +87,25 @@ class AllocationState(StrEnum):
     PENDING = "pending"
     PROVISIONING = "provisioning"
     ACTIVE = "active"
+    # Running, but a slot it holds or its node failed a health check: the tenant's to
+    # release, never released or wiped by the loop (docs/operations.md, "Health and
+    # remediation").
+    IMPAIRED = "impaired"
     RELEASING = "releasing"
     RELEASED = "released"
     FAILED = "failed"
+
+
+class ProvisionProgress(StrEnum):
+    """How far a failed provision got on its node: what may be left there to remove
+    (docs/operations.md, "Failed provisions"). Unknown progress is ``disk_written``."""
+
+    # Refused before anything was written on the host (preflight): the slots return at once.
+    NOTHING_ON_HOST = "nothing_on_host"
+    # Host state outside the slot disks may exist (seed, DHCP reservation, libvirt domain).
+    DOMAIN_DEFINED = "domain_defined"
+    # A slot disk may have been written (the image clone began, or the progress is unknown).
+    DISK_WRITTEN = "disk_written"
 
 
 class ProjectState(StrEnum):
@@ -107,6 +135,7 @@ class NodeTaskKind(StrEnum):
     RECONCILE = "node.reconcile"
     IMAGE_CACHE = "image.cache"
     HOST_BENCHMARK = "host.benchmark"
+    HOST_HEALTH = "host.health"
 
 
 class SweepKind(StrEnum):
@@ -138,6 +167,8 @@ class EvidenceKind(StrEnum):
     BENCHMARK = "benchmark"
     # What a slice guest could reach, each attempt from inside it (gpuaas.containment_probe/v1).
     CONTAINMENT = "containment"
+    # One health check of a node and what the store made of it (gpuaas.health/v1).
+    HEALTH = "health"
 
 
 class HostKeySource(StrEnum):

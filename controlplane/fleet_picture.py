@@ -23,14 +23,19 @@ class Category(StrEnum):
     AVAILABLE = "available"
     RESERVED = "reserved"
     ALLOCATED = "allocated"
+    # Health (controlplane/services/health.py): a tenant's allocation on a failed slot or
+    # node, a slot (or a node) that failed its health checks, and one that warned.
+    IMPAIRED = "impaired"
+    FAILED = "failed"
+    DEGRADED = "degraded"
     CLEANUP = "cleanup"
     BLOCKED = "blocked"
     DISABLED = "disabled"
     BAREMETAL = "baremetal"
 
 
-# Store slot status -> category. A node held whole by a baremetal allocation is drawn as one
-# baremetal block whatever its slots say.
+# Store slot status -> category, before health (slot_category). A node held whole by a
+# baremetal allocation is drawn as one baremetal block whatever its slots say.
 SLOT_CATEGORY = {
     "available": Category.AVAILABLE,
     "reserved": Category.RESERVED,
@@ -46,11 +51,40 @@ STYLE = {
     Category.AVAILABLE: ("#2e7d32", "🟩", "free for a new slice"),
     Category.RESERVED: ("#f9a825", "🟨", "placed, VM being provisioned"),
     Category.ALLOCATED: ("#1565c0", "🟦", "a tenant's slice VM is running"),
+    Category.IMPAIRED: ("#ff6f00", "🟧", "a tenant's allocation on a failed slot or node"),
+    Category.FAILED: ("#4e342e", "🟫", "failed its health checks: no new tenant"),
+    Category.DEGRADED: ("#9e9d24", "🔶", "a health warning: tenants stay, no new one"),
     Category.CLEANUP: ("#6a1b9a", "🟪", "released, disk wipe under way"),
     Category.BLOCKED: ("#c62828", "🟥", "cleanup failed: held until an operator acts"),
     Category.DISABLED: ("#90a4ae", "⬜", "not approved or taken out of service"),
     Category.BAREMETAL: ("#00695c", "⬛", "the whole node is one baremetal allocation"),
 }
+
+# What the slot's status says that its health does not change: it is being wiped, is held
+# for an operator, or is out of service.
+STATUS_FIRST = frozenset({Category.CLEANUP, Category.BLOCKED, Category.DISABLED})
+
+
+def slot_category(
+    status: str,
+    health_state: str | None = None,
+    allocation_state: str | None = None,
+    node_health: str | None = None,
+) -> Category:
+    """What a slot is to an operator: its holder impaired, else what its status says of a
+    wipe or an operator's hold, else its health (or its node's) when not healthy, else its
+    status."""
+    if allocation_state == "impaired":
+        return Category.IMPAIRED
+    category = SLOT_CATEGORY[status]
+    if category in STATUS_FIRST:
+        return category
+    if health_state == "failed" or node_health == "failed":
+        return Category.FAILED
+    if health_state == "degraded":
+        return Category.DEGRADED
+    return category
+
 
 CELL = 28  # pixels per GPU of a slot's width, and a row's height
 GAP = 4
@@ -67,6 +101,8 @@ class Cell:
     # The project whose allocation holds the slot (or the whole node), and that allocation.
     project: str | None = None
     allocation: str | None = None
+    # The slot's health when it is not healthy.
+    health: str | None = None
 
 
 @dataclass(frozen=True)
@@ -119,8 +155,10 @@ def build(
     """The picture from node occupancy rows (hostname, region_code, node_family, admin_state,
     posture, admin_state_reason, exclusive, gpu_count; optionally reserved_for, and the
     baremetal allocation's project and id as exclusive_project, exclusive_allocation),
-    slot rows (hostname, slot_index, status, gpu_count; optionally the holding
-    allocation's project and id) and (SKU slug, node family) pairs."""
+    slot rows (hostname, slot_index, status, gpu_count; optionally health_state, the
+    holding allocation's project, id and state) and (SKU slug, node family) pairs; a node
+    row's optional health_state and exclusive_state (its baremetal allocation's) draw
+    failed and impaired nodes."""
     slots_of: dict[str, list[Mapping[str, Any]]] = {}
     for slot in slot_rows:
         slots_of.setdefault(slot["hostname"], []).append(slot)
@@ -128,12 +166,25 @@ def build(
     counts: dict[tuple[str, str], Counter[Category]] = {}
     for row in node_rows:
         baremetal = bool(row["exclusive"])
+        held_whole = (
+            Category.IMPAIRED if row.get("exclusive_state") == "impaired" else Category.BAREMETAL
+        )
         cells = tuple(
             Cell(
                 slot_index=slot["slot_index"],
                 gpu_count=slot["gpu_count"],
-                category=Category.BAREMETAL if baremetal else SLOT_CATEGORY[str(slot["status"])],
+                category=held_whole
+                if baremetal
+                else slot_category(
+                    str(slot["status"]),
+                    slot.get("health_state"),
+                    slot.get("allocation_state"),
+                    row.get("health_state"),
+                ),
                 status=str(slot["status"]),
+                health=None
+                if slot.get("health_state") in (None, "healthy")
+                else str(slot["health_state"]),
                 project=row.get("exclusive_project") if baremetal else slot.get("project"),
                 allocation=(
                     row.get("exclusive_allocation") if baremetal else slot.get("allocation")
@@ -206,7 +257,11 @@ def _whole_node(row: Mapping[str, Any]) -> Cell:
         return Cell(
             slot_index=None,
             gpu_count=row["gpu_count"],
-            category=Category.BAREMETAL,
+            category=(
+                Category.IMPAIRED
+                if row.get("exclusive_state") == "impaired"
+                else Category.BAREMETAL
+            ),
             status="allocated",
             project=row.get("exclusive_project"),
             allocation=row.get("exclusive_allocation"),
@@ -223,12 +278,13 @@ def _svg_row(node: PictureNode) -> str:
     parts = []
     if node.baremetal and node.cells:
         width = sum(c.gpu_count for c in node.cells) * CELL - GAP
-        colour = STYLE[Category.BAREMETAL][0]
+        category = node.cells[0].category
+        impaired = " (impaired)" if category is Category.IMPAIRED else ""
         parts.append(
-            f'<rect class="slot" data-category="baremetal"'
+            f'<rect class="slot" data-category="{category}"'
             f' data-gpus="{sum(c.gpu_count for c in node.cells)}"'
-            f' x="0" y="0" width="{width}" height="{CELL - GAP}" fill="{colour}">'
-            f"<title>{html.escape(node.hostname)}: one baremetal allocation"
+            f' x="0" y="0" width="{width}" height="{CELL - GAP}" fill="{STYLE[category][0]}">'
+            f"<title>{html.escape(node.hostname)}: one baremetal allocation{impaired}"
             f"{_held_by(node.cells[0])}</title>"
             "</rect>"
         )
@@ -242,7 +298,8 @@ def _svg_row(node: PictureNode) -> str:
                 f' x="{x}" y="0" width="{width}" height="{CELL - GAP}"'
                 f' fill="{STYLE[cell.category][0]}">'
                 f"<title>{html.escape(node.hostname)} {_where(cell)}: {cell.status},"
-                f" {cell.gpu_count} GPU(s){_held_by(cell)}</title></rect>"
+                + (f" {cell.health}," if cell.health else "")
+                + f" {cell.gpu_count} GPU(s){_held_by(cell)}</title></rect>"
             )
             x += cell.gpu_count * CELL
     width = max(sum(c.gpu_count for c in node.cells) * CELL, CELL)

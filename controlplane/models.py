@@ -54,6 +54,8 @@ from controlplane.enums import (
     DriverStrategy,
     EvidenceKind,
     FabricClaimMode,
+    FindingScope,
+    FindingSeverity,
     HealthState,
     HostKeySource,
     ImageCacheStatus,
@@ -64,6 +66,7 @@ from controlplane.enums import (
     NodeTaskState,
     ProfileIntent,
     ProjectState,
+    ProvisionProgress,
     SharingMechanism,
     SlotStatus,
     SweepKind,
@@ -186,6 +189,16 @@ class Node(Base):
     host_action_limit: Mapped[int] = mapped_column(Integer, server_default=text("4"))
     # A retired node stays for its evidence; nothing schedules, runs on or lists it.
     retired_at: Mapped[dt.datetime | None]
+    # The node's own health (node-scope findings, reachability) as the health loop judged
+    # it; its slots carry theirs (controlplane/services/health.py).
+    health_state: Mapped[HealthState] = mapped_column(
+        checked_enum(HealthState, "health_state"), server_default=HealthState.UNKNOWN.value
+    )
+    health_detail: Mapped[str | None] = mapped_column(Text)
+    # Passing checks in a row while not healthy, and checks in a row it was unreachable.
+    health_passes: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    health_unreachable: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    health_checked_at: Mapped[dt.datetime | None]
     created_at: Mapped[dt.datetime] = utcnow_column()
     updated_at: Mapped[dt.datetime] = utcnow_column()
 
@@ -198,6 +211,9 @@ class Node(Base):
         CheckConstraint("host_action_limit >= 1", name="host_action_limit_positive"),
         CheckConstraint(
             "retired_at IS NULL OR admin_state = 'unavailable'", name="retired_unavailable"
+        ),
+        CheckConstraint(
+            "health_passes >= 0 AND health_unreachable >= 0", name="health_streaks_nonnegative"
         ),
     )
 
@@ -306,6 +322,8 @@ class NodeResourceSlot(Base):
         checked_enum(HealthState, "health_state"), server_default=HealthState.UNKNOWN.value
     )
     health_detail: Mapped[str | None] = mapped_column(Text)
+    # Passing health checks in a row while not healthy (controlplane/services/health.py).
+    health_passes: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     gpu_pci_address: Mapped[str | None] = mapped_column(String(16))
     gpu_count: Mapped[int] = mapped_column(Integer, server_default=text("1"))
     numa_node: Mapped[int | None] = mapped_column(Integer)
@@ -335,6 +353,12 @@ class NodeResourceSlot(Base):
         BigInteger, ForeignKey("evidence.id", ondelete="RESTRICT", use_alter=True)
     )
     generation: Mapped[int] = mapped_column(Integer, server_default=text("1"))
+    # The failed allocation whose leftovers the remediate flow still has to remove from
+    # this slot, and how many of its attempts failed (services/remediation.py).
+    remediation_allocation_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("allocations.id", ondelete="RESTRICT")
+    )
+    remediation_attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     approved_at: Mapped[dt.datetime | None]
     approved_by: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[dt.datetime] = utcnow_column()
@@ -357,6 +381,12 @@ class NodeResourceSlot(Base):
         CheckConstraint("gpu_count = 1", name="one_gpu_per_slot"),
         CheckConstraint("vcpu_count > 0 AND memory_gib > 0", name="profile_positive"),
         CheckConstraint("generation > 0", name="generation_positive"),
+        CheckConstraint("health_passes >= 0", name="health_passes_nonnegative"),
+        CheckConstraint("remediation_attempts >= 0", name="remediation_attempts_nonnegative"),
+        CheckConstraint(
+            "remediation_allocation_id IS NULL OR status IN ('cleanup_blocked', 'cleanup')",
+            name="remediation_only_when_out_of_service",
+        ),
         CheckConstraint(
             f"gpu_pci_address IS NULL OR gpu_pci_address ~ '{PCI_ADDRESS_PATTERN}'",
             name="gpu_pci_address_format",
@@ -507,6 +537,13 @@ class Allocation(Base):
         server_default=AllocationState.PENDING.value,
     )
     failure_reason: Mapped[str | None] = mapped_column(Text)
+    # Why and since when the health loop found it impaired (controlplane/services/health.py).
+    impaired_reason: Mapped[str | None] = mapped_column(Text)
+    impaired_at: Mapped[dt.datetime | None]
+    # How far a failed provision got on its node (set with the failure, never after).
+    provision_progress: Mapped[ProvisionProgress | None] = mapped_column(
+        checked_enum(ProvisionProgress, "provision_progress")
+    )
     # Read model only: correctness lives in allocation_resource_claims.
     node_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
     region_code: Mapped[str | None] = mapped_column(String(100))
@@ -528,6 +565,12 @@ class Allocation(Base):
         CheckConstraint("gpu_count > 0", name="gpu_count_positive"),
         CheckConstraint(
             "state <> 'failed' OR failure_reason IS NOT NULL", name="failed_has_reason"
+        ),
+        CheckConstraint(
+            "state <> 'impaired' OR impaired_reason IS NOT NULL", name="impaired_has_reason"
+        ),
+        CheckConstraint(
+            "provision_progress IS NULL OR state = 'failed'", name="progress_only_when_failed"
         ),
         Index("ix_allocations_state", "state"),
         Index("ix_allocations_project_id", "project_id"),
@@ -689,6 +732,53 @@ class SweepVerdict(Base):
     __table_args__ = (
         UniqueConstraint("sweep_run_id", "node_id", "kind"),
         CheckConstraint("batch >= 0", name="batch_nonnegative"),
+    )
+
+
+class HealthFinding(Base):
+    """A finding of the health loop on a node or one of its slots, open while the checks
+    still report it (one open row per node, slot, code and device) and kept, cleared, as
+    history (controlplane/services/health.py)."""
+
+    __tablename__ = "health_findings"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
+    slot_id: Mapped[uuid.UUID | None] = mapped_column()
+    code: Mapped[str] = mapped_column(String(100))
+    severity: Mapped[FindingSeverity] = mapped_column(
+        checked_enum(FindingSeverity, "finding_severity")
+    )
+    scope: Mapped[FindingScope] = mapped_column(checked_enum(FindingScope, "finding_scope"))
+    device: Mapped[str | None] = mapped_column(String(255))
+    detail: Mapped[str] = mapped_column(Text)
+    first_seen: Mapped[dt.datetime] = utcnow_column()
+    last_seen: Mapped[dt.datetime] = utcnow_column()
+    cleared_at: Mapped[dt.datetime | None]
+
+    __table_args__ = (
+        # A finding's slot is a slot of its node.
+        ForeignKeyConstraint(
+            ["slot_id", "node_id"],
+            ["node_resource_slots.id", "node_resource_slots.node_id"],
+            name="fk_health_findings_slot_node",
+            ondelete="RESTRICT",
+        ),
+        CheckConstraint("last_seen >= first_seen", name="seen_order"),
+        CheckConstraint(
+            "cleared_at IS NULL OR cleared_at >= first_seen", name="cleared_after_seen"
+        ),
+        CheckConstraint("scope = 'device' OR slot_id IS NULL", name="node_scope_has_no_slot"),
+        Index(
+            "uq_health_findings_open",
+            "node_id",
+            "slot_id",
+            "code",
+            "device",
+            unique=True,
+            postgresql_where=text("cleared_at IS NULL"),
+            postgresql_nulls_not_distinct=True,
+        ),
     )
 
 

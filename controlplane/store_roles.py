@@ -114,6 +114,8 @@ ACCESS: dict[str, dict[str, Access]] = {
         ),
         "operator": READ,
     },
+    # The health loop's findings: the controller opens, refreshes and clears them.
+    "health_findings": {"controller": WRITE, "operator": READ},
     "outbox": {"controller": WRITE, "operator": APPEND},
     "os_images": {"controller": WRITE, "operator": WRITE},
     "node_image_cache": {"controller": WRITE, "operator": WRITE},

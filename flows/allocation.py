@@ -18,7 +18,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from sqlalchemy.exc import DBAPIError
 
-from controlplane.enums import AllocationState
+from controlplane.enums import AllocationState, ProvisionProgress
 from controlplane.errors import GpuaasError
 from controlplane.scheduler.placement import PlacementRequest, Unavailable
 from controlplane.services.allocations import CatalogImage, ReleaseResult, RuntimeSpec
@@ -155,9 +155,34 @@ def mark_active(allocation_id: str) -> None:
     control_plane().transition(uuid.UUID(allocation_id), AllocationState.ACTIVE, ACTOR)
 
 
+def provision_progress(evidence: dict[str, Any]) -> ProvisionProgress:
+    """How far the failed provision got on its host, as its role's failure record says
+    (``progress``); anything else, no record included, is ``disk_written``: a slot that
+    might hold data is never returned without a wipe."""
+    try:
+        return ProvisionProgress(evidence.get("progress"))
+    except ValueError:
+        return ProvisionProgress.DISK_WRITTEN
+
+
 @task(name="mark failed")
-def mark_failed(allocation_id: str, reason: str, details: dict[str, Any]) -> None:
-    control_plane().fail_allocation(uuid.UUID(allocation_id), reason, ACTOR, details)
+def mark_failed(
+    allocation_id: str, reason: str, details: dict[str, Any], progress: ProvisionProgress
+) -> None:
+    control_plane().fail_allocation(uuid.UUID(allocation_id), reason, ACTOR, details, progress)
+    if progress is ProvisionProgress.NOTHING_ON_HOST:
+        get_run_logger().warning(
+            "allocation %s failed before touching its node; its slots are available again: %s",
+            allocation_id,
+            reason,
+        )
+    else:
+        get_run_logger().warning(
+            "allocation %s failed (%s); its slots wait for the remediate flow: %s",
+            allocation_id,
+            progress,
+            reason,
+        )
 
 
 @flow(name="provision_allocation")
@@ -172,7 +197,9 @@ def provision_allocation(
     request_id: str = "",
 ) -> dict[str, Any]:
     """Place a GPU slice and bring its VM up: ``active`` only after the lease and SSH gate.
-    Any failure leaves the allocation ``failed`` with a reason, its slots cleanup_blocked.
+    Any failure leaves the allocation ``failed`` with a reason and how far it got: refused
+    before touching the node, its slots are available again; otherwise they wait,
+    cleanup_blocked, for the remediate flow (flows/remediation.py).
 
     ``image`` is a catalog slug (an active image compatible with the SKU); the node
     verifies the catalog's sha256. ``request_id`` makes the request idempotent (default:
@@ -249,15 +276,14 @@ def provision_allocation(
     except GpuaasError as exc:
         refusal = f"{exc.code}: {exc.message}"
     if refusal is not None:
-        mark_failed(allocation_id, refusal, {})
-        logger.warning(
-            "allocation %s failed, its slots are cleanup_blocked: %s", allocation_id, refusal
-        )
+        mark_failed(allocation_id, refusal, {}, ProvisionProgress.NOTHING_ON_HOST)
         return ended(f"allocation {allocation_id} failed: {refusal}")
     try:
         outcome = provision_vm(spec, catalog, users)
     except Exception as exc:  # the host action itself blew up: fail closed
-        mark_failed(allocation_id, f"provision task error: {exc}", {})
+        mark_failed(
+            allocation_id, f"provision task error: {exc}", {}, ProvisionProgress.DISK_WRITTEN
+        )
         raise
     evidence = published(outcome, "gpuaas_slice_provision")
     readiness = evidence.get("readiness") or {}
@@ -279,11 +305,11 @@ def provision_allocation(
         ],
     )
     if not outcome.passed:
-        mark_failed(allocation_id, outcome.failure or "provision failed", {"evidence": evidence})
-        logger.warning(
-            "allocation %s failed, its slots are cleanup_blocked: %s",
+        mark_failed(
             allocation_id,
-            outcome.failure,
+            outcome.failure or "provision failed",
+            {"evidence": evidence},
+            provision_progress(evidence),
         )
         return ended(f"allocation {allocation_id} failed: {outcome.failure}")
     mark_active(allocation_id)

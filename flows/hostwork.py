@@ -32,7 +32,9 @@ class HostAction:
     playbook, which sizes its progress bar; only set where every task is imported
     statically, so that the listing is the whole main path. ``looped_task``: the listed
     task that loops over the action's items (disks), so progress can move per item.
-    ``reported``: further modules whose last result each host's outcome carries."""
+    ``reported``: further modules whose last result each host's outcome carries.
+    ``skips_busy_nodes``: a sweep runs it at once on the nodes that have room and skips
+    the others, instead of waiting for room."""
 
     kind: NodeTaskKind
     playbook: str
@@ -42,6 +44,7 @@ class HostAction:
     listed_tasks: int | None = None
     looped_task: str | None = None
     reported: tuple[str, ...] = ()
+    skips_busy_nodes: bool = False
 
 
 DISCOVER = HostAction(
@@ -53,6 +56,16 @@ DISCOVER = HostAction(
 )
 PARITY = HostAction(
     NodeTaskKind.HOST_PARITY, "parity.yml", "slice_parity", EvidenceKind.PARITY, 600
+)
+# Read-only and repeated every sweep: a node busy with another host action waits for the
+# next one (controlplane/services/tasks.py, QUIET_KINDS).
+HEALTH = HostAction(
+    NodeTaskKind.HOST_HEALTH,
+    "health.yml",
+    "slice_health",
+    EvidenceKind.HOST_RESULT,
+    300,
+    skips_busy_nodes=True,
 )
 VM_PROVISION = HostAction(
     NodeTaskKind.VM_PROVISION,

@@ -17,10 +17,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.engine import make_url
 
@@ -166,21 +168,65 @@ def wait_healthy(api_url: str, timeout: float) -> None:
     raise GpuaasError("prefect_server_unhealthy", f"the Prefect server at {api_url} did not start")
 
 
+def automation_from(
+    item: dict[str, Any], find_block: Callable[[str, str], uuid.UUID | None]
+) -> Any:
+    """One automation of automations.yaml as the server takes it. A ``send-notification``
+    action names its block as ``block_document: TYPE-SLUG/NAME`` (the file cannot know the
+    block's id); ``find_block(slug, name)`` gives the id, and while no such block exists
+    the automation is installed disabled, doing nothing, its description saying which
+    block to create (docs/operations.md, "Health and remediation")."""
+    from prefect.events.schemas.automations import AutomationCore
+
+    item = {**item, "actions": [dict(action) for action in item["actions"]]}
+    missing = []
+    for action in item["actions"]:
+        reference = action.pop("block_document", None)
+        if reference is None:
+            continue
+        slug, _, name = reference.partition("/")
+        if not slug or not name:
+            raise GpuaasError(
+                "automation_block_invalid",
+                f"automation {item['name']}: block_document {reference!r} is not TYPE-SLUG/NAME",
+            )
+        block_id = find_block(slug, name)
+        if block_id is None:
+            missing.append(reference)
+        else:
+            action["block_document_id"] = str(block_id)
+    if missing:
+        item["enabled"] = False
+        item["actions"] = [{"type": "do-nothing"}]
+        item["description"] = (
+            f"{item.get('description', '')} Disabled: no block {', '.join(missing)} yet;"
+            " create it, then install the automations again (gpuaas ui)."
+        ).strip()
+    return AutomationCore.model_validate(item)
+
+
 def install_automations(api_url: str, auth_string: str | None = None) -> list[str]:
     """The automations of automations.yaml on the server at ``api_url`` (sending
     ``auth_string`` when given), each replacing any automation of its name (so a restarted
     stack keeps one of each)."""
     import yaml
     from prefect.client.orchestration import get_client
-    from prefect.events.schemas.automations import AutomationCore
+    from prefect.exceptions import ObjectNotFound
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-    wanted = [
-        AutomationCore.model_validate(item)
-        for item in yaml.safe_load(AUTOMATIONS.read_text())["automations"]
-    ]
     settings = {PREFECT_API_URL: api_url, PREFECT_API_AUTH_STRING: auth_string}
     with temporary_settings(settings), get_client(sync_client=True) as client:
+
+        def find_block(slug: str, name: str) -> uuid.UUID | None:
+            try:
+                return client.read_block_document_by_name(name, slug, include_secrets=False).id
+            except ObjectNotFound:
+                return None
+
+        wanted = [
+            automation_from(item, find_block)
+            for item in yaml.safe_load(AUTOMATIONS.read_text())["automations"]
+        ]
         for automation in wanted:
             for existing in client.read_automations_by_name(automation.name):
                 client.delete_automation(existing.id)

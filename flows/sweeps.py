@@ -38,15 +38,18 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from controlplane.api import ControlPlane
 from controlplane.enums import SweepKind
-from controlplane.services.sweeps import TaskOutcome, Verdict
+from controlplane.services.sweeps import TaskOutcome
 from flows import artifacts
-from flows.hostwork import DISCOVER, PARITY, HostAction, run_host_action
+from flows.hostwork import DISCOVER, HEALTH, PARITY, HostAction, run_host_action
 
 ACTOR = "flow"
 SWEEP_BATCH = "sweep_batch/sweep-batch"
-ACTIONS: dict[str, tuple[HostAction, SweepKind]] = {
+# The sweep kind judge_sweep judges the action's outcomes by; None: the sweep's caller
+# judges them (the health sweep, through ControlPlane.record_health).
+ACTIONS: dict[str, tuple[HostAction, SweepKind | None]] = {
     "discovery": (DISCOVER, SweepKind.DISCOVERY),
     "parity": (PARITY, SweepKind.PARITY),
+    "health": (HEALTH, None),
 }
 # A batch crashed this often (three workers lost under it) is left unjudged.
 MAX_ATTEMPTS = 3
@@ -88,6 +91,7 @@ def run_batch(action: str, hostnames: list[str], extravars: dict[str, Any]) -> d
         record=import_discovered(cp) if kind == SweepKind.DISCOVERY else None,
         on_event=artifacts.TaskLog(every_task=len(hostnames) == 1),
         on_wait=get_run_logger().info,
+        wait_for_room=not host_action.skips_busy_nodes,
     )
     return {host: {"passed": o.passed, "failure": o.failure} for host, o in outcomes.items()}
 
@@ -104,7 +108,7 @@ def sweep_batch(
     node's task and evidence recorded in the store; the sweep judges them from there.
 
     Args:
-        action: discovery or parity.
+        action: discovery, parity or health.
         hostnames: The batch's nodes.
         extravars: Extra Ansible variables for the run.
         sweep: The sweep's run id (for the logs).
@@ -163,7 +167,7 @@ class SweepResult:
     """Every node's verdict, the outcome it was judged from (None: not checked), and the
     batches as they ran."""
 
-    verdicts: list[Verdict]
+    verdicts: list[Any]
     outcomes: dict[str, TaskOutcome | None]
     batches: list[Batch]
     on_pool: bool
@@ -200,11 +204,14 @@ def sweep(
     parallel_batches: int,
     extravars: dict[str, Any],
     progress_key: str,
+    judge_node: Callable[[str, str, TaskOutcome | None, int], Any] | None = None,
 ) -> SweepResult:
-    """Run the action over ``hosts`` in batches and judge each node once."""
+    """Run the action over ``hosts`` in batches and judge each node once: by
+    ``judge_node(sweep id, node, outcome, batch)`` when given (its verdict has ``hostname``
+    and ``passed``), else by the store's sweep verdict of the action's kind."""
     logger = get_run_logger()
     cp = control_plane()
-    _, kind = ACTIONS[action]
+    host_action, kind = ACTIONS[action]
     sweep_id = current_run() or str(uuid.uuid4())
     batches = split(hosts, batch_size)
     on_pool = pool_available()
@@ -220,15 +227,17 @@ def sweep(
     progress = artifacts.progress(
         progress_key, f"{action.capitalize()} sweep over {len(hosts)} nodes"
     )
-    verdicts: list[Verdict] = []
+    verdicts: list[Any] = []
     judged_from: dict[str, TaskOutcome | None] = {}
 
     def judge(batch: Batch) -> None:
-        outcomes = cp.batch_outcomes(kind, batch.run_ids, batch.hostnames)
+        outcomes = cp.batch_outcomes(kind or host_action.kind, batch.run_ids, batch.hostnames)
         for host in batch.hostnames:
             judged_from[host] = outcomes.get(host)
             verdicts.append(
-                cp.judge_sweep(sweep_id, kind, host, outcomes.get(host), batch.index, ACTOR)
+                judge_node(sweep_id, host, outcomes.get(host), batch.index)
+                if judge_node
+                else cp.judge_sweep(sweep_id, kind, host, outcomes.get(host), batch.index, ACTOR)
             )
         done = sum(1 for b in batches if b.attempts and b.attempts[-1].state in FINAL_NAMES)
         progress.update(100.0 * done / len(batches))

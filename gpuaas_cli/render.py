@@ -133,10 +133,52 @@ def render_node(result: dict[str, Any]) -> None:
         f"{node['gpu_count']} GPUs, host actions at once {node['host_action_limit']}"
         + (f", retired at {node['retired_at']}" if node["retired_at"] else "")
     )
+    if result.get("health"):
+        render_node_health(result["health"])
     if result["audit"]:
         render_audit(result["audit"])
     else:
         out.print("  no operator actions recorded")
+
+
+def render_node_health(health: dict[str, Any]) -> None:
+    """The node's health, its slots that are not healthy and its open findings, each with
+    when it was first and last seen (docs/operations.md, "Health and remediation")."""
+    checked = health["checked_at"] or "never"
+    out.print(
+        f"  health {health['health_state']}"
+        + (f" ({health['health_detail']})" if health["health_detail"] else "")
+        + f", last checked {checked}"
+        + (
+            f", unreachable {health['unreachable_checks']} check(s) in a row"
+            if health["unreachable_checks"]
+            else ""
+        )
+    )
+    for slot in health["slots"]:
+        out.print(
+            f"  slot {slot['slot_index']} {slot['health_state']}"
+            + (f": {slot['health_detail']}" if slot["health_detail"] else "")
+        )
+    if not health["findings"]:
+        out.print("  no open health findings")
+        return
+    table(
+        "open health findings",
+        ["severity", "code", "slot", "device", "detail", "first seen", "last seen"],
+        [
+            [
+                f["severity"],
+                f["code"],
+                "node" if f["slot_index"] is None else f["slot_index"],
+                f["device"] or "-",
+                f["detail"],
+                f["first_seen"],
+                f["last_seen"],
+            ]
+            for f in health["findings"]
+        ],
+    )
 
 
 def render_import(result: dict[str, Any]) -> None:
@@ -201,6 +243,11 @@ def render_allocation(a: dict[str, Any]) -> None:
         f"{a['node']} — {a['state']}"
         + (f" ({a['failure_reason']})" if a.get("failure_reason") else "")
     )
+    if a.get("impaired_reason"):
+        out.print(
+            f"  impaired since {a['impaired_at']}: {a['impaired_reason']}"
+            + ("" if a["state"] == "impaired" else f" (now {a['state']})")
+        )
     for claim in a.get("claims", []):
         target = f"slot {claim['slot_index']}" if claim["slot_index"] is not None else "whole node"
         out.print(f"  claim {claim['kind']} on {target}: {claim['state']}")
@@ -222,6 +269,7 @@ def render_occupancy(result: dict[str, Any]) -> None:
             "in use",
             "cleanup",
             "blocked",
+            "unhealthy",
         ],
         [
             [
@@ -234,6 +282,7 @@ def render_occupancy(result: dict[str, Any]) -> None:
                 n["slots"]["in_use"],
                 n["slots"]["cleanup"],
                 n["slots"]["cleanup_blocked"],
+                n["slots"]["unhealthy"],
             ]
             for n in result["nodes"]
         ],

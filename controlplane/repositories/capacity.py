@@ -110,13 +110,17 @@ def baremetal_candidates(
 NODE_OCCUPANCY_SQL = text(
     """
 SELECT n.id, n.hostname, n.region_code, n.node_family, n.profile_intent, n.admin_state,
-       n.admin_state_reason, n.gpu_count,
+       n.admin_state_reason, n.gpu_count, n.health_state,
        count(s.id) AS slots,
-       count(s.id) FILTER (WHERE s.status = 'available') AS available,
+       count(s.id) FILTER (WHERE slot_free(s.status, s.health_state, s.wipe_required))
+           AS available,
        count(s.id) FILTER (WHERE slot_in_use(s.status)) AS in_use,
        count(s.id) FILTER (WHERE s.status = 'cleanup') AS cleanup,
        count(s.id) FILTER (WHERE s.status = 'cleanup_blocked') AS cleanup_blocked,
        count(s.id) FILTER (WHERE s.status = 'disabled') AS disabled,
+       -- Held out of placement by the health loop (blocked and disabled slots count above).
+       count(s.id) FILTER (WHERE s.health_state IN ('failed', 'degraded')
+                           AND s.status NOT IN ('cleanup_blocked', 'disabled')) AS unhealthy,
        EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.node_id = n.id
                AND c.state = 'active' AND c.claim_kind = 'node_exclusive') AS exclusive,
        (SELECT count(*) FROM allocation_resource_claims c WHERE c.node_id = n.id
@@ -128,6 +132,10 @@ SELECT n.id, n.hostname, n.region_code, n.node_family, n.profile_intent, n.admin
        (SELECT CAST(c.allocation_id AS text) FROM allocation_resource_claims c
         WHERE c.node_id = n.id AND c.state = 'active' AND c.claim_kind = 'node_exclusive')
            AS exclusive_allocation,
+       (SELECT a.state FROM allocation_resource_claims c
+        JOIN allocations a ON a.id = c.allocation_id
+        WHERE c.node_id = n.id AND c.state = 'active' AND c.claim_kind = 'node_exclusive')
+           AS exclusive_state,
        (SELECT k.reserved_for FROM node_capacity k
         WHERE k.node_id = n.id AND (k.reserved_until IS NULL OR k.reserved_until > now()))
            AS reserved_for
@@ -140,8 +148,8 @@ ORDER BY n.hostname
 
 SLOT_STATUS_SQL = text(
     """
-SELECT n.hostname, s.slot_index, s.status, s.gpu_count, a.project_id AS project,
-       CAST(a.id AS text) AS allocation
+SELECT n.hostname, s.slot_index, s.status, s.gpu_count, s.health_state,
+       a.project_id AS project, CAST(a.id AS text) AS allocation, a.state AS allocation_state
 FROM node_resource_slots s JOIN nodes n ON n.id = s.node_id
 LEFT JOIN allocation_resource_claims c ON c.slot_id = s.id AND c.state = 'active'
 LEFT JOIN allocations a ON a.id = c.allocation_id
@@ -156,6 +164,7 @@ def node_occupancy_rows(session: Session) -> list[dict]:
 
 
 def slot_status_rows(session: Session) -> list[dict]:
-    """Every slot of the nodes in service: hostname, slot_index, status, gpu_count, and the
-    project and allocation of its active claim (None when free)."""
+    """Every slot of the nodes in service: hostname, slot_index, status, gpu_count,
+    health_state, and the project, allocation and allocation state of its active claim
+    (None when free)."""
     return [dict(row._mapping) for row in session.execute(SLOT_STATUS_SQL)]

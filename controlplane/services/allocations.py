@@ -3,7 +3,8 @@
 Release never returns a slot to ``available``: claimed slots go to ``cleanup`` with
 ``wipe_required`` (and a baremetal release marks every slot of the node, because the
 tenant had every disk). Only a verified wipe proof for the slot's own disk, finished
-after the release, brings a slot back (services/wipes.py).
+after the release, brings a slot back (services/wipes.py). A failed provision returns
+its slots at once only when it wrote nothing on the host (``fail``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from controlplane.enums import (
     HealthState,
     ImageCacheStatus,
     ImageStatus,
+    ProvisionProgress,
     SlotStatus,
 )
 from controlplane.errors import Conflict, InvalidInput, NotFound
@@ -39,6 +41,7 @@ from controlplane.models import (
 from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import outbox
 from controlplane.repositories import slots as slot_repo
+from controlplane.services import health
 
 RELEASE_CLAIMS = text(
     """
@@ -123,6 +126,9 @@ class ClaimView:
 @dataclass(frozen=True)
 class AllocationView(AllocationSummary):
     failure_reason: str | None
+    # Why the health loop impaired it, and when (None when it never was).
+    impaired_reason: str | None
+    impaired_at: str | None
     project_id: str | None
     requested_by: str
     runtime_metadata: dict[str, Any]
@@ -196,6 +202,8 @@ def allocation_view(session: Session, allocation_id: uuid.UUID) -> AllocationVie
     return AllocationView(
         **_summary(allocation, sku, hostname),
         failure_reason=allocation.failure_reason,
+        impaired_reason=allocation.impaired_reason,
+        impaired_at=allocation.impaired_at.isoformat() if allocation.impaired_at else None,
         project_id=allocation.project_id,
         requested_by=allocation.requested_by,
         runtime_metadata=dict(allocation.runtime_metadata or {}),
@@ -249,6 +257,9 @@ TRANSITIONS: dict[AllocationState, frozenset[AllocationState]] = {
     AllocationState.PENDING: frozenset({AllocationState.PROVISIONING, AllocationState.RELEASING}),
     AllocationState.PROVISIONING: frozenset({AllocationState.ACTIVE, AllocationState.RELEASING}),
     AllocationState.ACTIVE: frozenset({AllocationState.RELEASING}),
+    # The health loop impairs an active allocation (services/health.py); its tenant or an
+    # operator releases it as an active one.
+    AllocationState.IMPAIRED: frozenset({AllocationState.RELEASING}),
     AllocationState.RELEASING: frozenset(),
     AllocationState.RELEASED: frozenset(),
     AllocationState.FAILED: frozenset(),
@@ -303,7 +314,7 @@ def transition(
     allocation.updated_at = now
     for slot in _claimed_slots(session, allocation_id):
         slot.status = SLOT_STATUS_FOR[target]
-        if target == AllocationState.ACTIVE:
+        if target == AllocationState.ACTIVE and not health.owns(slot):
             slot.health_state = HealthState.HEALTHY
         slot.generation += 1
         slot.updated_at = now
@@ -320,14 +331,54 @@ def transition(
     return True
 
 
+# Allocation states a provision can fail from before its VM was ever on the host.
+BEFORE_THE_HOST = frozenset({AllocationState.PENDING, AllocationState.PROVISIONING})
+
+
+def provision_progress(value: Any) -> ProvisionProgress:
+    """``value`` as a provision progress; refused with the accepted values otherwise."""
+    try:
+        return ProvisionProgress(value)
+    except ValueError as exc:
+        raise InvalidInput(
+            "progress_unknown",
+            f"provision progress {value!r} is not one of "
+            f"{', '.join(p.value for p in ProvisionProgress)}",
+            {"progress": value},
+        ) from exc
+
+
 def fail(
-    session: Session, allocation_id: uuid.UUID, reason: str, actor: str, details: Any = None
+    session: Session,
+    allocation_id: uuid.UUID,
+    reason: str,
+    actor: str,
+    details: Any = None,
+    progress: ProvisionProgress | str = ProvisionProgress.DISK_WRITTEN,
 ) -> bool:
-    """A failed provision: the allocation is ``failed``; its slots may hold tenant data or VM
-    state, so they go to ``cleanup_blocked`` (never back to available) and claims end."""
+    """A failed provision: the allocation is ``failed`` with the reason and how far it got
+    (``progress``; unknown is ``disk_written``) and its claims end.
+
+    ``nothing_on_host`` (refused before anything was written on the host) returns the
+    slots to ``available`` at once: their disks were not touched since their last wipe
+    proof, and the claim's allocation records that it owes no wipe (the audit's
+    ``available_slot_without_wipe_proof_after_release``). Any other progress may have left
+    a domain, a seed or tenant data: the slots go to ``cleanup_blocked`` owing a wipe and
+    name the allocation whose leftovers the ``remediate`` flow removes
+    (services/remediation.py); they never return without a verified proof."""
+    progress = provision_progress(progress)
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInput("reason_required", "a failed provision needs its reason", {})
     allocation = _lock_allocation(session, allocation_id)
     if allocation.state in (AllocationState.FAILED, AllocationState.RELEASED):
         return False
+    if progress is ProvisionProgress.NOTHING_ON_HOST and allocation.state not in BEFORE_THE_HOST:
+        raise Conflict(
+            "progress_impossible",
+            f"allocation {allocation_id} is {allocation.state.value}: its VM reached the "
+            "host, so its failure cannot be nothing_on_host",
+            {"state": allocation.state.value, "progress": progress.value},
+        )
     now = dt.datetime.now(dt.UTC)
     slots = _claimed_slots(session, allocation_id)
     session.execute(
@@ -337,28 +388,59 @@ def fail(
         ),
         {"a": allocation_id},
     )
+    returned, pending = [], []
     for slot in slots:
-        slot.status = SlotStatus.CLEANUP_BLOCKED
-        slot.health_state = HealthState.FAILED
-        slot.health_detail = f"allocation {allocation_id} failed: {reason}"[:2000]
-        slot.wipe_required = True
+        if progress is ProvisionProgress.NOTHING_ON_HOST and not slot.wipe_required:
+            slot.status = SlotStatus.AVAILABLE
+            slot.health_detail = (
+                f"returned: allocation {allocation_id} failed before touching the host: {reason}"
+            )[:2000]
+            returned.append(slot.slot_index)
+        else:
+            slot.status = SlotStatus.CLEANUP_BLOCKED
+            slot.health_state = HealthState.FAILED
+            slot.health_detail = (
+                f"allocation {allocation_id} failed ({progress.value}), remediation pending: "
+                f"{reason}"
+            )[:2000]
+            slot.wipe_required = True
+            slot.remediation_allocation_id = allocation_id
+            slot.remediation_attempts = 0
+            pending.append(slot.slot_index)
         slot.generation += 1
         slot.updated_at = now
     allocation.state = AllocationState.FAILED
     allocation.failure_reason = reason
+    allocation.provision_progress = progress
     allocation.updated_at = now
     session.flush()
     evidence_repo.add(
         session,
         kind=EvidenceKind.HOST_RESULT,
         passed=False,
-        summary=f"allocation {allocation_id} failed: {reason}",
+        summary=(
+            f"allocation {allocation_id} failed ({progress.value}): {reason}; "
+            + (f"slots {returned} available again" if returned else "")
+            + ("; " if returned and pending else "")
+            + (f"slots {pending} pending remediation" if pending else "")
+        ),
         recorded_by=actor,
-        payload={"reason": reason, "details": details or {}},
+        payload={
+            "reason": reason,
+            "progress": progress.value,
+            "slots_returned": returned,
+            "slots_pending_remediation": pending,
+            "details": details or {},
+        },
         node_id=allocation.node_id,
         allocation_id=allocation_id,
     )
-    outbox.add_allocation_event(session, allocation_id, "allocation.failed", {"reason": reason})
+    outbox.add_allocation_event(
+        session,
+        allocation_id,
+        "allocation.failed",
+        {"reason": reason, "progress": progress.value},
+    )
     return True
 
 

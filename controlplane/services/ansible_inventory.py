@@ -3,8 +3,9 @@
 Hosts are grouped by region, profile intent and derived posture; each carries the host
 variables the roles need: node id, profile (``gpuaas_profile``, what playbooks/bootstrap.yml
 sorts hosts by), slice subnet, bridge and network mode, the approved slots' DHCP
-reservations and VFIO devices, and when topology evidence exists, the time its newest map
-was collected and its blockers (parity's freshness check). Then the node's own non-secret
+reservations and VFIO devices and each one's passthrough devices (``gpuaas_slots``, what
+the health probe checks), and when topology evidence exists, the time its newest map was
+collected and its blockers (parity's freshness check). Then the node's own non-secret
 ``host_vars``; ``ansible_host`` is the management address when known. Given a known-hosts
 file, SSH hosts accept only their pinned keys (docs/trust.md).
 """
@@ -39,10 +40,12 @@ def group_name(prefix: str, value: str) -> str:
 
 @dataclass
 class ApprovedSlots:
-    """What a node's approved slots ask of the host: DHCP reservations and VFIO devices."""
+    """What a node's approved slots ask of the host: DHCP reservations, VFIO devices, and
+    each slot's passthrough devices (what the health probe checks)."""
 
     reservations: list[dict[str, str]] = field(default_factory=list)
     vfio_devices: list[str] = field(default_factory=list)
+    slots: list[dict[str, Any]] = field(default_factory=list)
 
 
 def reservation_name(hostname: str, slot_index: int) -> str:
@@ -79,6 +82,18 @@ def approved_slots(session: Session, node_ids: list[uuid.UUID]) -> dict[uuid.UUI
         if slot.fabric_claim_mode == FabricClaimMode.PER_SLOT_VF:
             devices.append(slot.fabric_vf_pci_address)
         approved.vfio_devices.extend(d for d in devices if d and d not in approved.vfio_devices)
+        approved.slots.append(
+            {
+                "slot_index": slot.slot_index,
+                "gpu_pci_address": slot.gpu_pci_address,
+                "nvme_device": slot.nvme_device,
+                "fabric_vf_pci_address": (
+                    slot.fabric_vf_pci_address
+                    if slot.fabric_claim_mode == FabricClaimMode.PER_SLOT_VF
+                    else None
+                ),
+            }
+        )
     return found
 
 
@@ -116,6 +131,7 @@ def host_variables(
         "gpuaas_network_mode": node.slice_network_mode.value,
         "gpuaas_slot_reservations": approved.reservations,
         "gpuaas_vfio_devices": sorted(approved.vfio_devices),
+        "gpuaas_slots": approved.slots,
     }
     if node.profile_intent in BOOTSTRAP_PROFILES:
         variables["gpuaas_profile"] = BOOTSTRAP_PROFILES[node.profile_intent]

@@ -125,10 +125,13 @@ def guest_target(session: Session, allocation_id: uuid.UUID, user: str) -> Guest
             f"allocation {allocation_id} is a {spec.capacity_shape} allocation, not a slice VM",
             {"allocation_id": str(allocation_id)},
         )
-    if spec.state != AllocationState.ACTIVE.value or not spec.private_ip:
+    # An impaired VM still runs: its tenant may reach it to take their data off.
+    reachable = (AllocationState.ACTIVE.value, AllocationState.IMPAIRED.value)
+    if spec.state not in reachable or not spec.private_ip:
         raise Conflict(
             "allocation_not_active",
-            f"allocation {allocation_id} is {spec.state}; only an active slice VM is reachable",
+            f"allocation {allocation_id} is {spec.state}; only an active or impaired slice VM"
+            " is reachable",
             {"allocation_id": str(allocation_id), "state": spec.state},
         )
     allocation = session.get(Allocation, allocation_id)

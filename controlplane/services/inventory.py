@@ -24,6 +24,7 @@ from controlplane.repositories import slots as slot_repo
 from controlplane.repositories import statistics
 from controlplane.secrets import is_secret_key
 from controlplane.services import audit_trail
+from controlplane.services.health import NodeHealth
 
 HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
@@ -193,6 +194,8 @@ class AdminStateChange(NodeView):
 class NodeDetail:
     node: NodeView
     audit: list[audit_trail.AuditEntry]
+    # Its health and open findings (None: not read).
+    health: NodeHealth | None = None
 
 
 # What a registration sets: the audit row of a registration names those it changed.

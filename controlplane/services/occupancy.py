@@ -23,6 +23,8 @@ class Posture(StrEnum):
     EXCLUSIVE_BAREMETAL = "exclusively_allocated_by_baremetal"
     DRAINING = "draining"
     CLEANUP_BLOCKED = "cleanup_blocked"
+    # No tenant, and slots the health loop holds out of placement (failed or degraded).
+    DEGRADED = "degraded"
     UNAVAILABLE = "unavailable"
 
 
@@ -40,6 +42,8 @@ def derive_posture(row: dict[str, Any]) -> Posture:
         )
     if row["cleanup_blocked"] or row["cleanup"]:
         return Posture.CLEANUP_BLOCKED
+    if row.get("unhealthy"):
+        return Posture.DEGRADED
     return Posture.FULLY_AVAILABLE
 
 
@@ -123,6 +127,7 @@ def occupancy(session: Session, region: str | None = None) -> Occupancy:
                         "cleanup",
                         "cleanup_blocked",
                         "disabled",
+                        "unhealthy",
                     )
                 },
                 reason=row["admin_state_reason"],

@@ -140,13 +140,16 @@ MISMATCHED_SLOTS_SQL = text(
     """
 WITH expected AS (
     SELECT s.id, s.status AS was, a.id AS allocation_id,
-           CASE a.state WHEN 'pending' THEN 'reserved' ELSE a.state END AS wanted
+           CASE a.state WHEN 'pending' THEN 'reserved' WHEN 'impaired' THEN 'active'
+                        ELSE a.state END AS wanted
     FROM allocation_resource_claims c
     JOIN allocations a ON a.id = c.allocation_id
     JOIN node_resource_slots s ON s.id = c.slot_id
-    WHERE c.state = 'active' AND a.state IN ('pending', 'provisioning', 'active', 'releasing')
+    WHERE c.state = 'active'
+      AND a.state IN ('pending', 'provisioning', 'active', 'impaired', 'releasing')
       AND s.status IN ('available', 'reserved', 'provisioning', 'active', 'releasing', 'cleanup')
-      AND s.status <> CASE a.state WHEN 'pending' THEN 'reserved' ELSE a.state END
+      AND s.status <> CASE a.state WHEN 'pending' THEN 'reserved' WHEN 'impaired' THEN 'active'
+                                   ELSE a.state END
     FOR UPDATE OF s)
 UPDATE node_resource_slots s
 SET status = expected.wanted, generation = s.generation + 1, updated_at = now()
@@ -252,7 +255,7 @@ FROM allocations a
 JOIN nodes n ON n.id = a.node_id
 LEFT JOIN skus s ON s.id = a.sku_id
 WHERE n.hostname = :host AND a.capacity_shape = 'gpu_slice'
-  AND a.state IN ('provisioning', 'active', 'releasing')
+  AND a.state IN ('provisioning', 'active', 'impaired', 'releasing')
 """
 )
 
@@ -261,7 +264,7 @@ NODES_TO_PROBE_SQL = text(
 SELECT DISTINCT n.hostname FROM nodes n
 WHERE n.profile_intent = 'slice_vm' AND (
     EXISTS (SELECT 1 FROM allocations a WHERE a.node_id = n.id
-            AND a.state IN ('provisioning', 'active', 'releasing'))
+            AND a.state IN ('provisioning', 'active', 'impaired', 'releasing'))
     -- Every approved slot too: a stray domain holding an available slot's disk would
     -- otherwise share it with the next tenant unnoticed.
     OR EXISTS (SELECT 1 FROM node_resource_slots s WHERE s.node_id = n.id

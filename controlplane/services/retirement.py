@@ -27,6 +27,7 @@ LIVE_ALLOCATIONS = (
     AllocationState.PENDING,
     AllocationState.PROVISIONING,
     AllocationState.ACTIVE,
+    AllocationState.IMPAIRED,
     AllocationState.RELEASING,
 )
 # A disk in these may still hold a tenant's data: wipe it (with proof) first.

@@ -545,6 +545,9 @@ def repair(session: Session, hostname: str, slot_index: int, reason: str, actor:
     row.status = target
     row.health_state = HealthState.UNKNOWN
     row.health_detail = f"repaired: {reason}"
+    # A person's repair takes the slot out of the remediate flow's hands (remediation.py).
+    row.remediation_allocation_id = None
+    row.remediation_attempts = 0
     _record_operator_action(
         session, node, row, before, audit_trail.Action.SLOTS_REPAIR, reason, actor
     )

@@ -23,6 +23,10 @@ from controlplane.secrets import scrub
 EXCLUSIVE_KINDS = frozenset(
     {NodeTaskKind.HOST_BOOTSTRAP, NodeTaskKind.HOST_NETWORK, NodeTaskKind.STORAGE_TRANSITION}
 )
+# A health check reads the devices a running action may be changing (a provision binding
+# its GPU, a wipe on its disk) and would take that for a fault: it starts only on a node
+# with no host action running, and the health sweep skips the others.
+QUIET_KINDS = frozenset({NodeTaskKind.HOST_HEALTH})
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,11 @@ def refusal(kind: NodeTaskKind, running: Sequence[NodeTaskKind], limit: int) -> 
     when it can. Pure: the admission rule of docs/operations.md, "Concurrency"."""
     if kind in EXCLUSIVE_KINDS and running:
         return f"{kind.value} runs alone and {len(running)} host action(s) are running"
+    if kind in QUIET_KINDS and running:
+        return (
+            f"{kind.value} starts only on a quiet node and {len(running)} host action(s) "
+            "are running"
+        )
     alone = [k for k in running if k in EXCLUSIVE_KINDS]
     if alone:
         return f"{alone[0].value} is running and runs alone"

@@ -29,7 +29,7 @@ from controlplane.repositories import evidence as evidence_repo
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
 from controlplane.secrets import scrub
-from controlplane.services import evidence_trust, tasks
+from controlplane.services import evidence_trust, health, tasks
 
 WIPE_PROOF_SCHEMA = "gpuaas.wipe_proof/v1"
 # How far a host's clock may run ahead of the control plane's when it stamps a proof.
@@ -190,6 +190,11 @@ def record_wipe_proof(
             slot.status = SlotStatus.AVAILABLE
             slot.health_state = HealthState.HEALTHY
             slot.health_detail = f"wiped: evidence {row.id}"
+            # A device still failing its health checks stays out of placement.
+            standing = health.standing_health(session, slot)
+            if standing is not None:
+                slot.health_state, slot.health_detail = standing
+                slot.health_passes = 0
     else:
         slot.status = SlotStatus.CLEANUP_BLOCKED
         slot.health_state = HealthState.FAILED

@@ -87,8 +87,12 @@ def store_gpus_per_category(engine) -> Counter:
         }
         for row in conn.execute(
             text(
-                "SELECT n.id, n.admin_state, n.gpu_count, s.status, s.gpu_count AS slot_gpus"
+                "SELECT n.id, n.admin_state, n.gpu_count, n.health_state AS node_health,"
+                " s.status, s.gpu_count AS slot_gpus, s.health_state, a.state AS holder"
                 " FROM nodes n LEFT JOIN node_resource_slots s ON s.node_id = n.id"
+                " LEFT JOIN allocation_resource_claims c"
+                "   ON c.slot_id = s.id AND c.state = 'active'"
+                " LEFT JOIN allocations a ON a.id = c.allocation_id"
                 " WHERE n.retired_at IS NULL"
             )
         ):
@@ -97,6 +101,14 @@ def store_gpus_per_category(engine) -> Counter:
             elif row.status is None:
                 whole = Category.AVAILABLE if row.admin_state == "available" else Category.DISABLED
                 gpus[whole] += row.gpu_count
+            elif row.holder == "impaired":
+                gpus[Category.IMPAIRED] += row.slot_gpus
+            elif row.status in ("releasing", "cleanup", "cleanup_blocked", "disabled"):
+                gpus[SLOT_CATEGORY[row.status]] += row.slot_gpus
+            elif "failed" in (row.health_state, row.node_health):
+                gpus[Category.FAILED] += row.slot_gpus
+            elif row.health_state == "degraded":
+                gpus[Category.DEGRADED] += row.slot_gpus
             else:
                 gpus[SLOT_CATEGORY[row.status]] += row.slot_gpus
     return gpus
@@ -129,7 +141,58 @@ def fleet(engine, database_url, monkeypatch) -> ControlPlane:
         if ends == "released":
             cp.release(allocation, "test")
     cp.disable_slot("pix00001", 7, "fabric port down", "test")
+    # A health check of the region-2 node: the GPU of a second allocation there gone (it is
+    # impaired), a free slot's GPU gone (failed) and one warning (degraded).
+    impaired = place("h200-sxm-slice", 1, "region-2")
+    cp.transition(impaired, AllocationState.PROVISIONING, "test")
+    cp.transition(impaired, AllocationState.ACTIVE, "test")
+    [held] = [c.slot_index for c in cp.show_allocation(impaired).claims]
+    free = fleet_slot_indexes(engine, "pix00001", "available")
+    cp.record_health(
+        "pix00001",
+        {
+            "schema": "gpuaas.health/v1",
+            "node": "pix00001",
+            "collected_at": "2026-12-01T18:00:00+00:00",
+            "devices_checked": 24,
+            "findings": [
+                health_finding(held, "critical"),
+                health_finding(free[0], "critical"),
+                health_finding(free[1], "warning"),
+            ],
+            "passed": False,
+        },
+        reachable=True,
+        actor="test",
+    )
     return cp
+
+
+def fleet_slot_indexes(engine, host: str, status: str) -> list[int]:
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                text(
+                    "SELECT s.slot_index FROM node_resource_slots s JOIN nodes n"
+                    " ON n.id = s.node_id WHERE n.hostname = :h AND s.status = :s"
+                    " ORDER BY 1"
+                ),
+                {"h": host, "s": status},
+            ).scalars()
+        )
+
+
+def health_finding(slot: int, severity: str) -> dict:
+    return {
+        "code": "gpu_missing" if severity == "critical" else "pcie_link_degraded",
+        "severity": severity,
+        "scope": "device",
+        "device": None,
+        "slots": [slot],
+        "detail": "test",
+        "observed": None,
+        "expected": None,
+    }
 
 
 def test_the_browser_shows_the_stores_counts_and_paints_each_category(fleet, engine, tmp_path):

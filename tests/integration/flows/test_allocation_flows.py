@@ -67,7 +67,9 @@ def slots_of(cp, allocation_id):
     return shown, [s for s in cp.list_slots("j22u15") if s.slot_index in indexes]
 
 
-def test_failed_provision_leaves_failed_allocation_and_cleanup_blocked_slots(approved, engine):
+def test_a_provision_refused_in_preflight_fails_and_its_slots_are_available_at_once(
+    approved, engine
+):
     state = provision_allocation("h200-sxm-slice", 2, IMAGE, USERS, return_state=True)
     assert state.is_failed()
     allocation_id = next(a.id for a in approved.list_allocations())
@@ -78,13 +80,16 @@ def test_failed_provision_leaves_failed_allocation_and_cleanup_blocked_slots(app
         f"placed allocation {allocation_id} on j22u15, slots",
         f"allocation {allocation_id} is provisioning on j22u15",
         "j22u15: Check every precondition before writing anything: failed",
-        f"allocation {allocation_id} failed, its slots are cleanup_blocked",
+        f"allocation {allocation_id} failed before touching its node; its slots are"
+        " available again",
     ):
         assert step in logged, (step, logged)
     shown, slots = slots_of(approved, allocation_id)
     assert shown.state == "failed" and shown.failure_reason
-    assert {s.status for s in slots} == {"cleanup_blocked"}
-    assert all(s.wipe_required for s in slots)
+    # The preflight wrote nothing: the slots return at once, placeable, owing no wipe.
+    assert {s.status for s in slots} == {"available"}
+    assert not any(s.wipe_required for s in slots)
+    assert approved.remediation_pending() == []
     with engine.connect() as conn:
         task = conn.execute(
             text(
@@ -96,6 +101,11 @@ def test_failed_provision_leaves_failed_allocation_and_cleanup_blocked_slots(app
         assert task[0] == "failed" and task[1] and task[2]
         # The node was told the catalog's digest and path, not anything the caller chose.
         assert task[3] == {"path": "/nonexistent/slice.raw", "sha256": IMAGE_DIGEST}
+        progress = conn.execute(
+            text("SELECT provision_progress FROM allocations WHERE id = :a"),
+            {"a": allocation_id},
+        ).scalar_one()
+        assert progress == "nothing_on_host"
         assert (
             conn.execute(
                 text("SELECT count(*) FROM evidence WHERE allocation_id = :a AND NOT passed"),

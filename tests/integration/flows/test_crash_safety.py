@@ -318,7 +318,11 @@ def test_kill_provision_at_each_step_then_reconcile(approved, engine, step):
         assert state == "failed"
         assert reason.startswith("run ") and reason.endswith("ended while provisioning; reconciled")
         assert [slots[i].status for i in claimed] == ["cleanup_blocked"]
-        assert slots[claimed[0]].health_detail == f"allocation {allocation_id} failed: {reason}"
+        # How far the dead run got is unknown: disk_written, left to the remediate flow.
+        assert slots[claimed[0]].health_detail == (
+            f"allocation {allocation_id} failed (disk_written), remediation pending: {reason}"
+        )
+        assert [p.slots for p in approved.remediation_pending()] == [claimed]
         assert task_rows(engine, "disk.wipe") == []
         expected_tasks = {
             "provisioning": [],

@@ -24,6 +24,7 @@ def test_prefect_yaml_declares_every_flow_on_one_process_pool():
         "flows.fleet.discover_topology",
         "flows.fleet.approve_slots",
         "flows.fleet.parity_sweep",
+        "flows.health.health_sweep",
         "flows.sweeps.sweep_batch",
         "flows.fleet.storage_transition",
         "flows.fleet.bootstrap_host",
@@ -32,6 +33,7 @@ def test_prefect_yaml_declares_every_flow_on_one_process_pool():
         "flows.images.prewarm_image",
         "flows.benchmarks.benchmark_compare",
         "flows.reconcile.reconcile",
+        "flows.remediation.remediate",
         "flows.events.publish_events",
     }
     assert {d["work_pool"]["name"] for d in config["deployments"]} == {"gpuaas-process"}
@@ -82,7 +84,9 @@ def test_stack_serves_deployments_and_the_worker_runs_them(tmp_path, monkeypatch
                 d.name: d.job_variables["env"]["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"]
                 for d in client.read_deployments()
             }
-        assert len(heartbeats) == 12 and set(heartbeats.values()) == {"30"}, heartbeats
+        declared = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())["deployments"]
+        assert set(heartbeats) == {d["name"] for d in declared}, heartbeats
+        assert set(heartbeats.values()) == {"30"}, heartbeats
         automations = subprocess.run(
             [prefect_bin(), "automation", "ls"], env=env, capture_output=True, text=True, timeout=60
         )
