@@ -43,6 +43,16 @@ ECHO_PLAYBOOK = """
 """
 
 
+# One host, this machine, reached by the local connection.
+THIS_MACHINE = {
+    "all": {
+        "hosts": {
+            "box": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+        }
+    }
+}
+
+
 def files_containing(root: Path, needles: list[str]) -> list[tuple[str, str]]:
     found = []
     for path in root.rglob("*"):
@@ -76,16 +86,7 @@ def test_runner_keeps_secret_vars_and_environment_out_of_its_artifacts(tmp_path,
     result = run_playbook(
         PlaybookRun(
             playbook=str(playbook),
-            inventory={
-                "all": {
-                    "hosts": {
-                        "box": {
-                            "ansible_connection": "local",
-                            "ansible_python_interpreter": sys.executable,
-                        }
-                    }
-                }
-            },
+            inventory=THIS_MACHINE,
             extravars={
                 "gpuaas_bmc_password": bmc_password,
                 "expected_digest": hashlib.sha256(bmc_password.encode()).hexdigest(),
@@ -240,16 +241,7 @@ def test_a_host_action_does_not_hold_the_prefect_api_credentials(tmp_path, monke
     result = run_playbook(
         PlaybookRun(
             playbook=str(playbook),
-            inventory={
-                "all": {
-                    "hosts": {
-                        "box": {
-                            "ansible_connection": "local",
-                            "ansible_python_interpreter": sys.executable,
-                        }
-                    }
-                }
-            },
+            inventory=THIS_MACHINE,
         ),
         private,
     )
