@@ -4,8 +4,9 @@ Hosts are grouped by region, profile intent and derived posture; each carries th
 variables the roles need: node id, profile (``gpuaas_profile``, what playbooks/bootstrap.yml
 sorts hosts by), slice subnet, bridge and network mode, the approved slots' DHCP
 reservations and VFIO devices and each one's passthrough devices (``gpuaas_slots``, what
-the health probe checks), and when topology evidence exists, the time its newest map was
-collected and its blockers (parity's freshness check). Then the node's own non-secret
+the health probe checks) and the 1 GiB hugepages its available slots need free
+(``gpuaas_hugepages_1g_needed``), and when topology evidence exists, the time its newest map
+was collected and its blockers (parity's freshness check). Then the node's own non-secret
 ``host_vars``; ``ansible_host`` is the management address when known. Given a known-hosts
 file, SSH hosts accept only their pinned keys (docs/trust.md).
 """
@@ -19,12 +20,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from controlplane.enums import EvidenceKind, FabricClaimMode, ProfileIntent, SlotStatus
+from controlplane.enums import (
+    CapacityShape,
+    EvidenceKind,
+    FabricClaimMode,
+    ProfileIntent,
+    SlotStatus,
+)
 from controlplane.hostkeys import HostKey, control_path, ssh_pin_args
-from controlplane.models import Evidence, Node, NodeResourceSlot
+from controlplane.models import Evidence, Node, NodeResourceSlot, Sku
 from controlplane.repositories import capacity
 from controlplane.repositories import host_keys as host_key_repo
 from controlplane.repositories import nodes as node_repo
@@ -97,6 +104,32 @@ def approved_slots(session: Session, node_ids: list[uuid.UUID]) -> dict[uuid.UUI
     return found
 
 
+def hugepages_1g_needed(session: Session, node_ids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
+    """node id -> the 1 GiB hugepages its available slots need free: a slice VM of a
+    hugepage SKU of the node's family takes its memory per GPU (one GPU a slot) in 1 GiB
+    pages (plugins/module_utils/vm_domain.py), so every slot placement may still fill needs
+    the most memory per GPU of those SKUs. Nodes whose family has no such SKU need none."""
+    if not node_ids:
+        return {}
+    memory = (
+        select(func.max(Sku.memory_gib_per_gpu))
+        .where(
+            Sku.node_family == Node.node_family,
+            Sku.enabled.is_(True),
+            Sku.requires_hugepages.is_(True),
+            Sku.capacity_shape == CapacityShape.GPU_SLICE,
+        )
+        .scalar_subquery()
+    )
+    rows = session.execute(
+        select(Node.id, func.count(NodeResourceSlot.id) * memory)
+        .join(NodeResourceSlot, NodeResourceSlot.node_id == Node.id)
+        .where(Node.id.in_(node_ids), NodeResourceSlot.status == SlotStatus.AVAILABLE)
+        .group_by(Node.id)
+    ).all()
+    return {node_id: int(needed) for node_id, needed in rows if needed}
+
+
 def newest_topology_evidence(
     session: Session, node_ids: list[uuid.UUID]
 ) -> dict[uuid.UUID, dict[str, Any]]:
@@ -118,6 +151,7 @@ def host_variables(
     topology: dict[str, Any] | None,
     known_hosts_file: str | None = None,
     pinned: Sequence[HostKey] = (),
+    hugepages_1g: int = 0,
 ) -> dict[str, Any]:
     variables: dict[str, Any] = {
         # The node's identity on the node plane (discovery's map node and MAC seed) is its
@@ -132,6 +166,7 @@ def host_variables(
         "gpuaas_slot_reservations": approved.reservations,
         "gpuaas_vfio_devices": sorted(approved.vfio_devices),
         "gpuaas_slots": approved.slots,
+        "gpuaas_hugepages_1g_needed": hugepages_1g,
     }
     if node.profile_intent in BOOTSTRAP_PROFILES:
         variables["gpuaas_profile"] = BOOTSTRAP_PROFILES[node.profile_intent]
@@ -182,6 +217,7 @@ def build_inventory(
     node_ids = [node.id for node in selected]
     slots = approved_slots(session, node_ids)
     topologies = newest_topology_evidence(session, node_ids)
+    hugepages = hugepages_1g_needed(session, node_ids)
     pinned = host_key_repo.current(session, node_ids) if known_hosts_file else {}
     hosts: dict[str, Any] = {}
     groups: dict[str, dict[str, Any]] = {}
@@ -192,6 +228,7 @@ def build_inventory(
             topologies.get(node.id),
             known_hosts_file,
             pinned.get(node.id, []),
+            hugepages.get(node.id, 0),
         )
         for group in (
             group_name("region", node.region_code),

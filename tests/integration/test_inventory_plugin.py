@@ -15,7 +15,7 @@ from controlplane.api import ControlPlane
 from controlplane.enums import AdminState, HostKeySource
 from controlplane.errors import InvalidInput
 from controlplane.hostkeys import control_path, parse_public_key
-from controlplane.services.inventory import NodeSpec
+from controlplane.services.inventory import NodeSpec, SkuSpec
 from gpuaas_lab.demo import recorded_map
 from tests.unit.test_hostkeys import keygen
 
@@ -135,6 +135,59 @@ def test_inventory_gives_bootstrap_and_parity_what_they_need(engine, cli_env):
     )
     reservations = plain(json.loads(again.stdout))["gpuaas_slot_reservations"]
     assert [r["name"] for r in reservations] == ["j22u15-slot0", "j22u15-slot2"]
+
+
+def hugepage_sku(slug: str, memory_gib_per_gpu: int, **changes) -> SkuSpec:
+    spec = {
+        "display_name": slug,
+        "capacity_shape": "gpu_slice",
+        "node_family": "h200-sxm",
+        "gpu_model": "H200",
+        "allowed_gpu_counts": (1, 2),
+        "memory_gib_per_gpu": memory_gib_per_gpu,
+        "requires_hugepages": True,
+    }
+    return SkuSpec(slug=slug, **{**spec, **changes})
+
+
+def test_inventory_says_how_many_hugepages_the_available_slots_need(engine, cli_env):
+    """Each available slot needs the most memory per GPU of the family's enabled hugepage
+    slice SKUs, in 1 GiB pages; a slot in use, disabled SKUs, other shapes and other
+    families count for nothing."""
+    cp = ControlPlane(engine)
+    slice_tags = ("gpuaas-profile-slice-vm",)
+    cp.register_node(NodeSpec("j22u15", "r1", maas_tags=slice_tags, slice_subnet="10.100.0.0/24"))
+    cp.register_node(
+        NodeSpec(
+            "j22u16",
+            "r1",
+            node_family="b200-sxm",
+            maas_tags=slice_tags,
+            slice_subnet="10.100.0.0/24",
+        )
+    )
+    cp.import_topology("j22u15", recorded_map("j22u15"), "test")
+    cp.approve_slots("j22u15", [0, 1, 2], "test")
+    cp.define_sku(hugepage_sku("h200-hp-96", 96))
+    cp.define_sku(hugepage_sku("h200-hp-64", 64))
+    cp.define_sku(hugepage_sku("b200-hp-180", 180, node_family="b200-sxm"))
+    cp.define_sku(hugepage_sku("h200-bm-hp", 256, capacity_shape="baremetal"))
+
+    def needed() -> dict[str, int]:
+        proc = ansible(
+            "ansible-inventory", "-i", "inventories/controlplane.yml", "--list", env=cli_env
+        )
+        assert proc.returncode == 0, proc.stderr
+        hostvars = plain(json.loads(proc.stdout))["_meta"]["hostvars"]
+        return {host: hostvars[host]["gpuaas_hugepages_1g_needed"] for host in hostvars}
+
+    assert needed() == {"j22u15": 3 * 96, "j22u16": 0}
+    cp.define_sku(hugepage_sku("h200-hp-200", 200))
+    cp.disable_slot("j22u15", 1, "bad riser", "test")
+    assert needed() == {"j22u15": 2 * 200, "j22u16": 0}
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE skus SET enabled = false WHERE slug = 'h200-hp-200'")
+    assert needed() == {"j22u15": 2 * 96, "j22u16": 0}
 
 
 def test_ssh_hosts_accept_only_their_pinned_keys(engine, cli_env, tmp_path):

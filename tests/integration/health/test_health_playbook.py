@@ -90,3 +90,30 @@ def test_bad_slots_fail_the_host_with_a_clear_error(tree, tmp_path):
     )
     assert run.rc != 0
     assert "gpu_pci_address '43:00.0' is not a PCI address" in run.task(TASK)["msg"]
+
+
+@pytest.mark.parametrize(
+    ("override", "short"), [(None, True), (0, False)], ids=["from-inventory", "overridden"]
+)
+def test_free_hugepages_are_checked_against_what_the_inventory_says_the_skus_need(
+    tree, tmp_path, override, short
+):
+    """The tree has 1024 free 1 GiB pages; the control-plane inventory says its slots need
+    1100 (gpuaas_hugepages_1g_needed), unless the role's own variable says otherwise."""
+    bin_dir = recorded_nvme(tmp_path / "bin", "none")
+    env = ansible_environment()
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    variables = {
+        "gpuaas_topology_root": str(tree),
+        "gpuaas_node_id": "j22u15",
+        "gpuaas_hugepages_1g_needed": 1100,
+        "slice_health_slots": healthtrees.slots(tree),
+        "slice_health_nvidia_tools": False,
+    }
+    if override is not None:
+        variables["slice_health_hugepages_1g_needed"] = override
+    run = run_playbook("health.yml", variables, tmp_path, env)
+    assert run.rc == 0, run.failures()
+    findings = [(f["code"], f["detail"]) for f in run.task(TASK)["health"]["findings"]]
+    expected = [("hugepages_short", "1024 free 1g hugepages, the node's SKUs need 1100")]
+    assert findings == (expected if short else [])
