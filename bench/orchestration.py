@@ -248,6 +248,7 @@ def real_vm_cycles(cp: ControlPlane, engine: Engine, root: Path, args: argparse.
 
 
 def burst(cp: ControlPlane, engine: Engine, root: Path, args: argparse.Namespace) -> None:
+    from controlplane.models import DEFAULT_PROJECT
     from controlplane.services.requests import allocation_id_for
     from flows.allocation import provision_allocation
     from flows.fleet import approve_slots, discover_topology
@@ -300,7 +301,9 @@ def burst(cp: ControlPlane, engine: Engine, root: Path, args: argparse.Namespace
             list(pool.map(one, range(args.allocations)))
         wall = time.perf_counter() - start
         splits = [
-            split(engine, str(allocation_id_for(request, None)), "slice.vm_provision", b, e)
+            split(
+                engine, str(allocation_id_for(request, DEFAULT_PROJECT)), "slice.vm_provision", b, e
+            )
             for request, b, e in runs
         ]
         with engine.connect() as conn:

@@ -269,11 +269,10 @@ class ControlPlane:
         """Place once per request id: a repeated request (a retry, a second client call)
         returns the allocation the first one placed (``replayed``), never a second one.
         ``flow_run_id`` names the run driving the allocation, if it has none yet."""
-        request = dataclasses.replace(
-            request, allocation_id=requests.allocation_id_for(request_id, request.project_id)
-        )
+        ids = requests.allocation_ids_for(request_id, request)
+        request = dataclasses.replace(request, allocation_id=ids[0])
         with db.transaction(self.engine) as session:
-            placed = requests.replay(session, request.allocation_id, request.sku, request.gpu_count)
+            placed = requests.replay(session, ids, request.sku, request.gpu_count)
         if placed is None:
             try:
                 fresh = self.scheduler.place(request)
@@ -283,7 +282,7 @@ class ControlPlane:
                 # A concurrent attempt of the same request committed first.
                 with db.transaction(self.engine) as session:
                     placed = requests.replay(
-                        session, request.allocation_id, request.sku, request.gpu_count
+                        session, (request.allocation_id,), request.sku, request.gpu_count
                     )
             else:
                 if isinstance(fresh, Unavailable):
@@ -291,7 +290,7 @@ class ControlPlane:
                 placed = requests.PlacedRequest.fresh(fresh, None)
         if flow_run_id and not placed.flow_run_id:
             with db.transaction(self.engine) as session:
-                allocations.set_flow_run(session, request.allocation_id, flow_run_id)
+                allocations.set_flow_run(session, uuid.UUID(placed.allocation_id), flow_run_id)
             placed = dataclasses.replace(placed, flow_run_id=flow_run_id)
         return placed
 

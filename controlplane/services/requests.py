@@ -1,21 +1,23 @@
 """Client requests: a request id places at most one allocation, however often it is sent.
 
-The allocation id is derived from the request id (scoped by project), so the allocations
-primary key refuses a second allocation for the same request; an attempt that finds the
-allocation already there replays it instead of placing again (docs/architecture.md,
-"Placement").
+The allocation id is derived from the request id (scoped by project, named as the
+scheduler names it: no project is the default one), so the allocations primary key refuses
+a second allocation for the same request; an attempt that finds the allocation already
+there replays it instead of placing again (docs/architecture.md, "Placement").
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from controlplane.errors import Conflict, NotFound
-from controlplane.scheduler.placement import Placement
+from controlplane.models import DEFAULT_PROJECT
+from controlplane.scheduler.placement import Placement, PlacementRequest, project_of
 from controlplane.services import allocations
 
 # Fixed forever: allocation ids already derived from request ids depend on it.
@@ -80,18 +82,35 @@ class PlacedRequest:
         }
 
 
-def allocation_id_for(request_id: str, project_id: str | None) -> uuid.UUID:
-    return uuid.uuid5(REQUEST_NAMESPACE, f"{project_id or ''}/{request_id}")
+def allocation_id_for(request_id: str, project: str) -> uuid.UUID:
+    """The allocation id of ``request_id`` in ``project`` (a project id, never None)."""
+    return uuid.uuid5(REQUEST_NAMESPACE, f"{project}/{request_id}")
+
+
+def allocation_ids_for(request_id: str, request: PlacementRequest) -> tuple[uuid.UUID, ...]:
+    """The id a request places its allocation under, then the one an earlier derivation
+    may have stored it under: a request naming no project was once keyed by an empty
+    project, and still replays the allocation it placed then."""
+    project = project_of(request)
+    ids = (allocation_id_for(request_id, project),)
+    if project == DEFAULT_PROJECT:
+        ids += (uuid.uuid5(REQUEST_NAMESPACE, f"/{request_id}"),)
+    return ids
 
 
 def replay(
-    session: Session, allocation_id: uuid.UUID, sku: str, gpu_count: int
+    session: Session, allocation_ids: Sequence[uuid.UUID], sku: str, gpu_count: int
 ) -> PlacedRequest | None:
-    """The placement an earlier attempt of the same request committed, if any; a request
-    id reused for a different SKU or size is refused."""
-    try:
-        shown = allocations.allocation_view(session, allocation_id)
-    except NotFound:
+    """The placement an earlier attempt of the same request committed under one of
+    ``allocation_ids`` (the first found), if any; a request id reused for a different SKU
+    or size is refused."""
+    for allocation_id in allocation_ids:
+        try:
+            shown = allocations.allocation_view(session, allocation_id)
+            break
+        except NotFound:
+            continue
+    else:
         return None
     if (shown.sku, shown.gpu_count) != (sku, gpu_count):
         raise Conflict(

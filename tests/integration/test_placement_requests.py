@@ -12,7 +12,7 @@ from sqlalchemy import text
 from controlplane.api import ControlPlane
 from controlplane.errors import Conflict
 from controlplane.scheduler.placement import Placement, PlacementRequest, Unavailable
-from controlplane.services.requests import PlacedRequest, allocation_id_for
+from controlplane.services.requests import REQUEST_NAMESPACE, PlacedRequest, allocation_id_for
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
 
 SLICE = "h200-sxm-slice"
@@ -100,4 +100,31 @@ def test_concurrent_attempts_of_one_request_place_one_allocation(cp, engine):
     assert errors == []
     assert {a.allocation_id for a in answers} == {str(allocation_id_for("racy", "p1"))}
     assert sum(not a.replayed for a in answers) == 1
+    assert allocations(engine) == 1
+
+
+@pytest.mark.parametrize("first_project, then_project", [(None, "default"), ("default", None)])
+def test_a_request_id_is_one_allocation_however_the_default_project_is_spelled(
+    cp, engine, first_project, then_project
+):
+    first = cp.place_request(request(1, first_project), "r-43")
+    again = cp.place_request(request(1, then_project), "r-43")
+    assert not first.replayed and again.replayed
+    assert again.allocation_id == first.allocation_id == str(allocation_id_for("r-43", "default"))
+    assert allocations(engine) == 1
+
+
+@pytest.mark.parametrize("project", [None, "default"])
+def test_a_request_stored_before_the_project_was_normalised_still_replays(cp, engine, project):
+    # The id a request naming no project was given then: the project left empty.
+    stored = uuid.uuid5(REQUEST_NAMESPACE, "/r-old")
+    placed = cp.place(
+        PlacementRequest(sku=SLICE, gpu_count=1, requested_by="t", allocation_id=stored)
+    )
+    assert isinstance(placed, Placement)
+
+    again = cp.place_request(request(1, project), "r-old", flow_run_id="run-c")
+    assert again.replayed and again.allocation_id == str(stored)
+    assert again.flow_run_id == "run-c"
+    assert cp.show_allocation(stored).runtime_metadata["flow_run_id"] == "run-c"
     assert allocations(engine) == 1
