@@ -12,7 +12,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import select, text, union
 from sqlalchemy.orm import Session
 
 from controlplane.enums import CapacityShape, ProjectState
@@ -254,6 +254,54 @@ def retire(
     return _view(session, project, True), True
 
 
+def known_regions(session: Session) -> set[str]:
+    """The regions a node that is not retired is registered in."""
+    return set(session.scalars(select(Node.region_code).where(Node.retired_at.is_(None))))
+
+
+def known_node_families(session: Session) -> set[str]:
+    """The node families of the catalog's SKUs and of nodes that are not retired."""
+    return set(
+        session.scalars(
+            union(
+                select(Sku.node_family),
+                select(Node.node_family).where(Node.retired_at.is_(None)),
+            )
+        )
+    )
+
+
+def checked_policy(
+    values: list[str] | None, label: str, known: set[str], unknown_means: str
+) -> list[str] | None:
+    """``values`` sorted without repeats, refused when one is empty or unknown
+    (``unknown_means``: why, of the unknown ones), or when there are none (a policy
+    allowing nothing places nowhere); None stays None (any)."""
+    if values is None:
+        return None
+    code, option = label.replace(" ", "_"), label.split()[-1]
+    if not values:
+        raise InvalidInput(
+            f"invalid_{code}",
+            f"a project's policy of no {label} at all places nowhere; name the {label}s it "
+            f"may use, or no --{option} for any {label}",
+        )
+    if any(not value.strip() for value in values):
+        raise InvalidInput(
+            f"invalid_{code}",
+            f"a project's policy cannot allow an empty {label}; name the {label}s it may "
+            f"use, or no --{option} for any {label}",
+        )
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise InvalidInput(
+            f"unknown_{code}",
+            f"{unknown_means} {' or '.join(unknown)} (known: {', '.join(sorted(known)) or 'none'})",
+            {"unknown": unknown, "known": sorted(known)},
+        )
+    return sorted(set(values))
+
+
 def set_policy(
     session: Session,
     project_id: str,
@@ -264,12 +312,18 @@ def set_policy(
 ) -> tuple[ProjectView, bool]:
     """Keep the project to these regions and node families (None: any); a placement
     outside them is refused before any lock (``policy_denied``). Running allocations
-    elsewhere are not touched."""
+    elsewhere are not touched. An empty or unknown region or family, or an empty list,
+    is refused: such a policy would place nowhere."""
     reason = audit_trail.optional_reason(reason)
     project = _get(session, project_id, for_update=True)
     wanted = (
-        sorted(set(regions)) if regions is not None else None,
-        sorted(set(node_families)) if node_families is not None else None,
+        checked_policy(regions, "region", known_regions(session), "no node is registered in"),
+        checked_policy(
+            node_families,
+            "node family",
+            known_node_families(session),
+            "no SKU or node is of family",
+        ),
     )
     before = (project.allowed_regions, project.allowed_node_families)
     if before == wanted:

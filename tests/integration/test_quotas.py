@@ -241,8 +241,10 @@ def test_a_policy_overlay_refuses_before_any_lock_and_keeps_requests_inside(cp, 
     for _ in range(3):
         placed = place(cp, 8)
         assert isinstance(placed, Placement) and placed.hostname.startswith("qb")
-    view, _ = cp.set_project_policy("acme", None, ["some-other-family"])
-    assert view.allowed_regions is None and view.allowed_node_families == ("some-other-family",)
+    # A family the policy may name is one the store knows: here, of a node registered.
+    create_fleet(engine, FleetSpec(nodes=1, prefix="qc", family="b200", mac_base=2000))
+    view, _ = cp.set_project_policy("acme", None, ["b200"])
+    assert view.allowed_regions is None and view.allowed_node_families == ("b200",)
     family = place(cp, 1)
     assert (family.code, family.reason) == ("policy_denied", "node_family")
     assert "may not use node family h200-sxm" in family.message
