@@ -445,9 +445,11 @@ class ControlPlane:
         *,
         actor: str = audit_trail.DIRECT_CALLER,
         reason: str | None = None,
+        with_live_allocations: bool = False,
     ) -> tuple[projects.ProjectView, bool]:
+        """Retire a project; one holding live allocations only ``with_live_allocations``."""
         with db.transaction(self.engine) as session:
-            return projects.retire(session, project_id, actor, reason)
+            return projects.retire(session, project_id, actor, reason, with_live_allocations)
 
     def set_project_policy(
         self,

@@ -453,5 +453,13 @@ def render_project(result: dict[str, Any]) -> None:
             f"  reservation {r['id']}: {r['gpus']} {r['sku']} GPUs in {r['region']}{until} "
             f"on {', '.join(r['nodes'])} ({r['free_gpus']} of {r['held_gpus']} free)"
         )
+    running = project.get("kept_running", [])
+    if running:
+        gpus = sum(a["gpu_count"] for a in running)
+        out.print(
+            f"  still running: {len(running)} allocation{'s' if len(running) > 1 else ''} "
+            f"of {gpus} GPUs: "
+            + ", ".join(f"{a['id']} ({a['sku']} x{a['gpu_count']} on {a['node']})" for a in running)
+        )
     if "changed" in result and not result["changed"]:
         out.print("  (unchanged)")

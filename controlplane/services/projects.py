@@ -1,24 +1,26 @@
 """Projects and their quotas (docs/store-invariants.md, "Projects, quotas and policy").
 
 A project is created once, lists its quotas with what they hold now, and is retired for
-good (its allocations keep their history; it places nothing new). A quota's usage is the
-store's (triggers on the claims); this module sets and removes limits only.
+good (its allocations keep their history; it places nothing new; one that still holds
+live allocations only when asked to leave them running). A quota's usage is the store's
+(triggers on the claims); this module sets and removes limits only.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from sqlalchemy import select, text, union
 from sqlalchemy.orm import Session
 
 from controlplane.enums import CapacityShape, ProjectState
-from controlplane.errors import GpuaasError, InvalidInput
+from controlplane.errors import Conflict, GpuaasError, InvalidInput
 from controlplane.models import (
     DEFAULT_PROJECT,
+    Allocation,
     Node,
     Project,
     ProjectQuota,
@@ -28,6 +30,7 @@ from controlplane.models import (
 )
 from controlplane.scheduler.quotas import QuotaRow
 from controlplane.services import audit_trail
+from controlplane.services.retirement import LIVE_ALLOCATIONS
 
 PROJECT_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 # A project's reservations: their nodes and the GPUs free on them now.
@@ -85,6 +88,14 @@ class ReservationView:
 
 
 @dataclass(frozen=True)
+class LiveAllocation:
+    id: str
+    sku: str
+    gpu_count: int
+    node: str | None
+
+
+@dataclass(frozen=True)
 class ProjectView:
     id: str
     name: str
@@ -95,12 +106,15 @@ class ProjectView:
     allowed_node_families: tuple[str, ...] | None = None
     quotas: tuple[QuotaRow, ...] = ()
     reservations: tuple[ReservationView, ...] = ()
+    # The live allocations a retirement left running (only in what ``retire`` returns).
+    kept_running: tuple[LiveAllocation, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
             **asdict(self),
             "quotas": [asdict(q) for q in self.quotas],
             "reservations": [asdict(r) for r in self.reservations],
+            "kept_running": [asdict(a) for a in self.kept_running],
         }
 
 
@@ -228,17 +242,51 @@ def show(session: Session, project_id: str) -> ProjectView:
     return _view(session, _get(session, project_id), True)
 
 
+def live_allocations(session: Session, project_id: str) -> tuple[LiveAllocation, ...]:
+    rows = session.execute(
+        select(Allocation.id, Sku.slug, Allocation.gpu_count, Node.hostname)
+        .join(Sku, Sku.id == Allocation.sku_id)
+        .outerjoin(Node, Node.id == Allocation.node_id)
+        .where(Allocation.project_id == project_id, Allocation.state.in_(LIVE_ALLOCATIONS))
+        .order_by(Allocation.id)
+    ).all()
+    return tuple(LiveAllocation(str(r.id), r.slug, r.gpu_count, r.hostname) for r in rows)
+
+
 def retire(
-    session: Session, project_id: str, actor: str, reason: str | None = None
+    session: Session,
+    project_id: str,
+    actor: str,
+    reason: str | None = None,
+    with_live_allocations: bool = False,
 ) -> tuple[ProjectView, bool]:
-    """Retire for good: nothing new is placed for it; its allocations keep running and
-    keep their history (release them as usual)."""
+    """Retire for good: nothing new is placed for it; its allocations keep their history
+    (release them as usual). Refused while it holds live allocations unless
+    ``with_live_allocations`` (and a reason): they keep running, and the answer
+    (``kept_running``) and the audit row name them."""
     reason = audit_trail.optional_reason(reason)
     if project_id == DEFAULT_PROJECT:
         raise InvalidInput("default_project", "the default project serves callers that name none")
     project = _get(session, project_id, for_update=True)
     if project.state is ProjectState.RETIRED:
         return _view(session, project, True), False
+    # The scheduler reads the project's state without a lock: a placement that read it
+    # active just before this can still commit after the count (docs/store-invariants.md,
+    # "Projects, quotas and policy").
+    live = live_allocations(session, project.id)
+    running = {"allocations": [a.id for a in live], "gpus": sum(a.gpu_count for a in live)}
+    if live and not with_live_allocations:
+        raise Conflict(
+            "project_has_live_allocations",
+            f"project {project.id} holds {len(live)} live allocation(s) of "
+            f"{running['gpus']} GPU(s); release them first, or retire it leaving them "
+            "running (--with-live-allocations and a reason)",
+            running,
+        )
+    if live:
+        reason = audit_trail.required_reason(
+            reason, "retiring a project that holds live allocations"
+        )
     project.state = ProjectState.RETIRED
     project.retired_at = dt.datetime.now(dt.UTC)
     session.flush()
@@ -250,8 +298,9 @@ def retire(
         reason,
         before={"state": ProjectState.ACTIVE.value},
         after={"state": project.state.value},
+        **({"kept_running": running} if live else {}),
     )
-    return _view(session, project, True), True
+    return replace(_view(session, project, True), kept_running=live), True
 
 
 def known_regions(session: Session) -> set[str]:

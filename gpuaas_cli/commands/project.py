@@ -61,13 +61,29 @@ def project_show(project_id: str, as_json: JsonFlag = False) -> None:
 
 @app.command("retire")
 def project_retire(
-    project_id: str, reason: OptionalReasonOpt = None, as_json: JsonFlag = False
+    project_id: str,
+    with_live_allocations: Annotated[
+        bool,
+        typer.Option(
+            "--with-live-allocations",
+            help="Retire it although it holds live allocations, which keep running "
+            "(needs --reason).",
+        ),
+    ] = False,
+    reason: OptionalReasonOpt = None,
+    as_json: JsonFlag = False,
 ) -> None:
     """Retire a project for good: it places nothing new; its allocations keep their
-    history (release them as usual)."""
+    history (release them as usual). Refused while it holds live allocations unless
+    --with-live-allocations, and then it names those that keep running."""
     change_project(
         as_json,
-        lambda: control_plane().retire_project(project_id, actor=actor(), reason=reason),
+        lambda: control_plane().retire_project(
+            project_id,
+            actor=actor(),
+            reason=reason,
+            with_live_allocations=with_live_allocations,
+        ),
     )
 
 

@@ -396,4 +396,11 @@ def test_projects_and_quotas_from_the_command_line(registered):
         held.stdout + held.stderr
     )
     assert error_json(env, *reserve, "--gpus", "3")["code"] == "quota_exceeded"
-    assert ok_json(env, "project", "retire", "acme")["project"]["state"] == "retired"
+    # acme still holds its 2 GPUs: retired only when asked to leave them running.
+    refused = error_json(env, "project", "retire", "acme")
+    assert (refused["code"], refused["details"]["gpus"]) == ("project_has_live_allocations", 2)
+    retired = ok_json(
+        env, "project", "retire", "acme", "--with-live-allocations", "--reason", "offboarded"
+    )["project"]
+    assert retired["state"] == "retired"
+    assert [a["gpu_count"] for a in retired["kept_running"]] == [2]

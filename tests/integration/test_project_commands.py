@@ -1,14 +1,18 @@
 """Project commands as an operator meets them (real PostgreSQL, the CLI in a real process):
-bad input is refused with its code and one sentence, changing nothing
-(docs/store-invariants.md, "Projects, quotas and policy")."""
+bad input is refused with its code and one sentence, changing nothing; a project that
+holds live allocations is retired only when asked to leave them running, and then says
+which (docs/store-invariants.md, "Projects, quotas and policy")."""
 
 from __future__ import annotations
+
+import getpass
 
 import pytest
 from sqlalchemy import text
 
 from controlplane.api import ControlPlane
-from controlplane.errors import InvalidInput
+from controlplane.errors import Conflict, InvalidInput
+from controlplane.scheduler.placement import Placement, PlacementRequest
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
 from tests.integration.test_cli import error_json, gpuaas, ok_json
 
@@ -32,6 +36,14 @@ def operator_actions(engine) -> list[dict]:
                 text("SELECT payload FROM evidence WHERE kind = 'operator_action' ORDER BY id")
             )
         )
+
+
+def place(cp: ControlPlane, gpus: int, project: str = "acme") -> Placement:
+    placed = cp.place(
+        PlacementRequest(sku=SLICE, gpu_count=gpus, project_id=project, requested_by="t")
+    )
+    assert isinstance(placed, Placement)
+    return placed
 
 
 @pytest.mark.parametrize(
@@ -85,3 +97,77 @@ def test_the_cli_refuses_an_empty_region_in_one_sentence(cp, cli_env):
     unknown = error_json(cli_env, "project", "policy", "acme", "--family", "nosuch")
     assert unknown["code"] == "unknown_node_family"
     assert ok_json(cli_env, "project", "show", "acme")["allowed_regions"] == ["region-a"]
+
+
+def test_retiring_a_project_with_live_allocations_is_refused_and_changes_nothing(cp, engine):
+    held = [place(cp, 8), place(cp, 2)]
+    trail = operator_actions(engine)
+    with pytest.raises(Conflict) as refused:
+        cp.retire_project("acme", actor="t", reason="offboarded")
+    assert refused.value.code == "project_has_live_allocations"
+    assert refused.value.details == {
+        "allocations": sorted(str(p.allocation_id) for p in held),
+        "gpus": 10,
+    }
+    assert "holds 2 live allocation(s) of 10 GPU(s)" in refused.value.message
+    assert cp.show_project("acme").state == "active"
+    assert operator_actions(engine) == trail
+    # Asked for explicitly, it needs a reason.
+    with pytest.raises(InvalidInput) as unexplained:
+        cp.retire_project("acme", actor="t", with_live_allocations=True)
+    assert unexplained.value.code == "reason_required"
+    assert cp.show_project("acme").state == "active"
+
+
+def test_a_project_whose_allocations_ended_retires_as_before(cp):
+    placed = place(cp, 1)
+    cp.release(placed.allocation_id, "t")
+    view, changed = cp.retire_project("acme", actor="t")
+    assert changed and view.state == "retired" and view.kept_running == ()
+
+
+def test_retiring_with_live_allocations_says_what_keeps_running_and_records_it(cp, engine):
+    held = sorted([place(cp, 8), place(cp, 2)], key=lambda p: str(p.allocation_id))
+    view, changed = cp.retire_project(
+        "acme", actor="ops", reason="contract ended", with_live_allocations=True
+    )
+    assert changed and view.state == "retired"
+    assert [(a.id, a.gpu_count, a.node) for a in view.kept_running] == [
+        (str(p.allocation_id), p.gpu_count, p.hostname) for p in held
+    ]
+    [row] = operator_actions(engine)[-1:]
+    assert (row["action"], row["reason"]) == ("project.retire", "contract ended")
+    assert row["subject"]["kept_running"] == {
+        "allocations": [str(p.allocation_id) for p in held],
+        "gpus": 10,
+    }
+    # Again: already retired, nothing to do, nothing recorded.
+    trail = operator_actions(engine)
+    assert cp.retire_project("acme", actor="ops")[1] is False
+    assert operator_actions(engine) == trail
+
+
+def test_the_cli_refuses_then_retires_naming_what_keeps_running(cp, cli_env, engine):
+    placed = place(cp, 8)
+    refused = gpuaas(cli_env, "project", "retire", "acme", "--reason", "offboarded")
+    assert refused.returncode == 1
+    sentence = " ".join(refused.stderr.split())
+    assert sentence.startswith("error project_has_live_allocations: project acme holds 1 live")
+    assert "--with-live-allocations" in sentence
+    retired = gpuaas(
+        cli_env, "project", "retire", "acme", "--with-live-allocations", "--reason", "offboarded"
+    )
+    assert retired.returncode == 0, retired.stdout + retired.stderr
+    assert "project acme (acme): retired since" in retired.stdout
+    assert (
+        f"  still running: 1 allocation of 8 GPUs: {placed.allocation_id} "
+        f"({SLICE} x8 on {placed.hostname})" in retired.stdout
+    )
+    with engine.connect() as conn:
+        actor, action, reason = conn.execute(
+            text(
+                "SELECT recorded_by, payload->>'action', payload->>'reason' FROM evidence"
+                " WHERE kind = 'operator_action' ORDER BY id DESC LIMIT 1"
+            )
+        ).one()
+    assert (actor, action, reason) == (f"cli:{getpass.getuser()}", "project.retire", "offboarded")
