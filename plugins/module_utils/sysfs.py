@@ -31,6 +31,9 @@ VFIO_DRIVER = "vfio-pci"
 DRIVERCTL_DIR = "/etc/driverctl.d"
 IOMMU_CMDLINE_ARGS = ("intel_iommu=on", "amd_iommu=on", "amd_iommu=force_isolation")
 HUGEPAGES_1G = "/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages"
+# The 1 GiB pool as reserved (free or held by running VMs): what placement weighs a
+# hugepage SKU against, since a map collected while VMs run shows fewer free.
+HUGEPAGES_1G_TOTAL = "/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages"
 REBOOT_REQUIRED_FILES = ("/run/reboot-required", "/var/run/reboot-required")
 
 
@@ -266,6 +269,7 @@ def host_virtualization(host):
         "cmdline_iommu": cmdline_has_iommu(cmdline),
         "vfio_modules": [m for m in VFIO_MODULES if m in modules],
         "hugepages_1g_free": host.read_int(HUGEPAGES_1G, default=0),
+        "hugepages_1g_total": host.read_int(HUGEPAGES_1G_TOTAL, default=0),
         "reboot_required": bool(reboot_flag or pending_args),
         "reboot_pending_args": pending_args,
     }

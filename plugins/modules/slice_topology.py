@@ -124,8 +124,9 @@ topology:
       type: str
       returned: always
     host:
-      description: KVM, IOMMU groups, IOMMU kernel argument, VFIO modules, free 1 GiB
-        hugepages and whether a reboot is pending.
+      description: KVM, IOMMU groups, IOMMU kernel argument, VFIO modules, 1 GiB
+        hugepages free and in total (the pool placement weighs a hugepage SKU against)
+        and whether a reboot is pending.
       type: dict
       returned: always
     gpus:

@@ -327,6 +327,23 @@ def test_staged_kernel_arguments_mean_reboot_required(spec_tree, discover_offlin
     assert reboot["severity"] == "advisory"
 
 
+def test_the_hugepage_pool_is_reported_whole_and_free(spec_tree, discover_offline):
+    """Placement weighs a hugepage SKU against the whole 1 GiB pool: a map collected while
+    VMs hold part of it shows fewer free (hosttrees.HUGEPAGE_1G_DIR)."""
+    spec = dataclasses.replace(hosttrees.clean_host("j22u15"), hugepages_1g_free=512)
+    root = spec_tree(spec)
+    found = discover_offline(root)
+    assert (found["host"]["hugepages_1g_total"], found["host"]["hugepages_1g_free"]) == (512, 512)
+    (root / hosttrees.HUGEPAGE_1G_DIR / "free_hugepages").write_text("128\n")
+    running = discover_offline(root)
+    assert (running["host"]["hugepages_1g_total"], running["host"]["hugepages_1g_free"]) == (
+        512,
+        128,
+    )
+    (root / hosttrees.HUGEPAGE_1G_DIR / "nr_hugepages").unlink()
+    assert discover_offline(root)["host"]["hugepages_1g_total"] == 0
+
+
 def test_disk_without_by_id_has_no_stable_identity(spec_tree, discover_offline, blocker_codes):
     spec = hosttrees.clean_host("j22u15")
     disks = tuple(
