@@ -122,6 +122,38 @@ class RestartingStoreWait:
                 return connection
 
 
+def connection_url(pgconn: object) -> str | None:
+    """Where libpq tried to connect, as a URL without a password: rebuilt from the
+    connection rather than from the URL given, which may carry one in its query."""
+    try:
+        user, host, port, database = (
+            (getattr(pgconn, name) or b"").decode(errors="replace")
+            for name in ("user", "host", "port", "db")
+        )
+    except (AttributeError, psycopg.Error):
+        return None
+    if host.startswith("/"):
+        port_query = "" if port == "5432" else f"&port={port}"
+        return f"postgresql://{user}@/{database}?host={host}{port_query}"
+    address = f"[{host}]" if ":" in host else host
+    return f"postgresql://{user}@{address}:{port}/{database}"
+
+
+def store_unreachable(error: Exception) -> GpuaasError:
+    """A store out of reach (nothing listening, or a server refusing the login or the
+    database) as one sentence: where, libpq's reason without its hints, what to check."""
+    url = connection_url(getattr(error, "pgconn", None))
+    first_line = (str(error).splitlines() or [type(error).__name__])[0]
+    reason = first_line.rpartition("failed: ")[2].removeprefix("FATAL:").strip()
+    return GpuaasError(
+        "database_unavailable",
+        f"cannot reach the store{f' at {url}' if url else ''} ({reason}): check that "
+        f"PostgreSQL runs there and that {DATABASE_URL_ENV} names its host, port, database, "
+        "user and password",
+        {"url": url, "reason": reason},
+    )
+
+
 # What a statement meets in a database whose schema is missing or behind the code.
 SCHEMA_BEHIND = (
     psycopg.errors.UndefinedTable,

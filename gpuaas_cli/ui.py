@@ -106,11 +106,9 @@ def ui_store(demo: bool) -> tuple[str, str | None]:
                 "demo_not_run",
                 f"the embedded PostgreSQL has no {demo_database} database: run `make demo` first",
             )
-        store_url, prefect_database = cluster.url(demo_database), None
+        store_url = cluster.url(demo_database)
     else:
-        configured = os.environ.get(db.DATABASE_URL_ENV)
         store_url = store.store_url()
-        prefect_database = prefect_database_url(store_url) if configured else None
     engine = db.create(store_url, pool_size=1)
     try:
         current, head = migrate.current_revision(engine), migrate.head_revision()
@@ -124,4 +122,7 @@ def ui_store(demo: bool) -> tuple[str, str | None]:
             + ("" if demo else " (or `gpuaas ui --demo` to open the demo's fleet)"),
             {"database": make_url(store_url).database, "revision": current, "head": head},
         )
-    return store_url, prefect_database
+    # Only next to a store reached and current: a wrong database name creates no
+    # Prefect database on the server.
+    configured = not demo and os.environ.get(db.DATABASE_URL_ENV)
+    return store_url, prefect_database_url(store_url) if configured else None

@@ -15,10 +15,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
+import psycopg
 import typer
 from rich.console import Console
 from sqlalchemy.exc import OperationalError
 
+from controlplane import db
 from controlplane.errors import GpuaasError, InvalidInput
 from gpuaas_cli.render import jsonable, out
 from gpuaas_cli.store import control_plane
@@ -78,7 +80,11 @@ def error_contract(as_json: bool) -> Iterator[None]:
     except GpuaasError as error:
         fail(error, as_json)
     except OperationalError as exc:
-        fail(GpuaasError("database_unavailable", f"cannot reach the database: {exc.orig}"), as_json)
+        fail(db.store_unreachable(exc.orig), as_json)
+    except psycopg.OperationalError as exc:
+        # Connections of psycopg's own, not an engine's: Prefect's database next to the
+        # store, the embedded PostgreSQL's administration.
+        fail(db.store_unreachable(exc), as_json)
 
 
 def run(as_json: bool, action: Callable[[], Any], render: Callable[[Any], None]) -> None:

@@ -14,5 +14,4 @@ app = typer.Typer()
 def demo_command() -> None:
     """Run the end-to-end demo on the configured (default: embedded) database."""
     with error_contract(False):
-        demo = import_lab("demo")
-    demo.main()
+        import_lab("demo").main()

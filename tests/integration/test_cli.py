@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from importlib import resources
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
 from controlplane.api import ControlPlane
+from gpuaas_lab.ports import free_port
 from gpuaas_lab.slicehost import unavailable_reason
 from tests.integration.wipe_proofs import pin_node_key, sign, wipe_proof
 
@@ -207,6 +211,102 @@ def test_unreachable_database_is_a_clear_error(tmp_path):
     }
     error = error_json(env, "node", "list")
     assert error["code"] == "database_unavailable"
+    assert error["message"].startswith(
+        f"cannot reach the store at postgresql://nobody@/gpuaas?host={tmp_path} ("
+    )
+
+
+# One command of each command group that acts on the store (gpuaas_cli/app.py), the fleet
+# picture among them. ``lab fleet up`` is left out: it starts its hosts before it reaches
+# the store, and ends through the same error contract (``run``) as the others.
+STORE_COMMANDS = [
+    ("db", "upgrade"),
+    ("node", "list"),
+    ("slots", "list"),
+    ("alloc", "list"),
+    ("image", "list"),
+    (
+        "storage",
+        "approve",
+        "--node",
+        "n1",
+        "--device",
+        "/dev/disk/by-id/nvme-a",
+        "--reference",
+        "c1",
+    ),
+    ("project", "list"),
+    ("occupancy", "--html", "fleet.html"),
+    ("audit",),
+    ("ui", "--port", "{port}"),
+    ("demo",),
+]
+PASSWORD = "not-for-the-output"
+# Importing Prefect makes these two take seconds, where the others take one.
+SLOW_COMMANDS = ("ui", "demo")
+
+
+@pytest.mark.parametrize("store", ["nothing listens", "no such database", "no such role"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(c, id=c[0], marks=[pytest.mark.slow] if c[0] in SLOW_COMMANDS else [])
+        for c in STORE_COMMANDS
+    ],
+)
+def test_a_store_out_of_reach_is_one_sentence(pg_cluster, tmp_path, command, store):
+    """Whatever the command, a store it cannot connect to ends it with the error contract's
+    sentence, naming where it tried without the password and what to check, at once (a
+    store never reached is not waited for: controlplane/db.py, ``RestartingStoreWait``)
+    and without a traceback."""
+    socket = pg_cluster.socket_dir
+    if store == "nothing listens":
+        port = free_port()
+        given = f"postgresql://gpuaas:{PASSWORD}@127.0.0.1:{port}/gpuaas"
+        where = f"postgresql://gpuaas@127.0.0.1:{port}/gpuaas (Connection refused)"
+    elif store == "no such database":
+        given = pg_cluster.url("no_such_store")
+        where = (
+            f"postgresql://{pg_cluster._role()}@/no_such_store?host={socket} "
+            '(database "no_such_store" does not exist)'
+        )
+    else:
+        given = make_url(pg_cluster.url("postgres")).set(username="no_such_role")
+        given = given.render_as_string(hide_password=False)
+        where = (
+            f"postgresql://no_such_role@/postgres?host={socket} "
+            '(role "no_such_role" does not exist)'
+        )
+    env = {
+        **os.environ,
+        "GPUAAS_DATABASE_URL": given,
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
+    args = [arg.format(port=free_port()) for arg in command]
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuaas_cli", *args],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    took = time.monotonic() - started
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output
+    assert "Traceback" not in output and PASSWORD not in output, output
+    # Compared without whitespace: the console wraps the sentence at spaces.
+    assert " ".join(proc.stderr.split()) == (
+        f"error database_unavailable: cannot reach the store at {where}: check that "
+        "PostgreSQL runs there and that GPUAAS_DATABASE_URL names its host, port, database, "
+        "user and password"
+    )
+    # Far from the minute a store seen up is waited for while it restarts.
+    assert took < 30, f"{took:.1f} s"
+    # gpuaas ui makes Prefect's database only next to a store it reached.
+    assert not pg_cluster.database_exists("no_such_store_prefect")
 
 
 def test_demo_runs_against_a_given_database(cli_env, tmp_path):
