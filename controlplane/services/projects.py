@@ -341,6 +341,11 @@ def checked_policy(
             f"a project's policy cannot allow an empty {label}; name the {label}s it may "
             f"use, or no --{option} for any {label}",
         )
+    refuse_unknown(values, code, known, unknown_means)
+    return sorted(set(values))
+
+
+def refuse_unknown(values: list[str], code: str, known: set[str], unknown_means: str) -> None:
     unknown = sorted(set(values) - known)
     if unknown:
         raise InvalidInput(
@@ -348,7 +353,16 @@ def checked_policy(
             f"{unknown_means} {' or '.join(unknown)} (known: {', '.join(sorted(known)) or 'none'})",
             {"unknown": unknown, "known": sorted(known)},
         )
-    return sorted(set(values))
+
+
+def check_region(session: Session, region: str, what: str) -> None:
+    """The region ``what`` (a quota, a reservation) is scoped to, refused when empty or
+    when no node that is not retired is registered in it."""
+    if not region.strip():
+        raise InvalidInput(
+            "invalid_region", f"{what} cannot be scoped to an empty region; name a region"
+        )
+    refuse_unknown([region], "region", known_regions(session), "no node is registered in")
 
 
 def set_policy(
@@ -415,6 +429,8 @@ def set_quota(
         if limit is not None and limit < 0:
             raise InvalidInput("invalid_limit", f"a {label} limit is 0 or more, not {limit}")
     project = _get(session, project_id, for_update=True)
+    if scope.region is not None:
+        check_region(session, scope.region, "a quota")
     sku_id = None
     if scope.sku is not None:
         sku_id = session.scalars(select(Sku.id).where(Sku.slug == scope.sku)).one_or_none()
@@ -533,6 +549,7 @@ def reserve(
     if found is None:
         raise InvalidInput("sku_not_found", f"no SKU {sku!r}")
     sku_id, shape, family = found
+    check_region(session, region, "a reservation")
     covering = session.scalars(
         select(ProjectQuota).where(
             ProjectQuota.project_id == project.id,

@@ -13,6 +13,7 @@ from sqlalchemy import text
 from controlplane.api import ControlPlane
 from controlplane.errors import Conflict, InvalidInput
 from controlplane.scheduler.placement import Placement, PlacementRequest
+from controlplane.services.projects import QuotaScope
 from gpuaas_lab.synthetic import FleetSpec, create_fleet
 from tests.integration.test_cli import error_json, gpuaas, ok_json
 
@@ -83,6 +84,20 @@ def test_a_policy_of_known_regions_and_families_is_set(cp, engine):
     with pytest.raises(InvalidInput) as refused:
         cp.set_project_policy("acme", ["region-b"], None)
     assert refused.value.code == "unknown_region"
+
+
+@pytest.mark.parametrize("region, code", [("", "invalid_region"), ("region-z", "unknown_region")])
+def test_a_quota_or_reservation_in_an_empty_or_unknown_region_is_refused_and_changes_nothing(
+    cp, engine, region, code
+):
+    before, trail = cp.show_project("acme"), operator_actions(engine)
+    with pytest.raises(InvalidInput) as quota:
+        cp.set_project_quota("acme", QuotaScope(region=region), 8, None)
+    with pytest.raises(InvalidInput) as reservation:
+        cp.reserve_capacity("acme", SLICE, region, 8)
+    assert (quota.value.code, reservation.value.code) == (code, code)
+    assert cp.show_project("acme") == before
+    assert operator_actions(engine) == trail
 
 
 def test_the_cli_refuses_an_empty_region_in_one_sentence(cp, cli_env):
