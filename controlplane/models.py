@@ -199,6 +199,9 @@ class Node(Base):
     health_passes: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     health_unreachable: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     health_checked_at: Mapped[dt.datetime | None]
+    # The 1 GiB hugepage pool discovery reported (set on topology import; NULL before
+    # one): placement's input for a hugepage SKU (node_backs_hugepages, sql/rules.sql).
+    hugepages_1g: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[dt.datetime] = utcnow_column()
     updated_at: Mapped[dt.datetime] = utcnow_column()
 
@@ -209,6 +212,7 @@ class Node(Base):
     __table_args__ = (
         CheckConstraint("gpu_count >= 0", name="gpu_count_nonnegative"),
         CheckConstraint("host_action_limit >= 1", name="host_action_limit_positive"),
+        CheckConstraint("hugepages_1g >= 0", name="hugepages_1g_nonnegative"),
         CheckConstraint(
             "retired_at IS NULL OR admin_state = 'unavailable'", name="retired_unavailable"
         ),

@@ -98,6 +98,8 @@ class TopologyMap:
     blockers: tuple[Blocker, ...]
     slice_network: dict[str, Any]
     document: dict[str, Any] = field(compare=False, repr=False)
+    # The host's 1 GiB hugepage pool (None: the map does not say), a placement input.
+    hugepages_1g: int | None = None
 
     def disk(self, stable_path: str | None) -> NvmeDevice | None:
         for device in self.nvme_devices:
@@ -139,6 +141,17 @@ def _optional_int(item: dict[str, Any], key: str, where: str) -> int | None:
         f"{where}.{key} must be an integer",
     )
     return value
+
+
+def _hugepages_1g(host: dict[str, Any]) -> int | None:
+    """The 1 GiB pool: its total when the map has it, else what was free (maps written
+    before discovery reported the total, collected before any VM ran)."""
+    key = (
+        "hugepages_1g_total" if host.get("hugepages_1g_total") is not None else "hugepages_1g_free"
+    )
+    pages = _optional_int(host, key, "host")
+    _expect(pages is None or pages >= 0, f"host.{key}", f"host.{key} must not be negative")
+    return pages
 
 
 def _optional_device_path(item: dict[str, Any], key: str, where: str) -> str | None:
@@ -281,4 +294,5 @@ def parse(document: Any) -> TopologyMap:
         blockers=tuple(blockers),
         slice_network=network,
         document=document,
+        hugepages_1g=_hugepages_1g(document["host"]),
     )

@@ -92,10 +92,19 @@ OWN_RESERVED_PREDICATE = """
          AND (c.reserved_until IS NULL OR c.reserved_until > now())))
 """
 
+# A hugepage SKU's VM goes only where the node's discovered 1 GiB pool can back it
+# (node_backs_hugepages in sql/rules.sql); :hugepages_gib is its memory per GPU, or NULL
+# for a SKU that needs none. The refusal diagnosis lifts it to name hugepages_missing.
+HUGEPAGES_PREDICATE = """
+    (CAST(:hugepages_gib AS integer) IS NULL OR EXISTS (
+        SELECT 1 FROM nodes hp WHERE hp.id = c.node_id
+          AND node_backs_hugepages(hp.hugepages_1g, CAST(:hugepages_gib AS integer), :gpus)))
+"""
+
 SLICE_NODE_FILTER = f"""
     c.slice_schedulable AND c.node_family = :family AND c.exclusive_claims = 0
     AND {REGION_FILTER} AND {RESERVED_PREDICATE} AND {OWN_RESERVED_PREDICATE}
-    AND {IMAGE_CACHED_PREDICATE}
+    AND {IMAGE_CACHED_PREDICATE} AND {HUGEPAGES_PREDICATE}
 """
 
 # The snapshot applies the slot-row and claim predicates to the preselected nodes; the
@@ -165,7 +174,7 @@ WITH node_lock AS (
     SELECT node_id FROM node_capacity c
     WHERE node_id = ANY(CAST(:ranked AS uuid[])) AND free_gpus >= :gpus
       AND exclusive_claims = 0 AND slice_schedulable AND {IMAGE_CACHED_PREDICATE}
-      AND {RESERVED_PREDICATE}
+      AND {RESERVED_PREDICATE} AND {HUGEPAGES_PREDICATE}
     ORDER BY array_position(CAST(:ranked AS uuid[]), node_id)
     LIMIT 1
     FOR UPDATE SKIP LOCKED
@@ -322,7 +331,8 @@ GROUP BY r.id ORDER BY r.id
 )
 
 SKU_QUERY = text(
-    "SELECT id, slug, capacity_shape, node_family, allowed_gpu_counts FROM skus WHERE enabled"
+    "SELECT id, slug, capacity_shape, node_family, allowed_gpu_counts, requires_hugepages,"
+    " memory_gib_per_gpu FROM skus WHERE enabled"
 )
 IMAGE_QUERY = text("SELECT id, source_uri IS NOT NULL FROM os_images WHERE slug = :slug")
 
@@ -433,6 +443,9 @@ class SkuInfo:
     capacity_shape: CapacityShape
     node_family: str
     allowed_gpu_counts: tuple[int, ...]
+    # Memory per GPU a slice VM takes in 1 GiB hugepages; None: the SKU needs none (a
+    # baremetal tenant is no VM, so its SKU never does).
+    hugepages_gib: int | None = None
 
 
 def project_of(request: PlacementRequest) -> str:
@@ -488,6 +501,10 @@ class Scheduler:
                     CapacityShape(row.capacity_shape),
                     row.node_family,
                     tuple(row.allowed_gpu_counts),
+                    row.memory_gib_per_gpu
+                    if row.requires_hugepages
+                    and row.capacity_shape == CapacityShape.GPU_SLICE.value
+                    else None,
                 )
                 for row in conn.execute(SKU_QUERY)
             }
@@ -693,6 +710,7 @@ class Scheduler:
             "actor": request.requested_by,
             "image_id": None,
             "image_required": False,
+            "hugepages_gib": sku.hugepages_gib,
         }
 
     def _slice_snapshot(
@@ -835,6 +853,25 @@ class Scheduler:
                         "image": request.image,
                         "free_gpus_uncached": uncached[1],
                         "largest_same_node_uncached": uncached[2],
+                    },
+                )
+        hugepages_gib = params["hugepages_gib"]
+        if hugepages_gib is not None and largest < request.gpu_count:
+            lifted = conn.execute(SLICE_DIAGNOSIS, {**params, "hugepages_gib": None}).one()
+            if lifted[2] >= request.gpu_count or (nodes == 0 and lifted[0] > 0):
+                needed = hugepages_gib * request.gpu_count
+                return Unavailable(
+                    "sku_unavailable",
+                    "hugepages_missing",
+                    f"no node of family {params['family']} with room for {request.gpu_count} "
+                    f"GPUs has the {needed} 1 GiB hugepages this SKU's VM needs "
+                    f"({hugepages_gib} GiB per GPU)",
+                    {
+                        "requested_gpus": request.gpu_count,
+                        "hugepages_1g_needed": needed,
+                        "eligible_nodes": nodes,
+                        "nodes_short_of_hugepages": lifted[0] - nodes,
+                        "largest_same_node_without_hugepages": lifted[2],
                     },
                 )
         details = {

@@ -214,6 +214,8 @@ def import_topology(
             refused,
         )
 
+    # The pool placement weighs a hugepage SKU against (node_backs_hugepages).
+    node.hugepages_1g = topo.hugepages_1g
     now = dt.datetime.now(dt.UTC)
     summary = {
         "candidate_slots": len(topo.candidate_slots),

@@ -1,6 +1,7 @@
 -- The slot and node rules: the one definition of when a slot is in use, free, busy or
--- complete, and when a node takes slices or a baremetal tenant. Triggers, CHECK
--- constraints, the audit, the scheduler, occupancy and diagnosis all call these.
+-- complete, when a node takes slices or a baremetal tenant and when its hugepages back a
+-- hugepage SKU's VM. Triggers, CHECK constraints, the audit, the scheduler, occupancy
+-- and diagnosis all call these.
 -- LANGUAGE sql, IMMUTABLE and a single expression: the planner inlines them, so a
 -- predicate written with them costs what the spelled-out expression costs and can use
 -- the same indexes. See docs/architecture.md, "Where each rule lives".
@@ -46,3 +47,13 @@ CREATE OR REPLACE FUNCTION node_takes_baremetal(admin_state text, profile_intent
     RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT admin_state = 'schedulable' AND profile_intent IN ('baremetal', 'slice_vm') $$;
+
+-- The node's 1 GiB hugepage pool as discovery reported it (nodes.hugepages_1g, NULL
+-- before a topology import) can back a hugepage SKU's slice VM of `gpus` GPUs: the VM's
+-- memory is all 1 GiB pages (plugins/module_utils/vm_domain.py). The whole pool, not
+-- what is free now: the health check keeps enough free for every available slot.
+CREATE OR REPLACE FUNCTION node_backs_hugepages(
+    hugepages_1g integer, memory_gib_per_gpu integer, gpus integer
+) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT coalesce(hugepages_1g, 0) >= memory_gib_per_gpu * gpus $$;

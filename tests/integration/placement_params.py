@@ -1,5 +1,6 @@
 """The parameters of the scheduler's statements for a plain request (default project, no
-region, image, quota or reservation in play), shared by the tests that explain its plans."""
+region, image, hugepages, quota or reservation in play), shared by the tests that explain
+its plans."""
 
 from __future__ import annotations
 
@@ -16,4 +17,5 @@ PLAN_PARAMS = {
     "project": "default",
     "respect_reservations": True,
     "own_reserved_only": False,
+    "hugepages_gib": None,
 }

@@ -1,0 +1,118 @@
+"""Placement against what discovery found on a node, on real PostgreSQL: a hugepage SKU
+goes only where the node's 1 GiB pool can back its VM (``node_backs_hugepages``,
+controlplane/sql/rules.sql), else ``hugepages_missing``."""
+
+from __future__ import annotations
+
+import copy
+import json
+from importlib import resources
+
+import pytest
+from sqlalchemy import text
+
+from controlplane.api import ControlPlane
+from controlplane.audit import audit
+from controlplane.errors import GpuaasError
+from controlplane.scheduler.placement import Placement, PlacementRequest, Unavailable
+from controlplane.services.inventory import NodeSpec, SkuSpec
+from gpuaas_lab.synthetic import FleetSpec, create_fleet
+
+SLICE = "h200-sxm-slice"
+HUGEPAGE_SLICE = "h200-sxm-hugepage-slice"
+
+
+def sql(engine, statement: str, **params):
+    with engine.begin() as conn:
+        result = conn.execute(text(statement), params)
+        return result.all() if result.returns_rows else None
+
+
+def place(cp: ControlPlane, gpus: int, sku: str = HUGEPAGE_SLICE, **kw):
+    return cp.place(PlacementRequest(sku=sku, gpu_count=gpus, requested_by="t", **kw))
+
+
+def set_hugepages(engine, pages: dict[str, int | None]) -> None:
+    for hostname, count in pages.items():
+        sql(engine, "UPDATE nodes SET hugepages_1g = :c WHERE hostname = :h", c=count, h=hostname)
+
+
+@pytest.fixture
+def cp(engine) -> ControlPlane:
+    create_fleet(engine, FleetSpec(nodes=4, prefix="hp"))
+    plane = ControlPlane(engine)
+    plane.define_sku(
+        SkuSpec(
+            HUGEPAGE_SLICE,
+            "H200 slice on 1 GiB hugepages",
+            "gpu_slice",
+            "h200-sxm",
+            "H200",
+            (1, 2, 4, 8),
+            memory_gib_per_gpu=64,
+            requires_hugepages=True,
+        )
+    )
+    return plane
+
+
+def test_a_hugepage_sku_goes_only_where_the_pool_backs_its_vm(cp, engine):
+    """hp00001 has no pool, hp00002 none recorded, hp00003 256 pages (4 GPUs of 64 GiB),
+    hp00004 512 (all 8): the nodes a hugepage-blind ranking would take first are the
+    ones without."""
+    set_hugepages(engine, {"hp00001": 0, "hp00002": None, "hp00003": 256, "hp00004": 512})
+    eight = place(cp, 8)
+    assert isinstance(eight, Placement) and eight.hostname == "hp00004"
+    four = place(cp, 4)
+    assert isinstance(four, Placement) and four.hostname == "hp00003"
+    # 4 GPUs are still free on hp00003, but its pool backs 4 at most.
+    refused = place(cp, 8)
+    assert isinstance(refused, Unavailable)
+    assert (refused.code, refused.reason) == ("sku_unavailable", "hugepages_missing")
+    assert refused.details["hugepages_1g_needed"] == 512
+    assert refused.details["nodes_short_of_hugepages"] == 3
+    assert "512 1 GiB hugepages" in refused.message
+    # A SKU that needs none still takes the nodes without.
+    plain = place(cp, 8, SLICE)
+    assert isinstance(plain, Placement) and plain.hostname in ("hp00001", "hp00002")
+    with engine.connect() as conn:
+        assert audit(conn) == []
+
+
+def test_no_node_with_a_pool_is_hugepages_missing_not_no_eligible_node(cp, engine):
+    set_hugepages(engine, {f"hp0000{i}": 0 for i in range(1, 5)})
+    refused = place(cp, 1)
+    assert isinstance(refused, Unavailable)
+    assert (refused.code, refused.reason) == ("sku_unavailable", "hugepages_missing")
+    assert refused.details["eligible_nodes"] == 0
+    assert refused.details["nodes_short_of_hugepages"] == 4
+
+
+def recorded(name: str) -> dict:
+    return json.loads(resources.files("gpuaas_lab.demo_data").joinpath(f"{name}.json").read_text())
+
+
+def test_the_topology_import_keeps_the_discovered_pool(engine):
+    plane = ControlPlane(engine)
+    plane.register_node(
+        NodeSpec(
+            "j22u15", "r1", maas_tags=("gpuaas-profile-slice-vm",), slice_subnet="10.100.0.0/24"
+        )
+    )
+    pool = "SELECT hugepages_1g FROM nodes WHERE hostname = 'j22u15'"
+    assert sql(engine, pool) == [(None,)]
+    # A map written before discovery reported the total: what was free.
+    older = recorded("j22u15")
+    older["host"]["hugepages_1g_free"] = 384
+    plane.import_topology("j22u15", older, "test")
+    assert sql(engine, pool) == [(384,)]
+    # The total wins over what running VMs left free.
+    newer = copy.deepcopy(older)
+    newer["host"].update(hugepages_1g_free=128, hugepages_1g_total=512)
+    plane.import_topology("j22u15", newer, "test")
+    assert sql(engine, pool) == [(512,)]
+    broken = copy.deepcopy(newer)
+    broken["host"]["hugepages_1g_total"] = -1
+    with pytest.raises(GpuaasError, match="hugepages_1g_total must not be negative"):
+        plane.import_topology("j22u15", broken, "test")
+    assert sql(engine, pool) == [(512,)]
