@@ -619,12 +619,18 @@ class Scheduler:
         verdict: quotas.QuotaVerdict,
         refusal: Unavailable,
     ) -> Unavailable:
-        """A request that found no capacity: if the regions its quota kept it out of had
-        the capacity, the quota refused it; if other projects' reserved nodes had it, their
-        reservations did. Read only on refusals."""
-        if refusal.reason in ("image_not_cached", "contended"):
+        """A request that found no capacity: if only regions outside the project's policy
+        had the capacity, the policy refused it, whatever else also held; else if the
+        regions its quota kept it out of had it, the quota did; if other projects' reserved
+        nodes had it, their reservations did. Read only on refusals."""
+        if refusal.reason == "contended":
             return refusal
         params = self._common(request, sku, verdict)
+        denied = self._policy_kept_out(conn, request, sku, params)
+        if denied is not None:
+            return denied
+        if refusal.reason == "image_not_cached":
+            return refusal
         unavoided = {**params, "avoid_regions": []}
         if verdict.avoid_regions and self._fits(conn, request, sku, unavoided):
             _, rows = self._quota_rows(conn, request, sku)
@@ -658,6 +664,39 @@ class Scheduler:
                 for r in reserved
             ),
             {"requested_gpus": request.gpu_count, "reserved": reserved},
+        )
+
+    def _policy_kept_out(
+        self, conn: Connection, request: PlacementRequest, sku: SkuInfo, params: dict[str, Any]
+    ) -> Unavailable | None:
+        """policy_denied when the project's regions are what keeps the request out: with
+        the quota's avoided regions, reservations and the image cache set aside, it fits
+        outside the allowed regions and not inside them."""
+        allowed = params["allowed_regions"]
+        if allowed is None:
+            return None
+        lifted = {
+            **params,
+            "avoid_regions": [],
+            "respect_reservations": False,
+            "image_required": False,
+        }
+        if self._fits(conn, request, sku, lifted) or not self._fits(
+            conn, request, sku, {**lifted, "allowed_regions": None}
+        ):
+            return None
+        denied = {
+            "project": project_of(request),
+            "rule": "region",
+            "requested": request.region,
+            "allowed": sorted(allowed),
+        }
+        return Unavailable(
+            "policy_denied",
+            "region",
+            f"{request.gpu_count} GPUs of {sku.slug} fit only outside the regions project "
+            f"{denied['project']} may use (allowed: {', '.join(denied['allowed'])})",
+            denied,
         )
 
     def _fits(

@@ -128,7 +128,8 @@ def policy_refusal(
     region: str | None,
 ) -> dict[str, Any] | None:
     """The policy rule a request breaks (a node family or a region the project may not
-    use), or None. A request naming no region is kept to the allowed ones instead."""
+    use), or None. A request naming no region is kept to the allowed ones instead, unless
+    none is allowed."""
     if allowed_families is not None and family not in set(allowed_families):
         return {
             "project": project,
@@ -136,7 +137,10 @@ def policy_refusal(
             "requested": family,
             "allowed": sorted(allowed_families),
         }
-    if allowed_regions is not None and region is not None and region not in set(allowed_regions):
+    if allowed_regions is not None and (
+        not allowed_regions or (region is not None and region not in set(allowed_regions))
+    ):
+        # No allowed region: nothing can place, whatever the fleet holds.
         return {
             "project": project,
             "rule": "region",
@@ -148,6 +152,8 @@ def policy_refusal(
 
 def policy_message(refusal: dict[str, Any]) -> str:
     what = "node family" if refusal["rule"] == "node_family" else "region"
+    if refusal["requested"] is None:
+        return f"project {refusal['project']} may use no {what} (allowed: none)"
     return (
         f"project {refusal['project']} may not use {what} {refusal['requested']} "
         f"(allowed: {', '.join(refusal['allowed']) or 'none'})"

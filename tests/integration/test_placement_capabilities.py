@@ -1,6 +1,7 @@
 """Placement against what discovery found on a node, on real PostgreSQL: a hugepage SKU
 goes only where the node's 1 GiB pool can back its VM (``node_backs_hugepages``,
-controlplane/sql/rules.sql), else ``hugepages_missing``."""
+controlplane/sql/rules.sql), else ``hugepages_missing``; and a request the project's
+policy keeps out is refused ``policy_denied`` whatever else also holds."""
 
 from __future__ import annotations
 
@@ -116,3 +117,50 @@ def test_the_topology_import_keeps_the_discovered_pool(engine):
     with pytest.raises(GpuaasError, match="hugepages_1g_total must not be negative"):
         plane.import_topology("j22u15", broken, "test")
     assert sql(engine, pool) == [(512,)]
+
+
+@pytest.fixture
+def regions(engine) -> ControlPlane:
+    create_fleet(engine, FleetSpec(nodes=2, prefix="pa", region="region-a"))
+    create_fleet(engine, FleetSpec(nodes=2, prefix="pb", region="region-b", mac_base=1000))
+    plane = ControlPlane(engine)
+    plane.create_project("acme")
+    plane.create_project("beta")
+    return plane
+
+
+def test_a_request_the_policy_keeps_out_is_policy_denied_whatever_else_holds(regions, engine):
+    """acme may use region-b only; region-b fills up while region-a has room, and that
+    room is also reserved for beta: policy is why acme cannot place there."""
+    regions.set_project_policy("acme", ["region-b"], None)
+    for _ in range(2):
+        assert isinstance(place(regions, 8, SLICE, project_id="acme"), Placement)
+    refused = place(regions, 8, SLICE, project_id="acme")
+    assert isinstance(refused, Unavailable)
+    assert (refused.code, refused.reason) == ("policy_denied", "region")
+    assert refused.details["allowed"] == ["region-b"]
+    assert "fit only outside" in refused.message and "(allowed: region-b)" in refused.message
+    regions.reserve_capacity("beta", SLICE, "region-a", 16)
+    reserved_too = place(regions, 8, SLICE, project_id="acme")
+    assert (reserved_too.code, reserved_too.reason) == ("policy_denied", "region")
+    # Without the policy, the reservation is what keeps acme out.
+    regions.set_project_policy("acme", None, None)
+    assert place(regions, 8, SLICE, project_id="acme").code == "reserved_capacity"
+
+
+def test_a_full_fleet_inside_and_out_is_not_a_policy_refusal(regions):
+    regions.set_project_policy("acme", ["region-b"], None)
+    for project, region in (("beta", "region-a"),) * 2 + (("acme", None),) * 2:
+        placed = place(regions, 8, SLICE, project_id=project, region=region)
+        assert isinstance(placed, Placement)
+    refused = place(regions, 8, SLICE, project_id="acme")
+    assert (refused.code, refused.reason) == ("sku_unavailable", "no_capacity")
+
+
+def test_a_policy_allowing_no_region_refuses_every_request(regions, engine):
+    sql(engine, "UPDATE projects SET allowed_regions = '{}' WHERE id = 'acme'")
+    refused = place(regions, 1, SLICE, project_id="acme")
+    assert isinstance(refused, Unavailable)
+    assert (refused.code, refused.reason) == ("policy_denied", "region")
+    assert refused.details["allowed"] == []
+    assert "allowed: none" in refused.message

@@ -8,6 +8,7 @@ from controlplane.scheduler.quotas import (
     every_region_avoided,
     exceeded_message,
     judge,
+    policy_message,
     policy_refusal,
 )
 
@@ -79,3 +80,9 @@ def test_a_policy_names_the_rule_a_request_breaks():
     assert policy_refusal("p", ["r1"], None, "h200", None) is None
     assert policy_refusal("p", ["r1"], None, "h200", "r2")["rule"] == "region"
     assert policy_refusal("p", None, ["b200"], "h200", "r1")["rule"] == "node_family"
+
+
+def test_a_policy_allowing_no_region_refuses_a_request_naming_none():
+    refusal = policy_refusal("p", [], None, "h200", None)
+    assert refusal == {"project": "p", "rule": "region", "requested": None, "allowed": []}
+    assert policy_message(refusal) == "project p may use no region (allowed: none)"
