@@ -10,6 +10,12 @@ namespace IDs of QEMU's controllers, so udev itself only links
 `nvme-eui.<eui64>` link a real drive has, from Identify Namespace) in fixed PCI slots
 (`power_cycle` can reseat them), an OS disk with a by-id name, 2 GiB of RAM
 and a virtio NIC on a bridge of this machine, reachable from the controller by IP.
+Optionally, empty hot-plug capable PCIe root ports in fixed slots: `device_add` plugs an
+emulated device into one and `device_del` takes it out again, through the QEMU monitor
+(QMP, a unix socket in the host's directory), as a device appears on or falls off a
+server's bus. A cold boot (`power_cycle`) starts QEMU from its command line again, so
+hot-plugged devices do not survive it; `power_off` stops QEMU without the guest's say, as
+a host losing power.
 cloud-init reads a NoCloud seed on first boot: the lab user (passwordless sudo, the lab's
 SSH key, no password login), the static address, and any extra user-data part (the MAAS
 deploy user-data, for example).
@@ -25,9 +31,10 @@ being the package list, the ansible-core version and the hash of the build recip
 
 Hosts: one directory each under $GPUAAS_LAB_STATE_DIR or ~/.local/state/gpuaas/lab-hosts
 (host.json, the copy-on-write OS disk, NVMe backing files, seed, OVMF variables, console
-log, QEMU pid). Each host has a bridge `glb-<name>` with its own /24 from 10.213.0.0/16
-(the controller is .1, the host .2) and a tap `glt-<name>`. `down` removes what host.json
-records and nothing else. QEMU uses KVM when it can create a VM, TCG otherwise.
+log, QEMU pid, QMP socket). Each host has a bridge `glb-<name>` with its own /24 from
+10.213.0.0/16 (the controller is .1, the host .2) and a tap `glt-<name>`. `down` removes
+what host.json records and nothing else. QEMU uses KVM when a VM runs with it (not only
+starts: a KVM may stop the firmware at once), TCG otherwise.
 
     gpuaas lab host up NAME [--nvme N] | down NAME | list
 """
@@ -156,6 +163,13 @@ OS_DISK_BY_ID = f"/dev/disk/by-id/virtio-{OS_DISK_SERIAL}"
 # NVMe controllers sit in fixed root-bus slots from here on (QEMU places the other devices
 # from slot 2), so a controller keeps its PCI address unless power_cycle moves it.
 NVME_FIRST_SLOT = 0x10
+# Hot-plug root ports sit in the root-bus slots below the NVMe controllers' range.
+ROOT_PORT_FIRST_SLOT = 0x08
+MAX_ROOT_PORTS = NVME_FIRST_SLOT - ROOT_PORT_FIRST_SLOT
+QMP_SOCKET = "qmp.sock"
+QMP_TIMEOUT = 120.0
+# A KVM that cannot run the firmware stops the VM within a second of its start.
+KVM_CHECK_SECONDS = 3.0
 
 
 class HostLabError(GpuaasError):
@@ -524,6 +538,7 @@ class LabHost:
     cloud_init_status: str = ""
     image_key: str = ""
     host_public_key: str = ""
+    root_ports: int = 0
 
     @property
     def path(self) -> Path:
@@ -919,8 +934,18 @@ def _qemu_argv(host: LabHost, accel: str, os_disk: Path, seed: Path, vars_file: 
         f"file:{host.path / 'console.log'}",
         "-pidfile",
         str(host.path / "qemu.pid"),
+        "-qmp",
+        f"unix:{host.path / QMP_SOCKET},server=on,wait=off",
         "-daemonize",
     ]
+    for index in range(host.root_ports):
+        # Fixed chassis, slot and port numbers: a port keeps its identity across boots.
+        argv += [
+            "-device",
+            f"pcie-root-port,id={root_port_id(index)},bus=pcie.0,"
+            f"addr={ROOT_PORT_FIRST_SLOT + index:#x},chassis={index + 1},slot={index + 1},"
+            f"port={index + 1}",
+        ]
     for index, disk in enumerate(host.nvme):
         controller = (
             f"nvme,id=nvmec{index},serial={disk['serial']},bus=pcie.0,addr={disk['slot']:#x}"
@@ -948,8 +973,9 @@ def _qemu_argv(host: LabHost, accel: str, os_disk: Path, seed: Path, vars_file: 
 
 
 def _start_qemu(host: LabHost) -> None:
-    """KVM when QEMU can start a VM with it here (some hosts expose /dev/kvm yet refuse the
-    guest's CPU state: QEMU then exits at once), else TCG."""
+    """KVM when QEMU can run a VM with it here, else TCG. Some hosts expose /dev/kvm yet
+    refuse the guest's CPU state (QEMU then exits at once) or fail the firmware's first
+    instructions (QEMU stays up, the VM stopped in ``internal-error``, which QMP reports)."""
     accels = ("kvm", "tcg") if Path("/dev/kvm").exists() else ("tcg",)
     for accel in accels:
         argv = _qemu_argv(
@@ -957,15 +983,28 @@ def _start_qemu(host: LabHost) -> None:
         )
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
         if proc.returncode == 0:
-            break
-        if accel == accels[-1]:
+            host.pid = int((host.path / "qemu.pid").read_text().strip())
+            if accel == accels[-1] or _vm_runs(host):
+                break
+            _stop_qemu(host)
+        elif accel == accels[-1]:
             raise HostLabError(
                 "lab_host_start_failed",
                 f"QEMU did not start {host.name}: {proc.stderr.strip()[-1500:]}",
             )
     host.accel = accel
-    host.pid = int((host.path / "qemu.pid").read_text().strip())
     _save(host)
+
+
+def _vm_runs(host: LabHost, seconds: float = KVM_CHECK_SECONDS) -> bool:
+    """The VM still runs ``seconds`` after its start (a KVM that cannot run the firmware
+    stops it in ``internal-error`` within its first instructions)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if qmp(host, "query-status").get("status") == "internal-error":
+            return False
+        time.sleep(0.5)
+    return True
 
 
 def up(
@@ -978,6 +1017,7 @@ def up(
     wait: bool = True,
     seeded_host_key: HostKey | None = None,
     sriov_max_vfs: dict[int, int] | None = None,
+    root_ports: int = 0,
 ) -> LabHost:
     """Build (or reuse) the image, create and boot a lab host; returns once SSH answers and
     cloud-init is done. ``extra_user_data`` is a second user-data part (a MAAS deploy
@@ -986,10 +1026,15 @@ def up(
     by the control plane) and this is its public half; the lab then seeds none of its own
     and connects pinned to this one. ``sriov_max_vfs`` makes NVMe controller i an SR-IOV
     PF of that many VFs at most (real PCI functions once the guest writes its
-    ``sriov_numvfs``)."""
+    ``sriov_numvfs``). ``root_ports``: that many empty hot-plug PCIe root ports
+    (``root_port_id``), for ``device_add``."""
     _validate_name(name)
     if not 0 <= nvme <= 8:
         raise HostLabError("lab_host_bad_nvme", f"--nvme must be 0-8, not {nvme}")
+    if not 0 <= root_ports <= MAX_ROOT_PORTS:
+        raise HostLabError(
+            "lab_host_bad_root_ports", f"root ports must be 0-{MAX_ROOT_PORTS}, not {root_ports}"
+        )
     sriov_max_vfs = dict(sriov_max_vfs or {})
     for index, vfs in sriov_max_vfs.items():
         # Offset 1 and stride 1 put the VFs in the functions after the PF's, 1 to 7.
@@ -1035,6 +1080,7 @@ def up(
             ssh_user=LAB_USER,
             ssh_private_key=str(key),
             image_key=image.cache_key,
+            root_ports=root_ports,
         )
         _save(host)
         try:
@@ -1152,6 +1198,99 @@ def _power_off(host: LabHost, timeout: float = 180) -> None:
         while time.monotonic() < deadline and host.running():
             time.sleep(1)
     _stop_qemu(host)
+
+
+def power_off(host: LabHost) -> None:
+    """Stop QEMU at once, the guest told nothing: a host losing power."""
+    _stop_qemu(host)
+
+
+def root_port_id(index: int) -> str:
+    """The QEMU id of root port ``index`` (a ``bus`` for ``device_add``)."""
+    return f"rp{index}"
+
+
+def root_port_address(index: int) -> str:
+    """The guest's PCI address of root port ``index``."""
+    return _pci_address(ROOT_PORT_FIRST_SLOT + index)
+
+
+def qmp(
+    host: LabHost,
+    command: str,
+    arguments: dict | None = None,
+    until_event: Callable[[dict], bool] | None = None,
+    timeout: float = QMP_TIMEOUT,
+) -> dict:
+    """Run one QMP command on the host's QEMU and return its answer; with ``until_event``,
+    also wait for the first event it accepts (events the command causes come after its
+    answer, on the same connection). QMP: JSON lines over the socket, a greeting first,
+    then ``qmp_capabilities`` before any command."""
+    if not host.running():
+        raise HostLabError("lab_host_not_running", f"{host.name}: QEMU is not running")
+    deadline = time.monotonic() + timeout
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout)
+        conn.connect(str(host.path / QMP_SOCKET))
+        lines = conn.makefile("rb")
+
+        def receive() -> dict:
+            conn.settimeout(max(deadline - time.monotonic(), 0.1))
+            line = lines.readline()
+            if not line:
+                raise HostLabError("lab_qmp_closed", f"{host.name}: QEMU closed the QMP socket")
+            return json.loads(line)
+
+        def execute(name: str, args: dict | None) -> dict:
+            request = {"execute": name, **({"arguments": args} if args else {})}
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            while True:
+                message = receive()
+                if "error" in message:
+                    raise HostLabError(
+                        "lab_qmp_error",
+                        f"{host.name}: QMP {name} failed: {message['error'].get('desc')}",
+                        {"error": message["error"]},
+                    )
+                if "return" in message:
+                    return message["return"]
+
+        receive()
+        execute("qmp_capabilities", None)
+        answer = execute(command, arguments)
+        try:
+            while until_event is not None:
+                message = receive()
+                if "event" in message and until_event(message):
+                    break
+        except TimeoutError as exc:
+            raise HostLabError(
+                "lab_qmp_timeout",
+                f"{host.name}: no awaited event {timeout:.0f} s after QMP {command}",
+            ) from exc
+    return answer
+
+
+def device_add(host: LabHost, driver: str, device_id: str, **properties: str | int | bool) -> None:
+    """Plug a device (QEMU ``driver``, named ``device_id``) in, ``bus=root_port_id(i)``
+    among its properties to hot-plug it into root port i; the guest sees it once its
+    hot-plug handler has enumerated it. For a multi-function device, add function 0 last
+    (QEMU tells the guest of the slot when function 0 arrives)."""
+    qmp(host, "device_add", {"driver": driver, "id": device_id, **properties})
+
+
+def device_del(host: LabHost, device_id: str, timeout: float = QMP_TIMEOUT) -> None:
+    """Unplug a device: QEMU asks the guest to release it and removes it once the guest
+    has (its DEVICE_DELETED event, awaited here), so on return the guest no longer has it."""
+    qmp(
+        host,
+        "device_del",
+        {"id": device_id},
+        until_event=lambda m: (
+            m["event"] == "DEVICE_DELETED" and m.get("data", {}).get("device") == device_id
+        ),
+        timeout=timeout,
+    )
 
 
 def _stop_qemu(host: LabHost, timeout: float = 30) -> None:
