@@ -72,6 +72,21 @@ class FabricClaimMode(StrEnum):
     NONE = "none"
 
 
+class LinkLayer(StrEnum):
+    """The link layer of a node's slice fabric VFs, as discovery found it."""
+
+    INFINIBAND = "infiniband"
+    ETHERNET = "ethernet"
+
+
+class Fabric(StrEnum):
+    """What a SKU requires of its slots' fabric: InfiniBand, Ethernet (RoCE) or either."""
+
+    INFINIBAND = "infiniband"
+    ETHERNET = "ethernet"
+    ANY = "any"
+
+
 class SharingMechanism(StrEnum):
     """How a slot shares its GPU. Only whole-device slots are schedulable in v1."""
 

@@ -53,6 +53,7 @@ from controlplane.enums import (
     ClaimState,
     DriverStrategy,
     EvidenceKind,
+    Fabric,
     FabricClaimMode,
     FindingScope,
     FindingSeverity,
@@ -61,6 +62,7 @@ from controlplane.enums import (
     ImageCacheStatus,
     ImageStatus,
     KeyPurpose,
+    LinkLayer,
     NetworkMode,
     NodeTaskKind,
     NodeTaskState,
@@ -141,6 +143,10 @@ class Sku(Base):
     memory_gib_per_gpu: Mapped[int] = mapped_column(Integer, server_default=text("64"))
     runtime_profile: Mapped[str | None] = mapped_column(String(100))
     requires_hugepages: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    # The link layer its slots' fabric must have (``any``: either); placement's input.
+    fabric: Mapped[Fabric] = mapped_column(
+        checked_enum(Fabric, "sku_fabric"), server_default=Fabric.ANY.value
+    )
     # Rates of a slice VM's management vNIC (controlplane/bandwidth.py); NULL: unshaped.
     vnic_bandwidth: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True))
     enabled: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
@@ -202,6 +208,11 @@ class Node(Base):
     # The 1 GiB hugepage pool discovery reported (set on topology import; NULL before
     # one): placement's input for a hugepage SKU (node_backs_hugepages, sql/rules.sql).
     hugepages_1g: Mapped[int | None] = mapped_column(Integer)
+    # The link layer of its slots' fabric VFs in the newest topology map (NULL: none
+    # recorded, or slots of both): only a SKU of fabric ``any`` places on NULL.
+    fabric_link_layer: Mapped[LinkLayer | None] = mapped_column(
+        checked_enum(LinkLayer, "fabric_link_layer")
+    )
     created_at: Mapped[dt.datetime] = utcnow_column()
     updated_at: Mapped[dt.datetime] = utcnow_column()
 

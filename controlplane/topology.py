@@ -29,6 +29,8 @@ REQUIRED_KEYS: dict[str, type] = {
     "candidate_slots": list,
     "blockers": list,
 }
+# The fabric devices' link layer as sysfs spells it -> the store's (enums.LinkLayer).
+LINK_LAYERS = {"InfiniBand": "infiniband", "Ethernet": "ethernet"}
 JSON_TYPE_NAMES = {str: "a string", dict: "an object", list: "a list"}
 # A device path as udev names it: absolute, no whitespace, quotes or shell syntax.
 DEVICE_PATH = re.compile(r"^/dev(/[A-Za-z0-9_.:+@=,-]+)+$")
@@ -100,6 +102,8 @@ class TopologyMap:
     document: dict[str, Any] = field(compare=False, repr=False)
     # The host's 1 GiB hugepage pool (None: the map does not say), a placement input.
     hugepages_1g: int | None = None
+    # The link layer of the candidate slots' fabric VFs (None: none found, or both).
+    fabric_link_layer: str | None = None
 
     def disk(self, stable_path: str | None) -> NvmeDevice | None:
         for device in self.nvme_devices:
@@ -152,6 +156,23 @@ def _hugepages_1g(host: dict[str, Any]) -> int | None:
     pages = _optional_int(host, key, "host")
     _expect(pages is None or pages >= 0, f"host.{key}", f"host.{key} must not be negative")
     return pages
+
+
+def _fabric_link_layer(devices: list[Any], slots: list[CandidateSlot]) -> str | None:
+    """``infiniband`` or ``ethernet`` when every slot's fabric VF has that link layer in
+    the map's fabric devices (its own, else its PF's); None otherwise (a SKU that names a
+    fabric skips the node)."""
+    by_address = {str(d.get("pci_address")): d for d in devices if isinstance(d, dict)}
+
+    def layer(address: str | None) -> str | None:
+        device = by_address.get(address or "", {})
+        found = LINK_LAYERS.get(str(device.get("link_layer")))
+        if found is None and device.get("physfn"):
+            return layer(str(device["physfn"])) if device["physfn"] != address else None
+        return found
+
+    found = {layer(s.fabric_vf_pci_address) for s in slots if s.fabric_vf_pci_address}
+    return found.pop() if len(found) == 1 else None
 
 
 def _optional_device_path(item: dict[str, Any], key: str, where: str) -> str | None:
@@ -295,4 +316,5 @@ def parse(document: Any) -> TopologyMap:
         slice_network=network,
         document=document,
         hugepages_1g=_hugepages_1g(document["host"]),
+        fabric_link_layer=_fabric_link_layer(document["fabric_devices"], slots),
     )

@@ -101,10 +101,19 @@ HUGEPAGES_PREDICATE = """
           AND node_backs_hugepages(hp.hugepages_1g, CAST(:hugepages_gib AS integer), :gpus)))
 """
 
+# A slice SKU that names a fabric goes only to nodes whose slots' VFs have that link
+# layer (fabric_fits in sql/rules.sql); :fabric is 'any' otherwise, and the refusal
+# diagnosis sets it to 'any' to name fabric_mismatch.
+FABRIC_PREDICATE = """
+    (CAST(:fabric AS text) = 'any' OR EXISTS (
+        SELECT 1 FROM nodes fb WHERE fb.id = c.node_id
+          AND fabric_fits(fb.fabric_link_layer, CAST(:fabric AS text))))
+"""
+
 SLICE_NODE_FILTER = f"""
     c.slice_schedulable AND c.node_family = :family AND c.exclusive_claims = 0
     AND {REGION_FILTER} AND {RESERVED_PREDICATE} AND {OWN_RESERVED_PREDICATE}
-    AND {IMAGE_CACHED_PREDICATE} AND {HUGEPAGES_PREDICATE}
+    AND {IMAGE_CACHED_PREDICATE} AND {HUGEPAGES_PREDICATE} AND {FABRIC_PREDICATE}
 """
 
 # The snapshot applies the slot-row and claim predicates to the preselected nodes; the
@@ -174,7 +183,7 @@ WITH node_lock AS (
     SELECT node_id FROM node_capacity c
     WHERE node_id = ANY(CAST(:ranked AS uuid[])) AND free_gpus >= :gpus
       AND exclusive_claims = 0 AND slice_schedulable AND {IMAGE_CACHED_PREDICATE}
-      AND {RESERVED_PREDICATE} AND {HUGEPAGES_PREDICATE}
+      AND {RESERVED_PREDICATE} AND {HUGEPAGES_PREDICATE} AND {FABRIC_PREDICATE}
     ORDER BY array_position(CAST(:ranked AS uuid[]), node_id)
     LIMIT 1
     FOR UPDATE SKIP LOCKED
@@ -332,7 +341,7 @@ GROUP BY r.id ORDER BY r.id
 
 SKU_QUERY = text(
     "SELECT id, slug, capacity_shape, node_family, allowed_gpu_counts, requires_hugepages,"
-    " memory_gib_per_gpu FROM skus WHERE enabled"
+    " memory_gib_per_gpu, fabric FROM skus WHERE enabled"
 )
 IMAGE_QUERY = text("SELECT id, source_uri IS NOT NULL FROM os_images WHERE slug = :slug")
 
@@ -446,6 +455,8 @@ class SkuInfo:
     # Memory per GPU a slice VM takes in 1 GiB hugepages; None: the SKU needs none (a
     # baremetal tenant is no VM, so its SKU never does).
     hugepages_gib: int | None = None
+    # The link layer its slots' fabric must have (enums.Fabric); a slice SKU's only.
+    fabric: str = "any"
 
 
 def project_of(request: PlacementRequest) -> str:
@@ -505,6 +516,7 @@ class Scheduler:
                     if row.requires_hugepages
                     and row.capacity_shape == CapacityShape.GPU_SLICE.value
                     else None,
+                    row.fabric,
                 )
                 for row in conn.execute(SKU_QUERY)
             }
@@ -750,6 +762,7 @@ class Scheduler:
             "image_id": None,
             "image_required": False,
             "hugepages_gib": sku.hugepages_gib,
+            "fabric": sku.fabric,
         }
 
     def _slice_snapshot(
@@ -911,6 +924,22 @@ class Scheduler:
                         "eligible_nodes": nodes,
                         "nodes_short_of_hugepages": lifted[0] - nodes,
                         "largest_same_node_without_hugepages": lifted[2],
+                    },
+                )
+        if params["fabric"] != "any" and largest < request.gpu_count:
+            lifted = conn.execute(SLICE_DIAGNOSIS, {**params, "fabric": "any"}).one()
+            if lifted[2] >= request.gpu_count or (nodes == 0 and lifted[0] > 0):
+                return Unavailable(
+                    "sku_unavailable",
+                    "fabric_mismatch",
+                    f"{request.gpu_count} GPUs fit on one node only where the slots' fabric "
+                    f"is not the {params['fabric']} this SKU requires",
+                    {
+                        "requested_gpus": request.gpu_count,
+                        "fabric": params["fabric"],
+                        "eligible_nodes": nodes,
+                        "nodes_of_another_fabric": lifted[0] - nodes,
+                        "largest_same_node_other_fabric": lifted[2],
                     },
                 )
         details = {

@@ -364,19 +364,34 @@ class SkuSpec:
     memory_gib_per_gpu: int = 64
     runtime_profile: str | None = None
     requires_hugepages: bool = False
+    # The link layer its slots' fabric must have: infiniband, ethernet or any.
+    fabric: str = "any"
     # The management vNIC's rates (controlplane/bandwidth.py); None leaves it unshaped.
     vnic_bandwidth: dict[str, Any] | None = None
 
 
 def define_sku(session: Session, spec: SkuSpec) -> bool:
     """Create or update a SKU; returns whether it was created."""
-    from controlplane.enums import CapacityShape
+    from controlplane.enums import CapacityShape, Fabric
     from controlplane.models import Sku
 
     if not spec.allowed_gpu_counts or min(spec.allowed_gpu_counts) <= 0:
         raise InvalidInput("gpu_counts_invalid", "allowed GPU counts must be positive", {})
     if spec.vcpu_per_gpu <= 0 or spec.memory_gib_per_gpu <= 0:
         raise InvalidInput("profile_invalid", "vCPU and memory per GPU must be positive", {})
+    if spec.fabric not in {f.value for f in Fabric}:
+        raise InvalidInput(
+            "fabric_invalid",
+            f"unknown fabric {spec.fabric!r}: one of {', '.join(f.value for f in Fabric)}",
+            {"fabric": spec.fabric},
+        )
+    if spec.fabric != Fabric.ANY and spec.capacity_shape != CapacityShape.GPU_SLICE:
+        raise InvalidInput(
+            "fabric_invalid",
+            f"fabric {spec.fabric} is a slice SKU's requirement; a {spec.capacity_shape} "
+            "SKU takes any",
+            {"fabric": spec.fabric, "capacity_shape": spec.capacity_shape},
+        )
     vnic_bandwidth = bandwidth.validate(spec.vnic_bandwidth)
     sku = session.scalars(select(Sku).where(Sku.slug == spec.slug)).one_or_none()
     created = sku is None
@@ -392,6 +407,7 @@ def define_sku(session: Session, spec: SkuSpec) -> bool:
     sku.memory_gib_per_gpu = spec.memory_gib_per_gpu
     sku.runtime_profile = spec.runtime_profile
     sku.requires_hugepages = spec.requires_hugepages
+    sku.fabric = Fabric(spec.fabric)
     sku.vnic_bandwidth = vnic_bandwidth
     session.flush()
     return created

@@ -15,6 +15,7 @@ from controlplane.enums import (
     EvidenceKind,
     FabricClaimMode,
     HealthState,
+    LinkLayer,
     NodeTaskKind,
     NodeTaskState,
     SlotStatus,
@@ -216,6 +217,10 @@ def import_topology(
 
     # The pool placement weighs a hugepage SKU against (node_backs_hugepages).
     node.hugepages_1g = topo.hugepages_1g
+    # What a SKU's fabric requirement is matched against (fabric_fits).
+    node.fabric_link_layer = (
+        LinkLayer(topo.fabric_link_layer) if topo.fabric_link_layer is not None else None
+    )
     now = dt.datetime.now(dt.UTC)
     summary = {
         "candidate_slots": len(topo.candidate_slots),

@@ -57,3 +57,11 @@ CREATE OR REPLACE FUNCTION node_backs_hugepages(
 ) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT coalesce(hugepages_1g, 0) >= memory_gib_per_gpu * gpus $$;
+
+-- A node's slice fabric (nodes.fabric_link_layer, the link layer discovery found for its
+-- slots' VFs; NULL when unknown or mixed) meets a SKU's requirement (skus.fabric): a
+-- workload that expects InfiniBand never lands on an Ethernet (RoCE) slot, nor the other
+-- way round; `any` takes either.
+CREATE OR REPLACE FUNCTION fabric_fits(link_layer text, required text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT required = 'any' OR link_layer IS NOT DISTINCT FROM required $$;

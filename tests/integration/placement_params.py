@@ -1,6 +1,6 @@
 """The parameters of the scheduler's statements for a plain request (default project, no
-region, image, hugepages, quota or reservation in play), shared by the tests that explain
-its plans."""
+region, image, hugepages, fabric, quota or reservation in play), shared by the tests that
+explain its plans."""
 
 from __future__ import annotations
 
@@ -18,4 +18,5 @@ PLAN_PARAMS = {
     "respect_reservations": True,
     "own_reserved_only": False,
     "hugepages_gib": None,
+    "fabric": "any",
 }

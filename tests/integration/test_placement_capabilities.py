@@ -164,3 +164,86 @@ def test_a_policy_allowing_no_region_refuses_every_request(regions, engine):
     assert (refused.code, refused.reason) == ("policy_denied", "region")
     assert refused.details["allowed"] == []
     assert "allowed: none" in refused.message
+
+
+IB_SLICE = "h200-sxm-ib-slice"
+ETH_SLICE = "h200-sxm-roce-slice"
+
+
+def fabric_sku(slug: str, fabric: str, shape: str = "gpu_slice") -> SkuSpec:
+    return SkuSpec(slug, slug, shape, "h200-sxm", "H200", (1, 2, 4, 8), fabric=fabric)
+
+
+def set_link_layers(engine, layers: dict[str, str | None]) -> None:
+    for hostname, layer in layers.items():
+        sql(
+            engine,
+            "UPDATE nodes SET fabric_link_layer = :l WHERE hostname = :h",
+            l=layer,
+            h=hostname,
+        )
+
+
+def test_a_sku_naming_a_fabric_places_only_on_slots_of_that_link_layer(cp, engine):
+    """hp00001 is RoCE, hp00002 has no link layer recorded, hp00003 and hp00004 are
+    InfiniBand: the ranking's first choices are the other fabric."""
+    cp.define_sku(fabric_sku(IB_SLICE, "infiniband"))
+    cp.define_sku(fabric_sku(ETH_SLICE, "ethernet"))
+    set_link_layers(
+        engine,
+        {"hp00001": "ethernet", "hp00002": None, "hp00003": "infiniband", "hp00004": "infiniband"},
+    )
+    placed = [place(cp, 8, IB_SLICE) for _ in range(2)]
+    assert all(isinstance(p, Placement) for p in placed)
+    assert {p.hostname for p in placed} == {"hp00003", "hp00004"}
+    refused = place(cp, 1, IB_SLICE)
+    assert isinstance(refused, Unavailable)
+    assert (refused.code, refused.reason) == ("sku_unavailable", "fabric_mismatch")
+    assert refused.details["fabric"] == "infiniband"
+    assert refused.details["nodes_of_another_fabric"] == 2
+    roce = place(cp, 4, ETH_SLICE)
+    assert isinstance(roce, Placement) and roce.hostname == "hp00001"
+    # A SKU of fabric any (the default) takes a node whatever its link layer.
+    anywhere = place(cp, 8, SLICE)
+    assert isinstance(anywhere, Placement) and anywhere.hostname == "hp00002"
+    with engine.connect() as conn:
+        assert audit(conn) == []
+
+
+def test_an_unknown_fabric_is_refused_and_changes_nothing(cp, engine):
+    skus = "SELECT slug, fabric FROM skus ORDER BY slug"
+    before = sql(engine, skus)
+    with pytest.raises(GpuaasError, match="unknown fabric 'roce': one of infiniband, ethernet"):
+        cp.define_sku(fabric_sku(IB_SLICE, "roce"))
+    with pytest.raises(GpuaasError, match="slice SKU's requirement"):
+        cp.define_sku(fabric_sku("h200-ib-bm", "infiniband", "baremetal"))
+    assert sql(engine, skus) == before
+    assert {fabric for _, fabric in before} == {"any"}
+
+
+def test_the_topology_import_keeps_the_slots_link_layer(engine):
+    plane = ControlPlane(engine)
+    plane.register_node(
+        NodeSpec(
+            "j22u15", "r1", maas_tags=("gpuaas-profile-slice-vm",), slice_subnet="10.100.0.0/24"
+        )
+    )
+    layer = "SELECT fabric_link_layer FROM nodes WHERE hostname = 'j22u15'"
+    older = recorded("j22u15")
+    plane.import_topology("j22u15", older, "test")
+    assert sql(engine, layer) == [(None,)]  # a map written before devices had link layers
+    infiniband = copy.deepcopy(older)
+    for device in infiniband["fabric_devices"]:
+        if device["kind"] == "pf":
+            device["link_layer"] = "InfiniBand"  # a VF without its own takes its PF's
+    plane.import_topology("j22u15", infiniband, "test")
+    assert sql(engine, layer) == [("infiniband",)]
+    roce = copy.deepcopy(infiniband)
+    for device in roce["fabric_devices"]:
+        device["link_layer"] = "Ethernet"
+    plane.import_topology("j22u15", roce, "test")
+    assert sql(engine, layer) == [("ethernet",)]
+    mixed = copy.deepcopy(roce)
+    mixed["fabric_devices"][1]["link_layer"] = "InfiniBand"
+    plane.import_topology("j22u15", mixed, "test")
+    assert sql(engine, layer) == [(None,)]

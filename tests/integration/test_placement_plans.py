@@ -99,14 +99,16 @@ def test_the_snapshot_is_served_by_the_rank_index(filled):
     assert "ix_node_capacity_slice_rank" in indexes(explained)
 
 
-def test_a_hugepage_sku_keeps_the_rank_index_and_inlines_its_rule(filled):
-    """The pool is read per candidate by primary key, and node_backs_hugepages is inlined
-    (no function call left in the plan), as the slot rules are."""
-    params = {**PARAMS, "gpus": 1, "hugepages_gib": 64}
+def test_hugepage_and_fabric_skus_keep_the_rank_index_and_inline_their_rules(filled):
+    """The pool and the link layer are read per candidate by primary key, and
+    node_backs_hugepages and fabric_fits are inlined (no function call left in the plan),
+    as the slot rules are."""
+    params = {**PARAMS, "gpus": 1, "hugepages_gib": 64, "fabric": "infiniband"}
     explained = plan(filled, SLICE_SNAPSHOT[Policy.BEST_FIT], params)
     assert {"ix_node_capacity_slice_rank", "pk_nodes"} <= indexes(explained)
-    verbose = json.dumps(plan(filled, SLICE_SNAPSHOT[Policy.BEST_FIT], params, analyze=False))
-    assert "node_backs_hugepages" not in verbose and "hugepages_1g" in verbose
+    shown = json.dumps(plan(filled, SLICE_SNAPSHOT[Policy.BEST_FIT], params, analyze=False))
+    assert "node_backs_hugepages" not in shown and "hugepages_1g" in shown
+    assert "fabric_fits" not in shown and "fabric_link_layer" in shown
 
 
 def test_the_locking_statement_locks_by_primary_key(filled):
