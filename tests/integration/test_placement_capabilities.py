@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from importlib import resources
 
 import pytest
@@ -247,3 +249,35 @@ def test_the_topology_import_keeps_the_slots_link_layer(engine):
     mixed["fabric_devices"][1]["link_layer"] = "InfiniBand"
     plane.import_topology("j22u15", mixed, "test")
     assert sql(engine, layer) == [(None,)]
+
+
+def gpuaas(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuaas_cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def test_the_cli_shows_the_new_refusals_like_any_other(cp, engine, cli_env):
+    """`gpuaas alloc create` goes through the one refusal path: code, message and, in
+    --json, the reason among the details."""
+    cp.define_sku(fabric_sku(IB_SLICE, "infiniband"))
+    set_hugepages(engine, {f"hp0000{i}": 0 for i in range(1, 5)})
+    cp.create_project("acme")
+    sql(engine, "UPDATE projects SET allowed_regions = '{}' WHERE id = 'acme'")
+    for sku, project, code, reason in (
+        (HUGEPAGE_SLICE, "default", "sku_unavailable", "hugepages_missing"),
+        (IB_SLICE, "default", "sku_unavailable", "fabric_mismatch"),
+        (SLICE, "acme", "policy_denied", "region"),
+    ):
+        create = ("alloc", "create", "--sku", sku, "--gpus", "1", "--project", project)
+        proc = gpuaas(cli_env, *create, "--json")
+        assert proc.returncode != 0, proc.stdout
+        error = json.loads(proc.stdout)["error"]
+        assert (error["code"], error["details"]["reason"]) == (code, reason)
+        told = gpuaas(cli_env, *create)
+        assert told.returncode != 0 and code in told.stdout + told.stderr
+        assert "Traceback" not in told.stderr
