@@ -1,7 +1,9 @@
 """Real Debian hosts under QEMU for the whole test session (one per xdist worker that
 needs them), booted only if a selected test uses them, all at once, each fixture waiting
 only for its own host: ``fresh``, booted with only the lab's user-data, ``sriov``, whose
-second NVMe controller is an SR-IOV PF (real VFs for the bootstrap), and ``deployed``,
+second NVMe controller is an SR-IOV PF (real VFs for the bootstrap), ``health_host``, with
+empty hot-plug PCIe root ports for stand-in devices (test_health_on_a_lab_host.py, which
+powers it off at the end, so no other test uses it), and ``deployed``,
 booted with the project's MAAS deploy user-data as well, which bootstraps it on first boot
 (the longest wait of the suite: its tests run last, so the others run meanwhile). They are
 removed at the end whatever happened, with the HTTP server that served the collection to
@@ -31,8 +33,11 @@ from tests.integration.ansible_helpers import PlaybookRun, run_playbook
 # test_storage_and_devices.py uses four controllers of the fresh host: a mirror, a volume
 # group, a share disk and the spare passed to vfio-pci. test_vfs_across_cold_boots.py uses
 # the sriov host's second controller, an SR-IOV PF of three VFs at most.
-NVME = {"fresh": 4, "deployed": 2, "sriov": 2}
+# test_health_on_a_lab_host.py: the health host's two controllers are its slots' disks,
+# its root ports hold the slots' stand-in GPUs (one port each) and fabric functions.
+NVME = {"fresh": 4, "deployed": 2, "sriov": 2, "health_host": 2}
 SRIOV_MAX_VFS = {"sriov": {1: 3}}
+ROOT_PORTS = {"health_host": 3}
 SLICE_SUBNET = "10.100.0.0/24"
 
 
@@ -80,6 +85,7 @@ def lab_hosts(request, state_dir: Path) -> Iterator[dict[str, hostlab.LabHost]]:
                 wait=False,
                 seeded_host_key=seeded,
                 sriov_max_vfs=SRIOV_MAX_VFS.get(role),
+                root_ports=ROOT_PORTS.get(role, 0),
             )
         yield hosts
     finally:
@@ -108,6 +114,11 @@ def deployed(lab_hosts) -> hostlab.LabHost:
 @pytest.fixture(scope="session")
 def sriov(lab_hosts) -> hostlab.LabHost:
     return ready(lab_hosts["sriov"])
+
+
+@pytest.fixture(scope="session")
+def health_host(lab_hosts) -> hostlab.LabHost:
+    return ready(lab_hosts["health_host"])
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
