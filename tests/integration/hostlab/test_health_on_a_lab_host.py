@@ -9,8 +9,8 @@ of its own, and the slots' fabric VFs are functions 1 and 2 of a third port (fun
 stands for the PF). NVMe controllers because gpuaas.fleet.vfio_binding binds only NVIDIA
 GPUs, Mellanox fabric functions and NVMe controllers (plugins/modules/vfio_binding.py): it
 binds them to vfio-pci now and persistently (driverctl overrides). The lab host's kernel
-puts them in IOMMU groups of the emulated Intel IOMMU without ``intel_iommu=on`` (Debian's
-kernel turns it on by default), so no reboot is needed. Discovery reads a recorded tree
+puts them in IOMMU groups of the emulated Intel IOMMU from its first boot, without
+``intel_iommu=on`` on its command line, so no reboot is needed. Discovery reads a recorded tree
 (gpuaas_lab/hosttrees.py) naming those real addresses as the slots' GPUs and VFs, since
 it would not call an NVMe controller a GPU; the probe reads only the live host
 (``slice_health_root: /``): each device on the bus, on vfio-pci, in its IOMMU group, its
