@@ -127,6 +127,7 @@ SLICE_PACKAGES = (
     "rdma-core",
     "driverctl",
     "python3-cryptography",
+    "python3-pycdlib",
 )
 # The benchmark harness's tools (plugins/module_utils/benchmark.py), so a capture of a lab
 # host measures CPU, memory and network instead of skipping them.
