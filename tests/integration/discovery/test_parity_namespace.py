@@ -231,6 +231,14 @@ def test_dhcp_needs_dnsmasq_itself_on_port_67_serving_the_gpu_subnet(slice_ns, t
     assert parity_in(slice_ns, root, ["dnsmasq"])["dnsmasq"]["status"] == "FAIL"
 
 
+def wait_for_comm(pid: int, name: str, timeout: float = 30.0) -> None:
+    comm = Path(f"/proc/{pid}/comm")
+    deadline = time.monotonic() + timeout
+    while comm.read_text().strip() != name:
+        assert time.monotonic() < deadline, f"pid {pid} is still {comm.read_text().strip()!r}"
+        time.sleep(0.05)
+
+
 def test_historical_service_running_without_systemd_is_reported(slice_ns, trees, daemon_dir):
     root = trees["clean"]  # the current unit is installed, the historical one is not
     pidfiles = {"pidfile_dirs": [str(daemon_dir)], "manager": "direct"}
@@ -258,6 +266,8 @@ def test_historical_service_running_without_systemd_is_reported(slice_ns, trees,
     daemon.parent.mkdir()
     daemon.symlink_to("/bin/sleep")
     left = slice_ns.start_daemon(["bash", "-c", f"exec -a baseline-helper {daemon} 600"])
+    # Until bash has exec'd, the pid is bash's: on a busy machine the check could run first.
+    wait_for_comm(left.pid, HISTORICAL[:15])
     pidfile = daemon_dir / f"{HISTORICAL}.pid"
     pidfile.write_text(f"{left.pid}\n")
     result = parity_in(slice_ns, root, check, **pidfiles)[check[0]]
