@@ -232,6 +232,8 @@ def test_dhcp_needs_dnsmasq_itself_on_port_67_serving_the_gpu_subnet(slice_ns, t
 
 
 def wait_for_comm(pid: int, name: str, timeout: float = 30.0) -> None:
+    """Until `ip netns exec` (and bash) have exec'd the daemon, its pid has their name: on a
+    busy machine the check ran first and saw no historical service."""
     comm = Path(f"/proc/{pid}/comm")
     deadline = time.monotonic() + timeout
     while comm.read_text().strip() != name:
@@ -250,6 +252,7 @@ def test_historical_service_running_without_systemd_is_reported(slice_ns, trees,
     script.write_text("#!/bin/sh\nsleep 600\n")
     script.chmod(0o755)
     running = slice_ns.start_daemon([str(script)])
+    wait_for_comm(running.pid, HISTORICAL[:15])
     result = parity_in(slice_ns, root, check, **pidfiles)[check[0]]
     assert status({"r": result}, "r") == (
         "WARN",
@@ -266,7 +269,6 @@ def test_historical_service_running_without_systemd_is_reported(slice_ns, trees,
     daemon.parent.mkdir()
     daemon.symlink_to("/bin/sleep")
     left = slice_ns.start_daemon(["bash", "-c", f"exec -a baseline-helper {daemon} 600"])
-    # Until bash has exec'd, the pid is bash's: on a busy machine the check could run first.
     wait_for_comm(left.pid, HISTORICAL[:15])
     pidfile = daemon_dir / f"{HISTORICAL}.pid"
     pidfile.write_text(f"{left.pid}\n")
