@@ -137,7 +137,7 @@ SELECT n.id, n.hostname, n.region_code, n.node_family, n.profile_intent, n.admin
         WHERE c.node_id = n.id AND c.state = 'active' AND c.claim_kind = 'node_exclusive')
            AS exclusive_state,
        (SELECT k.reserved_for FROM node_capacity k
-        WHERE k.node_id = n.id AND (k.reserved_until IS NULL OR k.reserved_until > now()))
+        WHERE k.node_id = n.id AND reservation_live(k.reserved_until))
            AS reserved_for
 FROM nodes n LEFT JOIN node_resource_slots s ON s.node_id = n.id
 WHERE n.retired_at IS NULL

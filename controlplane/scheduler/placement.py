@@ -79,7 +79,7 @@ REGION_FILTER = """
 # (docs/store-invariants.md, "Reserved capacity"); the refusal diagnosis looks past
 # reservations (respect_reservations false) to tell reserved_capacity from no capacity.
 RESERVED_PREDICATE = """
-    (reserved_for IS NULL OR reserved_for = CAST(:project AS text) OR reserved_until <= now()
+    (reservation_admits(reserved_for, reserved_until, CAST(:project AS text))
      OR NOT CAST(:respect_reservations AS boolean))
 """
 
@@ -88,8 +88,7 @@ RESERVED_PREDICATE = """
 # used before the capacity every project shares.
 OWN_RESERVED_PREDICATE = """
     (NOT CAST(:own_reserved_only AS boolean)
-     OR (c.reserved_for = CAST(:project AS text)
-         AND (c.reserved_until IS NULL OR c.reserved_until > now())))
+     OR (c.reserved_for = CAST(:project AS text) AND reservation_live(c.reserved_until)))
 """
 
 # A hugepage SKU's VM goes only where the node's discovered 1 GiB pool can back it
@@ -307,18 +306,18 @@ LEFT JOIN (claim CROSS JOIN alloc) ON true
 """
 )
 
-# The project and its quotas that may bind this request (SKU and shape matched; the
-# region is judged in scheduler/quotas.py, since a request may name none).
+# The project and its quotas that may bind this request (quota_covers in sql/rules.sql
+# for the SKU and shape; the region is judged in scheduler/quotas.py, since a request may
+# name none, so neither side's region is passed).
 QUOTA_QUERY = text(
     """
 SELECT p.state, s.slug, q.capacity_shape, q.region_code, q.gpu_limit, q.allocation_limit,
        q.gpus_used, q.allocations_used, p.allowed_regions, p.allowed_node_families,
        EXISTS (SELECT 1 FROM project_reservations r WHERE r.project_id = p.id
-               AND (r.ends_at IS NULL OR r.ends_at > now())) AS holds_reservation
+               AND reservation_live(r.ends_at)) AS holds_reservation
 FROM projects p
 LEFT JOIN project_quotas q ON q.project_id = p.id
-    AND (q.sku_id IS NULL OR q.sku_id = :sku_id)
-    AND (q.capacity_shape IS NULL OR q.capacity_shape = :shape)
+    AND quota_covers(q.sku_id, q.capacity_shape, NULL, :sku_id, :shape, NULL)
 LEFT JOIN skus s ON s.id = q.sku_id
 WHERE p.id = :project
 """
@@ -333,7 +332,7 @@ FROM project_reservations r
 JOIN project_reservation_nodes rn ON rn.reservation_id = r.id
 JOIN node_capacity c ON c.node_id = rn.node_id
 WHERE r.project_id <> CAST(:project AS text) AND c.node_family = :family
-  AND (r.ends_at IS NULL OR r.ends_at > now())
+  AND reservation_live(r.ends_at)
   AND (CAST(:region AS text) IS NULL OR c.region_code = CAST(:region AS text))
 GROUP BY r.id ORDER BY r.id
 """

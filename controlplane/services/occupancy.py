@@ -95,7 +95,7 @@ SELECT p.id, u.gpus, u.allocations,
        coalesce((SELECT sum(c.free_gpus) FROM project_reservations r
                  JOIN project_reservation_nodes rn ON rn.reservation_id = r.id
                  JOIN node_capacity c ON c.node_id = rn.node_id
-                 WHERE r.project_id = p.id AND (r.ends_at IS NULL OR r.ends_at > now())
+                 WHERE r.project_id = p.id AND reservation_live(r.ends_at)
                    AND (CAST(:region AS text) IS NULL OR c.region_code = :region)), 0)
 FROM projects p
 CROSS JOIN LATERAL project_usage(p.id, NULL, NULL, CAST(:region AS text)) u

@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from sqlalchemy import select, text, union
+from sqlalchemy import func, select, text, union
 from sqlalchemy.orm import Session
 
 from controlplane.enums import CapacityShape, ProjectState
@@ -62,7 +62,7 @@ ORDER BY n.hostname
 FOR UPDATE OF c SKIP LOCKED
 """
 )
-ENDED_RESERVATIONS = text("DELETE FROM project_reservations WHERE ends_at <= now()")
+ENDED_RESERVATIONS = text("DELETE FROM project_reservations WHERE NOT reservation_live(ends_at)")
 
 
 @dataclass(frozen=True)
@@ -555,9 +555,14 @@ def reserve(
             ProjectQuota.project_id == project.id,
             ProjectQuota.gpu_limit.is_not(None),
             ProjectQuota.gpu_limit < gpus,
-            ProjectQuota.sku_id.is_(None) | (ProjectQuota.sku_id == sku_id),
-            ProjectQuota.capacity_shape.is_(None) | (ProjectQuota.capacity_shape == shape),
-            ProjectQuota.region_code.is_(None) | (ProjectQuota.region_code == region),
+            func.quota_covers(
+                ProjectQuota.sku_id,
+                ProjectQuota.capacity_shape,
+                ProjectQuota.region_code,
+                sku_id,
+                shape.value,
+                region,
+            ),
         )
     ).first()
     if covering is not None:

@@ -8,15 +8,13 @@
 CREATE OR REPLACE FUNCTION project_usage(
     p_project text, p_sku integer, p_shape text, p_region text,
     OUT gpus integer, OUT allocations integer) LANGUAGE sql STABLE AS $$
-    SELECT coalesce(sum(CASE WHEN c.claim_kind = 'slot' THEN 1 ELSE a.gpu_count END), 0)::int,
+    SELECT coalesce(sum(claim_gpus(c.claim_kind, a.gpu_count)), 0)::int,
            count(DISTINCT a.id)::int
     FROM allocation_resource_claims c
     JOIN allocations a ON a.id = c.allocation_id
     JOIN nodes n ON n.id = a.node_id
     WHERE c.state = 'active' AND a.project_id = p_project
-      AND (p_sku IS NULL OR a.sku_id = p_sku)
-      AND (p_shape IS NULL OR a.capacity_shape = p_shape)
-      AND (p_region IS NULL OR n.region_code = p_region)
+      AND quota_covers(p_sku, p_shape, p_region, a.sku_id, a.capacity_shape, n.region_code)
 $$;
 
 -- Apply per-allocation changes of active claims: ``claims`` is the change in the number
@@ -50,9 +48,8 @@ BEGIN
             allocations_used = q.allocations_used + allocations_change,
             updated_at = now()
         WHERE q.project_id = owner.project_id
-          AND (q.sku_id IS NULL OR q.sku_id = owner.sku_id)
-          AND (q.capacity_shape IS NULL OR q.capacity_shape = owner.capacity_shape)
-          AND (q.region_code IS NULL OR q.region_code = owner.region_code);
+          AND quota_covers(q.sku_id, q.capacity_shape, q.region_code,
+                           owner.sku_id, owner.capacity_shape, owner.region_code);
     END LOOP;
 END
 $$;
@@ -74,25 +71,23 @@ BEGIN
         SELECT array_agg(d.allocation_id), array_agg(d.claims), array_agg(d.gpus)
         INTO ids, claims, gpus
         FROM (SELECT r.allocation_id, count(*)::int AS claims,
-                     sum(CASE WHEN r.claim_kind = 'slot' THEN 1
-                              ELSE (SELECT a.gpu_count FROM allocations a
-                                    WHERE a.id = r.allocation_id) END)::int AS gpus
+                     sum(claim_gpus(r.claim_kind, (SELECT a.gpu_count FROM allocations a
+                                                   WHERE a.id = r.allocation_id)))::int AS gpus
               FROM new_rows r WHERE r.state = 'active' GROUP BY r.allocation_id) d;
     ELSIF TG_OP = 'DELETE' THEN
         SELECT array_agg(d.allocation_id), array_agg(d.claims), array_agg(d.gpus)
         INTO ids, claims, gpus
         FROM (SELECT r.allocation_id, -count(*)::int AS claims,
-                     -sum(CASE WHEN r.claim_kind = 'slot' THEN 1
-                               ELSE (SELECT a.gpu_count FROM allocations a
-                                     WHERE a.id = r.allocation_id) END)::int AS gpus
+                     -sum(claim_gpus(r.claim_kind, (SELECT a.gpu_count FROM allocations a
+                                                    WHERE a.id = r.allocation_id)))::int AS gpus
               FROM old_rows r WHERE r.state = 'active' GROUP BY r.allocation_id) d;
     ELSE
         SELECT array_agg(d.allocation_id), array_agg(d.claims), array_agg(d.gpus)
         INTO ids, claims, gpus
         FROM (SELECT r.allocation_id, sum(r.sign)::int AS claims,
-                     sum(r.sign * CASE WHEN r.claim_kind = 'slot' THEN 1
-                                       ELSE (SELECT a.gpu_count FROM allocations a
-                                             WHERE a.id = r.allocation_id) END)::int AS gpus
+                     sum(r.sign * claim_gpus(r.claim_kind,
+                                             (SELECT a.gpu_count FROM allocations a
+                                              WHERE a.id = r.allocation_id)))::int AS gpus
               FROM (SELECT 1 AS sign, n.allocation_id, n.claim_kind FROM new_rows n
                     WHERE n.state = 'active'
                     UNION ALL

@@ -2,9 +2,12 @@
 -- complete, when a node takes slices or a baremetal tenant and when its hugepages back a
 -- hugepage SKU's VM. Triggers, CHECK constraints, the audit, the scheduler, occupancy
 -- and diagnosis all call these.
--- LANGUAGE sql, IMMUTABLE and a single expression: the planner inlines them, so a
--- predicate written with them costs what the spelled-out expression costs and can use
--- the same indexes. See docs/architecture.md, "Where each rule lives".
+-- The tenancy rules below them are the one definition of when a reservation is live or
+-- lets a project in, what a quota covers and what a claim holds toward it.
+-- LANGUAGE sql, IMMUTABLE (STABLE where they read now()) and a single expression: the
+-- planner inlines them, so a predicate written with them costs what the spelled-out
+-- expression costs and can use the same indexes. See docs/architecture.md, "Where each
+-- rule lives".
 
 -- A tenant holds the slot: reserved for, provisioning, running or releasing a VM.
 CREATE OR REPLACE FUNCTION slot_in_use(status text) RETURNS boolean
@@ -65,3 +68,42 @@ CREATE OR REPLACE FUNCTION node_backs_hugepages(
 CREATE OR REPLACE FUNCTION fabric_fits(link_layer text, required text) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT required = 'any' OR link_layer IS NOT DISTINCT FROM required $$;
+
+-- The tenancy rules (docs/store-invariants.md, "Projects, quotas and policy" and
+-- "Reserved capacity"): the scheduler, occupancy, the project commands, the quota
+-- triggers and the audit call these rather than spell them out.
+
+-- A reservation (or the node_capacity mark it leaves: reserved_until) holds its nodes
+-- until it ends; NULL: until it is released. STABLE, not IMMUTABLE: it reads now().
+CREATE OR REPLACE FUNCTION reservation_live(ends_at timestamptz) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$ SELECT ends_at IS NULL OR ends_at > now() $$;
+
+-- A node's reservation mark (node_capacity.reserved_for and reserved_until) lets
+-- `project` place there: no reservation, the project's own, or one that has ended.
+CREATE OR REPLACE FUNCTION reservation_admits(
+    reserved_for text, reserved_until timestamptz, project text
+) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$ SELECT reserved_for IS NULL OR reserved_for = project
+              OR NOT reservation_live(reserved_until) $$;
+
+-- A quota's scope (NULL: every SKU, shape or region) covers a claim of this SKU, shape
+-- and region: its usage counts the claim, and its limit binds it.
+CREATE OR REPLACE FUNCTION quota_covers(
+    quota_sku integer, quota_shape text, quota_region text,
+    sku integer, shape text, region text
+) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+SELECT (quota_sku IS NULL OR quota_sku = sku)
+    AND (quota_shape IS NULL OR quota_shape = shape)
+    AND (quota_region IS NULL OR quota_region = region)
+$$;
+
+-- The GPUs an active claim holds toward a quota: a slot claim one (a slot holds one GPU,
+-- ck_node_resource_slots_one_gpu_per_slot), a node_exclusive claim its allocation's.
+CREATE OR REPLACE FUNCTION claim_gpus(claim_kind text, allocation_gpus integer)
+    RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT CASE WHEN claim_kind = 'slot' THEN 1 ELSE allocation_gpus END $$;
