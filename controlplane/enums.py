@@ -41,12 +41,6 @@ class SlotStatus(StrEnum):
     CLEANUP_BLOCKED = "cleanup_blocked"
 
 
-# Slot statuses in which the slot belongs to an allocation.
-SLOT_IN_USE = frozenset(
-    {SlotStatus.RESERVED, SlotStatus.PROVISIONING, SlotStatus.ACTIVE, SlotStatus.RELEASING}
-)
-
-
 class HealthState(StrEnum):
     UNKNOWN = "unknown"
     HEALTHY = "healthy"

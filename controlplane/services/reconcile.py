@@ -124,7 +124,7 @@ UNCLAIMED_SLOTS_SQL = text(
     """
 WITH bad AS (
     SELECT s.id, s.status FROM node_resource_slots s
-    WHERE s.status IN ('reserved', 'provisioning', 'active', 'releasing')
+    WHERE slot_in_use(s.status)
       AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims c
                       WHERE c.slot_id = s.id AND c.state = 'active')
     FOR UPDATE OF s)
@@ -147,7 +147,7 @@ WITH expected AS (
     JOIN node_resource_slots s ON s.id = c.slot_id
     WHERE c.state = 'active'
       AND a.state IN ('pending', 'provisioning', 'active', 'impaired', 'releasing')
-      AND s.status IN ('available', 'reserved', 'provisioning', 'active', 'releasing', 'cleanup')
+      AND (slot_in_use(s.status) OR s.status IN ('available', 'cleanup'))
       AND s.status <> CASE a.state WHEN 'pending' THEN 'reserved' WHEN 'impaired' THEN 'active'
                                    ELSE a.state END
     FOR UPDATE OF s)

@@ -7,6 +7,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -508,12 +509,8 @@ def disable(session: Session, hostname: str, slot_index: int, reason: str, actor
     reason = audit_trail.required_reason(reason, "disabling a slot")
     node = node_repo.get_by_hostname(session, hostname)
     row = slot_repo.get(session, node.id, slot_index, for_update=True)
-    if row.status in (
-        SlotStatus.RESERVED,
-        SlotStatus.PROVISIONING,
-        SlotStatus.ACTIVE,
-        SlotStatus.RELEASING,
-    ):
+    # slot_in_use in controlplane/sql/rules.sql is the one definition, so it is asked.
+    if session.scalar(select(func.slot_in_use(row.status.value))):
         raise Conflict(
             "slot_in_use",
             f"slot {slot_index} of {hostname} is {row.status.value}; release its allocation first",

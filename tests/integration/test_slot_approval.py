@@ -217,6 +217,21 @@ def test_wipe_or_transition_proof_newer_than_discovery_clears_filesystems(cp, en
     assert cp.approve_slots("j22u15", [3], "test").approved == [3]
 
 
+@pytest.mark.parametrize("status", ["reserved", "provisioning", "active", "releasing"])
+def test_a_slot_in_use_is_not_disabled(cp, engine, status):
+    """Disabling asks the store's slot_in_use (controlplane/sql/rules.sql)."""
+    cp.import_topology("j22u15", recorded("j22u15"), "test")
+    cp.approve_slots("j22u15", None, "test")
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE node_resource_slots SET status = :status WHERE slot_index = 1"),
+            {"status": status},
+        )
+    with pytest.raises(GpuaasError) as excinfo:
+        cp.disable_slot("j22u15", 1, "fan failure", "test")
+    assert excinfo.value.code == "slot_in_use"
+
+
 def test_disable_and_repair(cp, engine):
     cp.import_topology("j22u15", recorded("j22u15"), "test")
     cp.approve_slots("j22u15", None, "test")
