@@ -24,7 +24,7 @@ from controlplane.scheduler.placement import PlacementRequest, Unavailable
 from controlplane.services.allocations import CatalogImage, ReleaseResult, RuntimeSpec
 from controlplane.services.requests import PlacedRequest
 from flows import artifacts
-from flows.fleet import ACTOR, control_plane, current_run
+from flows.context import ACTOR, control_plane, current_run
 from flows.hostwork import VM_PROVISION, VM_RELEASE, HostOutcome, run_host_action
 from flows.parameters import given
 from flows.refusals import ended

@@ -25,7 +25,7 @@ from controlplane import benchmarks
 from controlplane.errors import GpuaasError, InvalidInput
 from controlplane.services.guests import GuestTarget
 from flows import artifacts
-from flows.fleet import ACTOR, control_plane, current_run
+from flows.context import ACTOR, control_plane, current_run
 from flows.hostwork import BENCHMARK, run_host_action
 from flows.refusals import ended
 

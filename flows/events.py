@@ -12,7 +12,7 @@ from prefect.events import Event
 from prefect.events.clients import get_events_client
 
 from controlplane.services.events import StoreEvent
-from flows.fleet import control_plane
+from flows.context import control_plane
 
 
 def prefect_event(event: StoreEvent) -> Event:

@@ -13,13 +13,20 @@ from dataclasses import asdict
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.runtime import deployment, flow_run
 from prefect.states import Completed
 
-from controlplane.api import ControlPlane
 from controlplane.enums import EvidenceKind
 from controlplane.errors import Conflict, GpuaasError
 from flows import artifacts, sweeps
+from flows.context import (
+    ACTOR,
+    control_plane,
+    current_run,
+    no_nodes_matched,
+    run_actor,
+    select_nodes,
+    shorten,
+)
 from flows.hostwork import (
     BOOTSTRAP,
     STORAGE_TRANSITION,
@@ -28,47 +35,6 @@ from flows.hostwork import (
 )
 from flows.parameters import given
 from flows.refusals import ended
-
-ACTOR = "flow"
-
-
-def control_plane() -> ControlPlane:
-    return ControlPlane.from_environment()
-
-
-def current_run() -> str | None:
-    return str(flow_run.id) if flow_run.id else None
-
-
-def run_actor() -> str:
-    """Who this flow run acts as in the audit trail: its deployment (its flow, when run
-    outside one) and the run (docs/operations.md, "Audit trail")."""
-    return f"flow:{deployment.name or flow_run.flow_name}/{flow_run.id}"
-
-
-def no_nodes_matched(hostnames: list[str], region: str, intent: str) -> str:
-    return (
-        "no node matched (hosts: "
-        + (", ".join(hostnames) if hostnames else "any")
-        + f", region: {region or 'any'}, profile intent: {intent or 'any'}); nothing to do"
-    )
-
-
-@task(name="select nodes")
-def select_nodes(hostnames: list[str], region: str, profile_intent: str) -> list[str]:
-    """The nodes named (or all), of the region and profile intent when given (an empty
-    parameter is not given: flows/parameters.py)."""
-    nodes = control_plane().list_nodes(region or None)
-    chosen = [
-        n.hostname
-        for n in nodes
-        if (not hostnames or n.hostname in hostnames)
-        and (not profile_intent or n.profile_intent == profile_intent)
-    ]
-    missing = sorted(set(hostnames) - {n.hostname for n in nodes})
-    if missing:
-        raise GpuaasError("node_not_found", f"unknown nodes: {missing}", {"nodes": missing})
-    return chosen
 
 
 @flow(name="discover_topology", log_prints=True)
@@ -142,25 +108,12 @@ def discover_topology(
         f"{len(failed)} failed"
         + (f" ({shorten(failed)})" if failed else "")
         + f"; {sum(row['approvable slots'] for row in rows)} slot(s) approvable"
-        + rerun_note(swept)
+        + sweeps.rerun_note(swept)
     )
     logger.log(logging.WARNING if failed else logging.INFO, summary)
     if failed:
         return ended(summary, results)
     return Completed(message=summary, data=results)
-
-
-def shorten(hosts: list[str], limit: int = 20) -> str:
-    """Node names for a log line or message: the first ``limit``, then how many more."""
-    shown = ", ".join(hosts[:limit])
-    return shown + (f" and {len(hosts) - limit} more" if len(hosts) > limit else "")
-
-
-def rerun_note(swept: sweeps.SweepResult) -> str:
-    """What a summary says about batches run more than once (their worker died)."""
-    if not swept.rerun:
-        return ""
-    return f"; batch(es) run again after their worker died: {', '.join(map(str, swept.rerun))}"
 
 
 @task(name="approve slots")
@@ -345,7 +298,9 @@ def parity_sweep(
     failing = [row["node"] for row in rows if row["failures"]]
     summary = (
         f"parity of {len(rows)} node(s): {len(rows) - len(failing)} passed, "
-        f"{len(failing)} failed" + (f" ({shorten(failing)})" if failing else "") + rerun_note(swept)
+        f"{len(failing)} failed"
+        + (f" ({shorten(failing)})" if failing else "")
+        + sweeps.rerun_note(swept)
     )
     logger.log(logging.WARNING if failing else logging.INFO, summary)
     if failing and fail_on_failures:

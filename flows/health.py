@@ -22,7 +22,7 @@ from prefect.states import Completed
 from controlplane.api import ControlPlane
 from controlplane.services.sweeps import TaskOutcome
 from flows import artifacts, sweeps
-from flows.fleet import ACTOR, control_plane, no_nodes_matched, rerun_note, select_nodes, shorten
+from flows.context import ACTOR, control_plane, no_nodes_matched, select_nodes, shorten
 from flows.refusals import ended
 
 # How each way a node's check went is told in the sweep's table.
@@ -195,7 +195,7 @@ def health_sweep(
         f"degraded, {counts['failed']} failed; {failed_slots} slot(s) failed, {impaired} "
         f"allocation(s) impaired"
         + (f"; not judged: {shorten(skipped)}" if skipped else "")
-        + rerun_note(swept)
+        + sweeps.rerun_note(swept)
     )
     unwell = counts["degraded"] + counts["failed"]
     logger.log(logging.WARNING if unwell or failed_slots else logging.INFO, summary)

@@ -18,7 +18,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from controlplane.errors import GpuaasError
 from flows import artifacts
-from flows.fleet import ACTOR, control_plane, current_run, no_nodes_matched, select_nodes
+from flows.context import ACTOR, control_plane, current_run, no_nodes_matched, select_nodes
 from flows.hostwork import IMAGE_CACHE, HostOutcome, run_host_action
 from flows.refusals import ended
 

@@ -28,7 +28,7 @@ from controlplane.enums import EvidenceKind, NodeTaskKind
 from controlplane.services.reconcile import CleanupSlot
 from flows import artifacts
 from flows.allocation import published, run_release
-from flows.fleet import ACTOR, control_plane, current_run
+from flows.context import ACTOR, control_plane, current_run
 from flows.hostwork import HostAction, run_host_action
 from flows.images import reverify_image_caches
 from flows.liveness import lost_now, pool_workers

@@ -27,7 +27,7 @@ from controlplane.services.remediation import (
 )
 from flows import artifacts
 from flows.allocation import published, run_release, store_io_failed
-from flows.fleet import ACTOR, control_plane
+from flows.context import ACTOR, control_plane
 from flows.hostwork import HostOutcome
 
 

@@ -32,7 +32,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
 from prefect.futures import as_completed
-from prefect.runtime import deployment, flow_run
+from prefect.runtime import deployment
 from prefect.states import Completed, Crashed
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -40,9 +40,9 @@ from controlplane.api import ControlPlane
 from controlplane.enums import SweepKind
 from controlplane.services.sweeps import TaskOutcome
 from flows import artifacts
+from flows.context import ACTOR, control_plane, current_run
 from flows.hostwork import DISCOVER, HEALTH, PARITY, HostAction, run_host_action
 
-ACTOR = "flow"
 SWEEP_BATCH = "sweep_batch/sweep-batch"
 # The sweep kind judge_sweep judges the action's outcomes by; None: the sweep's caller
 # judges them (the health sweep, through ControlPlane.record_health).
@@ -57,14 +57,6 @@ POLL_SECONDS = 2.0
 # A batch still running this long past its host action's own limit is presumed lost even
 # if nothing marked it Crashed (the automation not installed, say).
 OVERDUE_SECONDS = 300.0
-
-
-def control_plane() -> ControlPlane:
-    return ControlPlane.from_environment()
-
-
-def current_run() -> str | None:
-    return str(flow_run.id) if flow_run.id else None
 
 
 def import_discovered(cp: ControlPlane) -> Callable[[str, uuid.UUID, Any], None]:
@@ -175,6 +167,13 @@ class SweepResult:
     @property
     def rerun(self) -> list[int]:
         return [b.index for b in self.batches if len(b.attempts) > 1]
+
+
+def rerun_note(swept: SweepResult) -> str:
+    """What a summary says about batches run more than once (their worker died)."""
+    if not swept.rerun:
+        return ""
+    return f"; batch(es) run again after their worker died: {', '.join(map(str, swept.rerun))}"
 
 
 def split(hosts: list[str], batch_size: int) -> list[Batch]:
