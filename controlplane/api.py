@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import IntegrityError
 
 from controlplane import db
 from controlplane.deploy_user_data import DeployRequest
@@ -266,33 +265,8 @@ class ControlPlane:
     def place_request(
         self, request: PlacementRequest, request_id: str, flow_run_id: str | None = None
     ) -> requests.PlacedRequest | Unavailable:
-        """Place once per request id: a repeated request (a retry, a second client call)
-        returns the allocation the first one placed (``replayed``), never a second one.
-        ``flow_run_id`` names the run driving the allocation, if it has none yet."""
-        ids = requests.allocation_ids_for(request_id, request)
-        request = dataclasses.replace(request, allocation_id=ids[0])
-        with db.transaction(self.engine) as session:
-            placed = requests.replay(session, ids, request.sku, request.gpu_count)
-        if placed is None:
-            try:
-                fresh = self.scheduler.place(request)
-            except IntegrityError as exc:
-                if db.violated_constraint(exc) != "pk_allocations":
-                    raise
-                # A concurrent attempt of the same request committed first.
-                with db.transaction(self.engine) as session:
-                    placed = requests.replay(
-                        session, (request.allocation_id,), request.sku, request.gpu_count
-                    )
-            else:
-                if isinstance(fresh, Unavailable):
-                    return fresh
-                placed = requests.PlacedRequest.fresh(fresh, None)
-        if flow_run_id and not placed.flow_run_id:
-            with db.transaction(self.engine) as session:
-                allocations.set_flow_run(session, uuid.UUID(placed.allocation_id), flow_run_id)
-            placed = dataclasses.replace(placed, flow_run_id=flow_run_id)
-        return placed
+        """Place once per request id (``requests.place``)."""
+        return requests.place(self.scheduler, request, request_id, flow_run_id)
 
     def publish_events(
         self, send: Callable[[list[events.StoreEvent]], None], limit: int = 500

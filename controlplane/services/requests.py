@@ -8,16 +8,25 @@ there replays it instead of placing again (docs/architecture.md, "Placement").
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from controlplane import db
 from controlplane.errors import Conflict, NotFound
 from controlplane.models import DEFAULT_PROJECT
-from controlplane.scheduler.placement import Placement, PlacementRequest, project_of
+from controlplane.scheduler.placement import (
+    Placement,
+    PlacementRequest,
+    Scheduler,
+    Unavailable,
+    project_of,
+)
 from controlplane.services import allocations
 
 # Fixed forever: allocation ids already derived from request ids depend on it.
@@ -131,3 +140,36 @@ def replay(
         flow_run_id=shown.runtime_metadata.get("flow_run_id"),
         failure_reason=shown.failure_reason,
     )
+
+
+def place(
+    scheduler: Scheduler, request: PlacementRequest, request_id: str, flow_run_id: str | None
+) -> PlacedRequest | Unavailable:
+    """Place once per request id: a repeated request (a retry, a second client call)
+    returns the allocation the first one placed (``replayed``), never a second one.
+    ``flow_run_id`` names the run driving the allocation, if it has none yet.
+
+    Each step is its own transaction: the scheduler's placement commits on its own, so the
+    replay before it and the recording of the run after it cannot share one."""
+    ids = allocation_ids_for(request_id, request)
+    request = dataclasses.replace(request, allocation_id=ids[0])
+    with db.transaction(scheduler.engine) as session:
+        placed = replay(session, ids, request.sku, request.gpu_count)
+    if placed is None:
+        try:
+            fresh = scheduler.place(request)
+        except IntegrityError as exc:
+            if db.violated_constraint(exc) != "pk_allocations":
+                raise
+            # A concurrent attempt of the same request committed first.
+            with db.transaction(scheduler.engine) as session:
+                placed = replay(session, (ids[0],), request.sku, request.gpu_count)
+        else:
+            if isinstance(fresh, Unavailable):
+                return fresh
+            placed = PlacedRequest.fresh(fresh, None)
+    if flow_run_id and not placed.flow_run_id:
+        with db.transaction(scheduler.engine) as session:
+            allocations.set_flow_run(session, uuid.UUID(placed.allocation_id), flow_run_id)
+        placed = dataclasses.replace(placed, flow_run_id=flow_run_id)
+    return placed
