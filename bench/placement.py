@@ -294,7 +294,7 @@ def bare_claim_loop(url: str, clients: int, total: int, per_claim_checkout: bool
 # variable's value as a text parameter, and has no NULL (nor an empty value), so this
 # value stands for one.
 SAME_WORK_NULL = "-"
-SAME_WORK_NULLABLE = ("region", "region_code")
+SAME_WORK_NULLABLE = ("region",)
 
 
 def pgbench_statement(sql: str, constants: dict[str, str]) -> str:

@@ -126,7 +126,6 @@ def test_the_locking_statement_locks_by_primary_key(filled):
         "preferred": "{" + slot + "}",
         "allocation": "00000000-0000-0000-0000-000000000001",
         "sku_id": 1,
-        "region_code": None,
         "project": "default",
         "actor": "plan",
         "event": "{}",

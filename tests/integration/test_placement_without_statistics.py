@@ -147,7 +147,6 @@ def lock_params(engine: Engine) -> dict:
         "preferred": "{" + slot + "}",
         "allocation": "00000000-0000-0000-0000-000000000001",
         "sku_id": 1,
-        "region_code": None,
         "actor": "plan",
         "event": "{}",
     }
