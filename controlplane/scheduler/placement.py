@@ -21,6 +21,11 @@ than in the full ranking, which can cost packing, never safety, since the lock r
 every rule. Otherwise the choice is always in the full ranking's best (clean, waste)
 class, and exactly the full ranking's when that class fits in one page of K nodes;
 first_fit is always exact. docs/architecture.md has the whole path.
+
+The statements are in ``statements.py``, the records and the one parameter object they
+bind in ``records.py``, the refusals in ``diagnosis.py``; the slice and baremetal paths
+differ only in their ``_Path`` below. Every name other modules import stays importable
+from here.
 """
 
 from __future__ import annotations
@@ -28,20 +33,29 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-import uuid
 from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, Row, TextClause
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from controlplane.enums import CapacityShape, ProjectState
-from controlplane.models import DEFAULT_PROJECT
-from controlplane.scheduler import quotas, ranking
+from controlplane.enums import CapacityShape
+from controlplane.scheduler import diagnosis, quotas, ranking
 from controlplane.scheduler.ranking import BaremetalNode, Policy, SliceNode, SlotView
+from controlplane.scheduler.records import (
+    CatalogImage,
+    LockedRow,
+    Placement,
+    PlacementParams,
+    PlacementRequest,
+    Race,
+    SkuInfo,
+    Unavailable,
+    project_of,
+)
 from controlplane.scheduler.statements import (
     BAREMETAL_DIAGNOSIS,
     BAREMETAL_LOCK,
@@ -68,7 +82,7 @@ from controlplane.scheduler.statements import (
 SKU_CACHE_SECONDS = 10.0
 
 # What other modules import from here: the scheduler, its records and its statements
-# (kept importable from this module since they moved to controlplane/scheduler/statements.py).
+# (kept importable from this module since they moved to records.py and statements.py).
 __all__ = [
     "BAREMETAL_DIAGNOSIS",
     "BAREMETAL_LOCK",
@@ -92,6 +106,7 @@ __all__ = [
     "SLICE_NODE_FILTER",
     "SLICE_SNAPSHOT",
     "Placement",
+    "PlacementParams",
     "PlacementRequest",
     "QuotaRaced",
     "Scheduler",
@@ -105,104 +120,6 @@ __all__ = [
 
 class QuotaRaced(Exception):
     """The lock lost the project's last quota room to a concurrent placement."""
-
-
-@dataclass(frozen=True)
-class PlacementRequest:
-    sku: str
-    gpu_count: int
-    capacity_shape: CapacityShape | None = None
-    region: str | None = None
-    project_id: str | None = None
-    requested_by: str = "api"
-    allocation_id: uuid.UUID = field(default_factory=uuid.uuid4)
-    # The catalog image the slice boots: a published one places only on nodes holding a
-    # verified copy.
-    image: str | None = None
-
-
-@dataclass(frozen=True)
-class Placement:
-    """A placed request.
-
-    ``attempts`` counts locking statements run (more than one means a retry after every
-    candidate of a ranking was lost); ``passed_over`` counts candidate nodes skipped
-    because another transaction held them (SKIP LOCKED) or had taken their capacity
-    since the snapshot: the lock conflicts this placement met.
-    """
-
-    allocation_id: uuid.UUID
-    capacity_shape: str
-    sku: str
-    gpu_count: int
-    node_id: uuid.UUID
-    hostname: str
-    slots: tuple[dict[str, Any], ...]
-    claims: tuple[uuid.UUID, ...]
-    attempts: int
-    passed_over: int = 0
-
-    @property
-    def placed(self) -> bool:
-        return True
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "placed": True,
-            "allocation_id": str(self.allocation_id),
-            "capacity_shape": self.capacity_shape,
-            "sku": self.sku,
-            "gpu_count": self.gpu_count,
-            "node_id": str(self.node_id),
-            "node": self.hostname,
-            "slots": [
-                {k: str(v) if k == "slot_id" else v for k, v in s.items()} for s in self.slots
-            ],
-            "claims": [str(c) for c in self.claims],
-            "attempts": self.attempts,
-            "passed_over": self.passed_over,
-        }
-
-
-@dataclass(frozen=True)
-class Unavailable:
-    """An explicit refusal: ``code`` and, for sku_unavailable, a ``reason``."""
-
-    code: str
-    reason: str | None
-    message: str
-    details: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def placed(self) -> bool:
-        return False
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "placed": False,
-            "code": self.code,
-            "reason": self.reason,
-            "message": self.message,
-            "details": self.details,
-        }
-
-
-@dataclass(frozen=True)
-class SkuInfo:
-    id: int
-    slug: str
-    capacity_shape: CapacityShape
-    node_family: str
-    allowed_gpu_counts: tuple[int, ...]
-    # Memory per GPU a slice VM takes in 1 GiB hugepages; None: the SKU needs none (a
-    # baremetal tenant is no VM, so its SKU never does).
-    hugepages_gib: int | None = None
-    # The link layer its slots' fabric must have (enums.Fabric); a slice SKU's only.
-    fabric: str = "any"
-
-
-def project_of(request: PlacementRequest) -> str:
-    return request.project_id or DEFAULT_PROJECT
 
 
 def uuid_array(values: Iterable[str]) -> str:
@@ -220,12 +137,76 @@ def _passes(verdict: quotas.QuotaVerdict) -> tuple[bool, ...]:
     return (True, False) if verdict.holds_reservation else (False,)
 
 
-@dataclass
-class _Race:
-    """What one request lost to concurrent ones: locking statements and candidates."""
+def _slice_nodes(rows: Sequence[Row]) -> list[SliceNode]:
+    """One page of candidate nodes; a node without eligible slots comes back empty."""
+    grouped: dict[str, list[Row]] = defaultdict(list)
+    for row in rows:
+        grouped[row.node_id].append(row)
+    return [
+        SliceNode(
+            node_id=node_id,
+            hostname=slot_rows[0].hostname,
+            clean=slot_rows[0].clean,
+            slots=tuple(
+                SlotView(r.slot_id, r.slot_index, r.numa_node, r.gpu_count)
+                for r in slot_rows
+                if r.slot_id
+            ),
+        )
+        for node_id, slot_rows in grouped.items()
+    ]
 
-    attempts: int = 0
-    passed_over: int = 0
+
+def _baremetal_nodes(rows: Sequence[Row]) -> list[BaremetalNode]:
+    return [BaremetalNode(r.node_id, r.hostname, r.baremetal_intent, r.free_slots) for r in rows]
+
+
+@dataclass(frozen=True)
+class _Path:
+    """What the slice and baremetal placements differ in; the snapshot, rank and lock
+    loop (``Scheduler._pass``) is the same for both."""
+
+    shape: CapacityShape
+    snapshots: dict[Policy, TextClause]
+    lock: TextClause
+    read_snapshot: Callable[[Sequence[Row]], list[Any]]
+    rank: Callable[[list[Any], PlacementParams, Policy], list[Any]]
+    # The locking statement's candidates (and, for a slice, the slots it prefers).
+    lock_binds: Callable[[list[Any]], dict[str, str]]
+    # Claims one placement of ``gpus`` writes: one per slot, or the node whole.
+    claims: Callable[[int], int]
+    diagnose: Callable[[Connection, PlacementParams, PlacementRequest, Race], Unavailable]
+
+
+_PATHS = {
+    CapacityShape.GPU_SLICE: _Path(
+        shape=CapacityShape.GPU_SLICE,
+        snapshots=SLICE_SNAPSHOT,
+        lock=SLICE_LOCK,
+        read_snapshot=_slice_nodes,
+        rank=lambda snapshot, params, policy: ranking.rank_slice_nodes(
+            snapshot, params.gpus, params.salt, policy
+        ),
+        lock_binds=lambda choices: {
+            "ranked": uuid_array(c.node_id for c in choices),
+            "preferred": uuid_array(slot for c in choices for slot in c.slot_ids),
+        },
+        claims=lambda gpus: gpus,
+        diagnose=diagnosis.diagnose_slice,
+    ),
+    CapacityShape.BAREMETAL: _Path(
+        shape=CapacityShape.BAREMETAL,
+        snapshots=BAREMETAL_SNAPSHOT,
+        lock=BAREMETAL_LOCK,
+        read_snapshot=_baremetal_nodes,
+        rank=lambda snapshot, params, policy: ranking.rank_baremetal_nodes(
+            snapshot, params.salt, policy
+        ),
+        lock_binds=lambda choices: {"ranked": uuid_array(n.node_id for n in choices)},
+        claims=lambda gpus: 1,
+        diagnose=diagnosis.diagnose_baremetal,
+    ),
+}
 
 
 class Scheduler:
@@ -272,28 +253,26 @@ class Scheduler:
         with self.engine.connect() as conn:
             conn.execution_options(isolation_level="AUTOCOMMIT")
             sku = self._sku(conn, request.sku)
-            refusal = self._check_request(request, sku)
+            refusal = diagnosis.check_request(request, sku)
             if refusal is not None:
                 return refusal
             assert sku is not None
             image = None
             if request.image is not None and sku.capacity_shape is CapacityShape.GPU_SLICE:
-                image = conn.execute(IMAGE_QUERY, {"slug": request.image}).one_or_none()
-                if image is None:
+                found = conn.execute(IMAGE_QUERY, {"slug": request.image}).one_or_none()
+                if found is None:
                     return Unavailable("image_not_found", None, f"no image {request.image!r}")
+                image = CatalogImage(**found._mapping)
             for _ in range(self.max_attempts):
-                verdict = self._judge_quotas(conn, request, sku)
+                verdict = diagnosis.judge_quotas(conn, request, sku)
                 if isinstance(verdict, Unavailable):
                     return verdict
                 try:
-                    if sku.capacity_shape is CapacityShape.BAREMETAL:
-                        placed = self._place_baremetal(conn, request, sku, verdict)
-                    else:
-                        placed = self._place_slice(conn, request, sku, image, verdict)
+                    placed = self._place_shape(conn, request, sku, image, verdict)
                 except QuotaRaced:
                     continue
                 if isinstance(placed, Unavailable) and placed.code == "sku_unavailable":
-                    return self._explain(conn, request, sku, verdict, placed)
+                    return diagnosis.explain(conn, request, sku, verdict, placed)
                 return placed
             return Unavailable(
                 "sku_unavailable",
@@ -303,311 +282,83 @@ class Scheduler:
                 {"attempts": self.max_attempts},
             )
 
-    def _quota_rows(
-        self, conn: Connection, request: PlacementRequest, sku: SkuInfo
-    ) -> tuple[Any, list[quotas.QuotaRow]]:
-        """The project's row (state, allowed regions and families; None if unknown) and
-        its quotas that may bind the request."""
-        rows = conn.execute(
-            QUOTA_QUERY,
-            {
-                "project": project_of(request),
-                "sku_id": sku.id,
-                "shape": sku.capacity_shape.value,
-            },
-        ).all()
-        if not rows:
-            return None, []
-        return rows[0], [
-            quotas.QuotaRow(
-                r.sku,
-                r.capacity_shape,
-                r.region,
-                r.gpu_limit,
-                r.allocation_limit,
-                r.gpus_used,
-                r.allocations_used,
-            )
-            for r in rows
-            if r.gpu_limit is not None or r.allocation_limit is not None
-        ]
-
-    def _judge_quotas(
-        self, conn: Connection, request: PlacementRequest, sku: SkuInfo
-    ) -> quotas.QuotaVerdict | Unavailable:
-        """The project's state and quotas before any lock: a refusal naming the rule and
-        its numbers, or the regions to avoid."""
-        project = project_of(request)
-        found, rows = self._quota_rows(conn, request, sku)
-        if found is None:
-            return Unavailable(
-                "project_not_found",
-                None,
-                f"no project {project!r} (gpuaas project create {project})",
-                {"project": project},
-            )
-        state, allowed_regions, allowed_families = (
-            found.state,
-            found.allowed_regions,
-            found.allowed_node_families,
-        )
-        if state != ProjectState.ACTIVE.value:
-            return Unavailable(
-                "policy_denied",
-                "project_retired",
-                f"project {project} is retired: it places nothing new",
-                {"project": project, "rule": "project_retired"},
-            )
-        denied = quotas.policy_refusal(
-            project, allowed_regions, allowed_families, sku.node_family, request.region
-        )
-        if denied is not None:
-            return Unavailable(
-                "policy_denied", denied["rule"], quotas.policy_message(denied), denied
-            )
-        verdict = quotas.judge(project, rows, request.gpu_count, request.region)
-        if verdict.exceeded is not None:
-            return Unavailable(
-                "quota_exceeded",
-                verdict.exceeded["unit"],
-                quotas.exceeded_message(verdict.exceeded),
-                verdict.exceeded,
-            )
-        return dataclasses.replace(
-            verdict, allowed_regions=allowed_regions, holds_reservation=found.holds_reservation
-        )
-
-    def _explain(
+    def _place_shape(
         self,
         conn: Connection,
         request: PlacementRequest,
         sku: SkuInfo,
-        verdict: quotas.QuotaVerdict,
-        refusal: Unavailable,
-    ) -> Unavailable:
-        """A request that found no capacity: if only regions outside the project's policy
-        had the capacity, the policy refused it, whatever else also held; else if the
-        regions its quota kept it out of had it, the quota did; if other projects' reserved
-        nodes had it, their reservations did. Read only on refusals."""
-        if refusal.reason == "contended":
-            return refusal
-        params = self._common(request, sku, verdict)
-        denied = self._policy_kept_out(conn, request, sku, params)
-        if denied is not None:
-            return denied
-        if refusal.reason == "image_not_cached":
-            return refusal
-        unavoided = {**params, "avoid_regions": []}
-        if verdict.avoid_regions and self._fits(conn, request, sku, unavoided):
-            _, rows = self._quota_rows(conn, request, sku)
-            exceeded = quotas.every_region_avoided(
-                project_of(request), rows, request.gpu_count, verdict.avoid_regions
-            )
-            return Unavailable(
-                "quota_exceeded", exceeded["unit"], quotas.exceeded_message(exceeded), exceeded
-            )
-        past_reservations = {**params, "respect_reservations": False}
-        if self._fits(conn, request, sku, params) or not self._fits(
-            conn, request, sku, past_reservations
-        ):
-            return refusal
-        reserved = [
-            {
-                "reservation": r.id,
-                "project": r.project_id,
-                "region": r.region_code,
-                "nodes": r.nodes,
-                "free_gpus": r.free_gpus,
-            }
-            for r in conn.execute(RESERVED_FOR_OTHERS, params)
-        ]
-        return Unavailable(
-            "reserved_capacity",
-            None,
-            f"{request.gpu_count} GPUs are free only on nodes reserved for other projects: "
-            + "; ".join(
-                f"{r['free_gpus']} free on {r['nodes']} node(s) in {r['region']} for {r['project']}"
-                for r in reserved
-            ),
-            {"requested_gpus": request.gpu_count, "reserved": reserved},
-        )
-
-    def _policy_kept_out(
-        self, conn: Connection, request: PlacementRequest, sku: SkuInfo, params: dict[str, Any]
-    ) -> Unavailable | None:
-        """policy_denied when the project's regions are what keeps the request out: with
-        the quota's avoided regions, reservations and the image cache set aside, it fits
-        outside the allowed regions and not inside them."""
-        allowed = params["allowed_regions"]
-        if allowed is None:
-            return None
-        lifted = {
-            **params,
-            "avoid_regions": [],
-            "respect_reservations": False,
-            "image_required": False,
-        }
-        if self._fits(conn, request, sku, lifted) or not self._fits(
-            conn, request, sku, {**lifted, "allowed_regions": None}
-        ):
-            return None
-        denied = {
-            "project": project_of(request),
-            "rule": "region",
-            "requested": request.region,
-            "allowed": sorted(allowed),
-        }
-        return Unavailable(
-            "policy_denied",
-            "region",
-            f"{request.gpu_count} GPUs of {sku.slug} fit only outside the regions project "
-            f"{denied['project']} may use (allowed: {', '.join(denied['allowed'])})",
-            denied,
-        )
-
-    def _fits(
-        self, conn: Connection, request: PlacementRequest, sku: SkuInfo, params: dict[str, Any]
-    ) -> bool:
-        if sku.capacity_shape is CapacityShape.BAREMETAL:
-            return conn.execute(BAREMETAL_DIAGNOSIS, params).scalar_one() > 0
-        return conn.execute(SLICE_DIAGNOSIS, params).one()[2] >= request.gpu_count
-
-    @staticmethod
-    def _check_request(request: PlacementRequest, sku: SkuInfo | None) -> Unavailable | None:
-        if sku is None:
-            return Unavailable("sku_not_found", None, f"no enabled SKU {request.sku!r}")
-        if request.capacity_shape is not None and request.capacity_shape != sku.capacity_shape:
-            return Unavailable(
-                "capacity_shape_mismatch",
-                None,
-                f"SKU {sku.slug} is {sku.capacity_shape.value}, not {request.capacity_shape}",
-                {"sku_shape": sku.capacity_shape.value},
-            )
-        if request.gpu_count not in sku.allowed_gpu_counts:
-            return Unavailable(
-                "gpu_count_not_allowed",
-                None,
-                f"SKU {sku.slug} allows {list(sku.allowed_gpu_counts)} GPUs, "
-                f"not {request.gpu_count}",
-                {"allowed_gpu_counts": list(sku.allowed_gpu_counts)},
-            )
-        return None
-
-    def _common(
-        self,
-        request: PlacementRequest,
-        sku: SkuInfo,
-        verdict: quotas.QuotaVerdict | None = None,
-    ) -> dict[str, Any]:
-        return {
-            "avoid_regions": list(verdict.avoid_regions) if verdict else [],
-            "respect_reservations": True,
-            "own_reserved_only": False,
-            "allowed_regions": verdict.allowed_regions if verdict else None,
-            "family": sku.node_family,
-            "region": request.region,
-            "gpus": request.gpu_count,
-            "salt": str(request.allocation_id),
-            "allocation": request.allocation_id,
-            "sku_id": sku.id,
-            "project": project_of(request),
-            "actor": request.requested_by,
-            "image_id": None,
-            "image_required": False,
-            "hugepages_gib": sku.hugepages_gib,
-            "fabric": sku.fabric,
-        }
-
-    def _slice_snapshot(
-        self, conn: Connection, params: dict[str, Any], offset: int
-    ) -> list[SliceNode]:
-        """One page of candidate nodes; a node without eligible slots comes back empty."""
-        rows = conn.execute(
-            SLICE_SNAPSHOT[self.policy], {**params, "k": self.candidate_nodes, "offset": offset}
-        ).all()
-        grouped: dict[str, list] = defaultdict(list)
-        for row in rows:
-            grouped[row[0]].append(row)
-        return [
-            SliceNode(
-                node_id=node_id,
-                hostname=slot_rows[0][1],
-                clean=slot_rows[0][2],
-                slots=tuple(SlotView(r[3], r[4], r[5], r[6]) for r in slot_rows if r[3]),
-            )
-            for node_id, slot_rows in grouped.items()
-        ]
-
-    def _place_slice(
-        self,
-        conn: Connection,
-        request: PlacementRequest,
-        sku: SkuInfo,
-        image: Any,
+        image: CatalogImage | None,
         verdict: quotas.QuotaVerdict,
     ) -> Placement | Unavailable:
-        params = self._common(request, sku, verdict)
+        path = _PATHS[sku.capacity_shape]
+        params = PlacementParams.of(request, sku, verdict)
         if image is not None:
-            params.update(image_id=image[0], image_required=image[1])
-        race = _Race()
+            params = dataclasses.replace(params, image_id=image.id, image_required=image.published)
+        race = Race()
         for own_reserved_only in _passes(verdict):
-            placed = self._slice_pass(
-                conn, {**params, "own_reserved_only": own_reserved_only}, request, sku, race
+            placed = self._pass(
+                conn,
+                path,
+                dataclasses.replace(params, own_reserved_only=own_reserved_only),
+                request,
+                sku,
+                race,
             )
             if placed is not None:
                 return placed
-        return self._diagnose_slice(conn, params, request, race)
+        return path.diagnose(conn, params, request, race)
 
-    def _slice_pass(
+    def _pass(
         self,
         conn: Connection,
-        params: dict[str, Any],
+        path: _Path,
+        params: PlacementParams,
         request: PlacementRequest,
         sku: SkuInfo,
-        race: _Race,
+        race: Race,
     ) -> Placement | None:
         """Page through the candidates the filter admits until one is locked; None when
         they run out or the attempts do."""
         offset = 0
         while race.attempts < self.max_attempts:
-            snapshot = self._slice_snapshot(conn, params, offset)
+            rows = conn.execute(
+                path.snapshots[self.policy],
+                params.binds(k=self.candidate_nodes, offset=offset),
+            ).all()
+            snapshot = path.read_snapshot(rows)
             if not snapshot:
                 return None
-            choices = ranking.rank_slice_nodes(
-                snapshot, request.gpu_count, params["salt"], self.policy
-            )
+            race.candidates_seen = True
+            choices = path.rank(snapshot, params, self.policy)
             if not choices:
                 offset += self.candidate_nodes
                 continue
-            placed = self._lock_slice(conn, params, choices, request, sku, race)
+            placed = self._lock(conn, path, params, choices, request, sku, race)
             if placed is not None:
                 return placed
             offset = 0
         return None
 
-    def _lock_slice(
+    def _lock(
         self,
         conn: Connection,
-        params: dict[str, Any],
-        choices: list[ranking.SliceChoice],
+        path: _Path,
+        params: PlacementParams,
+        choices: list[Any],
         request: PlacementRequest,
         sku: SkuInfo,
-        race: _Race,
+        race: Race,
     ) -> Placement | None:
-        """Reserve on the first candidate no one else holds, in ranking order."""
-        hostnames = {c.node_id: c.hostname for c in choices}
-        event = placed_event(CapacityShape.GPU_SLICE, sku, request.gpu_count)
+        """Take the first candidate no one else holds, in ranking order."""
+        event = placed_event(path.shape, sku, request.gpu_count)
         race.attempts += 1
         try:
-            rows = conn.execute(
-                SLICE_LOCK,
-                {
-                    **params,
-                    "ranked": uuid_array(c.node_id for c in choices),
-                    "preferred": uuid_array(slot for c in choices for slot in c.slot_ids),
-                    "event": event,
-                },
-            ).all()
+            rows = [
+                LockedRow(**row._mapping)
+                for row in conn.execute(
+                    path.lock, params.binds(event=event, **path.lock_binds(choices))
+                )
+            ]
         except IntegrityError as exc:
             conn.rollback()
             constraint = getattr(exc.orig.diag, "constraint_name", None)
@@ -620,227 +371,26 @@ class Scheduler:
         if not rows:
             race.passed_over += len(choices)
             return None
-        rank = rows[0][1]
-        if len(rows) != request.gpu_count or rows[0][2] is None:
-            # The node was ours but its slots were not (a release or wipe held them).
-            race.passed_over += rank
+        locked = rows[0]
+        if locked.claim_id is None or len(rows) != path.claims(request.gpu_count):
+            # The node was ours but its capacity was not (a release or wipe held it).
+            race.passed_over += locked.rank
             return None
-        race.passed_over += rank - 1
-        node_id = rows[0][0]
+        race.passed_over += locked.rank - 1
+        hostnames = {c.node_id: c.hostname for c in choices}
         return Placement(
             allocation_id=request.allocation_id,
-            capacity_shape=CapacityShape.GPU_SLICE.value,
+            capacity_shape=path.shape.value,
             sku=sku.slug,
             gpu_count=request.gpu_count,
-            node_id=node_id,
-            hostname=hostnames[str(node_id)],
-            slots=tuple({"slot_id": r[2], "slot_index": r[3]} for r in rows),
-            claims=tuple(r[4] for r in rows),
+            node_id=locked.node_id,
+            hostname=hostnames[str(locked.node_id)],
+            slots=tuple(
+                {"slot_id": r.slot_id, "slot_index": r.slot_index}
+                for r in rows
+                if r.slot_id is not None
+            ),
+            claims=tuple(r.claim_id for r in rows),
             attempts=race.attempts,
             passed_over=race.passed_over,
-        )
-
-    def _diagnose_slice(
-        self, conn: Connection, params: dict[str, Any], request: PlacementRequest, race: _Race
-    ) -> Unavailable:
-        nodes, free, largest = conn.execute(SLICE_DIAGNOSIS, params).one()
-        if params["image_required"] and largest < request.gpu_count:
-            uncached = conn.execute(SLICE_DIAGNOSIS, {**params, "image_required": False}).one()
-            if uncached[2] >= request.gpu_count:
-                return Unavailable(
-                    "sku_unavailable",
-                    "image_not_cached",
-                    f"{request.gpu_count} GPUs are free on one node, but only on nodes "
-                    f"without a verified copy of image {request.image} "
-                    f"(gpuaas image prewarm {request.image})",
-                    {
-                        "requested_gpus": request.gpu_count,
-                        "image": request.image,
-                        "free_gpus_uncached": uncached[1],
-                        "largest_same_node_uncached": uncached[2],
-                    },
-                )
-        hugepages_gib = params["hugepages_gib"]
-        if hugepages_gib is not None and largest < request.gpu_count:
-            lifted = conn.execute(SLICE_DIAGNOSIS, {**params, "hugepages_gib": None}).one()
-            if lifted[2] >= request.gpu_count or (nodes == 0 and lifted[0] > 0):
-                needed = hugepages_gib * request.gpu_count
-                return Unavailable(
-                    "sku_unavailable",
-                    "hugepages_missing",
-                    f"no node of family {params['family']} with room for {request.gpu_count} "
-                    f"GPUs has the {needed} 1 GiB hugepages this SKU's VM needs "
-                    f"({hugepages_gib} GiB per GPU)",
-                    {
-                        "requested_gpus": request.gpu_count,
-                        "hugepages_1g_needed": needed,
-                        "eligible_nodes": nodes,
-                        "nodes_short_of_hugepages": lifted[0] - nodes,
-                        "largest_same_node_without_hugepages": lifted[2],
-                    },
-                )
-        if params["fabric"] != "any" and largest < request.gpu_count:
-            lifted = conn.execute(SLICE_DIAGNOSIS, {**params, "fabric": "any"}).one()
-            if lifted[2] >= request.gpu_count or (nodes == 0 and lifted[0] > 0):
-                return Unavailable(
-                    "sku_unavailable",
-                    "fabric_mismatch",
-                    f"{request.gpu_count} GPUs fit on one node only where the slots' fabric "
-                    f"is not the {params['fabric']} this SKU requires",
-                    {
-                        "requested_gpus": request.gpu_count,
-                        "fabric": params["fabric"],
-                        "eligible_nodes": nodes,
-                        "nodes_of_another_fabric": lifted[0] - nodes,
-                        "largest_same_node_other_fabric": lifted[2],
-                    },
-                )
-        details = {
-            "requested_gpus": request.gpu_count,
-            "free_gpus": free,
-            "largest_same_node": largest,
-            "eligible_nodes": nodes,
-            "attempts": race.attempts,
-            "passed_over": race.passed_over,
-        }
-        if nodes == 0:
-            return Unavailable(
-                "sku_unavailable",
-                "no_eligible_node",
-                f"no schedulable slice node of family {params['family']}"
-                + (f" in {request.region}" if request.region else ""),
-                details,
-            )
-        if largest >= request.gpu_count:
-            return Unavailable(
-                "sku_unavailable",
-                "contended",
-                f"{request.gpu_count} GPUs are free on one node but {race.attempts} attempts "
-                "lost their races to concurrent placements; retry",
-                details,
-            )
-        if free >= request.gpu_count:
-            return Unavailable(
-                "sku_unavailable",
-                "fragmented",
-                f"{free} GPUs are free in aggregate but at most {largest} on any one node; "
-                f"a slice of {request.gpu_count} must fit on one node",
-                details,
-            )
-        return Unavailable(
-            "sku_unavailable",
-            "no_capacity",
-            f"only {free} GPUs are free for {request.gpu_count} requested",
-            details,
-        )
-
-    def _place_baremetal(
-        self,
-        conn: Connection,
-        request: PlacementRequest,
-        sku: SkuInfo,
-        verdict: quotas.QuotaVerdict,
-    ) -> Placement | Unavailable:
-        params = self._common(request, sku, verdict)
-        race = _Race()
-        candidates_seen = False
-        for own_reserved_only in _passes(verdict):
-            placed, seen = self._baremetal_pass(
-                conn, {**params, "own_reserved_only": own_reserved_only}, request, sku, race
-            )
-            if placed is not None:
-                return placed
-            candidates_seen = candidates_seen or seen
-        return self._diagnose_baremetal(conn, params, request, race, candidates_seen)
-
-    def _baremetal_pass(
-        self,
-        conn: Connection,
-        params: dict[str, Any],
-        request: PlacementRequest,
-        sku: SkuInfo,
-        race: _Race,
-    ) -> tuple[Placement | None, bool]:
-        """Lock the best free node the filter admits; None when they run out or the
-        attempts do, and whether any candidate was seen."""
-        event = placed_event(CapacityShape.BAREMETAL, sku, request.gpu_count)
-        candidates_seen = False
-        while race.attempts < self.max_attempts:
-            rows = conn.execute(
-                BAREMETAL_SNAPSHOT[self.policy], {**params, "k": self.candidate_nodes}
-            ).all()
-            snapshot = [BaremetalNode(r[0], r[1], r[2], r[3]) for r in rows]
-            if not snapshot:
-                break
-            candidates_seen = True
-            ranked = ranking.rank_baremetal_nodes(snapshot, params["salt"], self.policy)
-            race.attempts += 1
-            try:
-                row = conn.execute(
-                    BAREMETAL_LOCK,
-                    {**params, "ranked": uuid_array(n.node_id for n in ranked), "event": event},
-                ).one_or_none()
-            except IntegrityError as exc:
-                conn.rollback()
-                constraint = getattr(exc.orig.diag, "constraint_name", None)
-                if constraint in QUOTA_CONSTRAINTS:
-                    raise QuotaRaced(constraint) from exc
-                if constraint not in RACE_CONSTRAINTS:
-                    raise
-                race.passed_over += 1
-                continue
-            if row is None or row[2] is None:
-                # Every candidate was held or taken, or the locked one had changed.
-                race.passed_over += len(ranked) if row is None else row[1]
-                continue
-            node_id, rank, claim = row
-            race.passed_over += rank - 1
-            return Placement(
-                allocation_id=request.allocation_id,
-                capacity_shape=CapacityShape.BAREMETAL.value,
-                sku=sku.slug,
-                gpu_count=request.gpu_count,
-                node_id=node_id,
-                hostname=next(n.hostname for n in ranked if n.node_id == str(node_id)),
-                slots=(),
-                claims=(claim,),
-                attempts=race.attempts,
-                passed_over=race.passed_over,
-            ), True
-        return None, candidates_seen
-
-    @staticmethod
-    def _diagnose_baremetal(
-        conn: Connection,
-        params: dict[str, Any],
-        request: PlacementRequest,
-        race: _Race,
-        candidates_seen: bool,
-    ) -> Unavailable:
-        eligible = conn.execute(BAREMETAL_DIAGNOSIS, params).scalar_one()
-        details = {
-            "requested_gpus": request.gpu_count,
-            "eligible_nodes": eligible,
-            "attempts": race.attempts,
-            "passed_over": race.passed_over,
-        }
-        if eligible == 0:
-            return Unavailable(
-                "sku_unavailable",
-                "no_eligible_node",
-                f"no schedulable node of family {params['family']} can be sold whole",
-                details,
-            )
-        if candidates_seen:
-            return Unavailable(
-                "sku_unavailable",
-                "contended",
-                "every free node was taken concurrently; retry",
-                details,
-            )
-        return Unavailable(
-            "sku_unavailable",
-            "no_capacity",
-            "every eligible node holds a claim or slots awaiting cleanup",
-            details,
         )
