@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from gpuaas_cli import render
 from gpuaas_cli.commands.common import error_contract
 from gpuaas_cli.lab import import_lab
 
@@ -14,4 +15,4 @@ app = typer.Typer()
 def demo_command() -> None:
     """Run the end-to-end demo on the configured (default: embedded) database."""
     with error_contract(False):
-        import_lab("demo").main()
+        import_lab("demo").main(render)

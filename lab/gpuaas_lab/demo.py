@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rich.console import Console
 from rich.rule import Rule
@@ -31,7 +31,6 @@ from controlplane.embedded import EmbeddedPostgres
 from controlplane.paths import prefect_home
 from controlplane.scheduler.placement import Placement, PlacementRequest
 from controlplane.services.inventory import NodeSpec
-from gpuaas_cli import render
 
 if TYPE_CHECKING:
     from gpuaas_lab.hosts import SimulatedFleet
@@ -63,6 +62,25 @@ PLACEMENTS = [
     ("h200-sxm-slice", 4),
     ("h200-sxm-slice", 8),
 ]
+
+
+class Render(Protocol):
+    """How the demo shows its results: ``gpuaas demo`` passes the CLI's own render module
+    (gpuaas_cli/render.py), so the lab never imports the CLI that loads it."""
+
+    out: Console
+
+    def jsonable(self, value: Any) -> Any: ...
+
+    def table(self, title: str, columns: list[str], rows: list[list[Any]]) -> None: ...
+
+    def render_import(self, result: dict[str, Any]) -> None: ...
+
+    def render_nodes(self, nodes: list[dict[str, Any]]) -> None: ...
+
+    def render_slots(self, slots: list[dict[str, Any]], console: Console | None = None) -> None: ...
+
+    def render_occupancy(self, result: dict[str, Any]) -> None: ...
 
 
 def recorded_map(hostname: str) -> dict[str, Any]:
@@ -118,7 +136,9 @@ def register(cp: ControlPlane, fleet: SimulatedFleet | None) -> None:
         fleet.pin_signing_keys(cp)
 
 
-def discover_and_approve(cp: ControlPlane, console: Console, simulated: bool) -> None:
+def discover_and_approve(
+    cp: ControlPlane, render: Render, console: Console, simulated: bool
+) -> None:
     from flows.fleet import approve_slots, discover_topology
     from flows.refusals import found
 
@@ -171,7 +191,7 @@ def place_mix(cp: ControlPlane, console: Console) -> list[Placement]:
     return placed
 
 
-def render_trail(cp: ControlPlane, console: Console) -> None:
+def render_trail(cp: ControlPlane, render: Render) -> None:
     render.table(
         "evidence trail (newest first)",
         ["id", "kind", "passed", "node", "summary"],
@@ -195,7 +215,7 @@ def prefect_environment() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
-def main() -> None:
+def main(render: Render) -> None:
     prefect_environment()
     console = render.out
     console.print(Rule("gpuaas demo: control plane on an embedded PostgreSQL, flows on Prefect"))
@@ -217,7 +237,7 @@ def main() -> None:
                     f"[yellow]simulated hosts unavailable here ({reason}); importing the "
                     "recorded topology maps instead[/yellow]"
                 )
-            discover_and_approve(cp, console, simulated=reason is None)
+            discover_and_approve(cp, render, console, simulated=reason is None)
 
             console.print(Rule("4. place baremetal and 1/2/4/8-GPU slices"))
             place_mix(cp, console)
@@ -231,7 +251,7 @@ def main() -> None:
             render.render_slots(render.jsonable(cp.list_slots()))
             render.render_occupancy(render.jsonable(cp.occupancy()))
             console.print(Rule("7. evidence"))
-            render_trail(cp, console)
+            render_trail(cp, render)
     console.print(Rule("Prefect UI"))
     console.print(
         "The flow runs above are stored in the local Prefect database. To browse them and to "
