@@ -14,7 +14,6 @@ import sys
 import typer
 from rich.console import Console
 
-from gpuaas_cli import helpfix
 from gpuaas_cli.commands import (
     alloc,
     audit,
@@ -31,8 +30,7 @@ from gpuaas_cli.commands import (
     ui,
 )
 from gpuaas_cli.commands.common import usage_error
-
-helpfix.install()
+from gpuaas_cli.helpfix import Typer
 
 HELP = (
     "Operate a gpuaas fleet: nodes, slots, allocations, the image catalog, storage "
@@ -40,7 +38,7 @@ HELP = (
     'Errors exit non-zero; with --json they print {"error": {"code", "message", "details"}} '
     "on stdout, otherwise a sentence on stderr."
 )
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP)
+app = Typer(add_completion=False, no_args_is_help=True, help=HELP)
 # Added without a name, a module's commands join the root; the root help lists commands in
 # the order they are added here.
 app.add_typer(occupancy.app)

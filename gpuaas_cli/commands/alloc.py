@@ -12,8 +12,9 @@ from controlplane.scheduler.placement import PlacementRequest, Unavailable
 from controlplane.services.requests import PlacedRequest
 from gpuaas_cli import render
 from gpuaas_cli.commands.common import JsonFlag, actor, control_plane, out, run
+from gpuaas_cli.helpfix import Typer
 
-app = typer.Typer(no_args_is_help=True, help="Place, inspect and release allocations.")
+app = Typer(no_args_is_help=True, help="Place, inspect and release allocations.")
 
 AllocationArg = Annotated[str, typer.Argument(help="Allocation id.")]
 

@@ -10,8 +10,9 @@ import typer
 from controlplane.services.audit_trail import AuditFilter
 from gpuaas_cli import render
 from gpuaas_cli.commands.common import JsonFlag, control_plane, run
+from gpuaas_cli.helpfix import Typer
 
-app = typer.Typer()
+app = Typer()
 
 
 @app.command("audit")

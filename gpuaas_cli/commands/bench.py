@@ -9,8 +9,9 @@ import typer
 
 from gpuaas_cli import render
 from gpuaas_cli.commands.common import JsonFlag, run
+from gpuaas_cli.helpfix import Typer
 
-app = typer.Typer(no_args_is_help=True, help="Benchmark captures: bare metal against slice VMs.")
+app = Typer(no_args_is_help=True, help="Benchmark captures: bare metal against slice VMs.")
 
 
 @app.command("compare")

@@ -8,8 +8,9 @@ from typing import Annotated, Any
 import typer
 
 from gpuaas_cli.commands.common import JsonFlag, control_plane, out, run
+from gpuaas_cli.helpfix import Typer
 
-app = typer.Typer(no_args_is_help=True, help="Database schema and the embedded PostgreSQL.")
+app = Typer(no_args_is_help=True, help="Database schema and the embedded PostgreSQL.")
 
 
 @app.command("upgrade")

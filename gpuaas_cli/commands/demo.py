@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import typer
-
 from gpuaas_cli import render
 from gpuaas_cli.commands.common import error_contract
+from gpuaas_cli.helpfix import Typer
 from gpuaas_cli.lab import import_lab
 
-app = typer.Typer()
+app = Typer()
 
 
 @app.command("demo")

@@ -10,8 +10,9 @@ import typer
 from controlplane.errors import GpuaasError
 from gpuaas_cli import render
 from gpuaas_cli.commands.common import JsonFlag, OptionalReasonOpt, actor, control_plane, out, run
+from gpuaas_cli.helpfix import Typer
 
-app = typer.Typer(no_args_is_help=True, help="The slice OS image catalog.")
+app = Typer(no_args_is_help=True, help="The slice OS image catalog.")
 
 SlugArg = Annotated[str, typer.Argument(help="Catalog slug, e.g. ubuntu-24.04-h200-cuda.")]
 SkuOpt = Annotated[list[str], typer.Option("--sku", help="Compatible slice SKU (repeatable).")]

@@ -11,14 +11,15 @@ from typing import Annotated, Any
 import typer
 
 from gpuaas_cli.commands.common import control_plane, run
+from gpuaas_cli.helpfix import Typer
 from gpuaas_cli.lab import import_lab
 
-app = typer.Typer(no_args_is_help=True, help="Lab machinery (needs the lab package).")
-host_app = typer.Typer(
+app = Typer(no_args_is_help=True, help="Lab machinery (needs the lab package).")
+host_app = Typer(
     no_args_is_help=True, help="Debian lab hosts under QEMU, managed over SSH (root only)."
 )
 app.add_typer(host_app, name="host")
-fleet_app = typer.Typer(
+fleet_app = Typer(
     no_args_is_help=True,
     help="Fleets of simulated hosts reached over real SSH, registered as nodes (root only).",
 )

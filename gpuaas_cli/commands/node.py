@@ -24,8 +24,9 @@ from gpuaas_cli.commands.common import (
     read_text,
     run,
 )
+from gpuaas_cli.helpfix import Typer
 
-app = typer.Typer(no_args_is_help=True, help="Register and administer nodes.")
+app = Typer(no_args_is_help=True, help="Register and administer nodes.")
 
 
 def parse_host_var(item: str) -> tuple[str, str]:

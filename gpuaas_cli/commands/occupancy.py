@@ -11,8 +11,9 @@ from controlplane import fleet_picture
 from controlplane.errors import InvalidInput
 from gpuaas_cli import render
 from gpuaas_cli.commands.common import JsonFlag, control_plane, out, run
+from gpuaas_cli.helpfix import Typer
 
-app = typer.Typer()
+app = Typer()
 
 
 @app.command("occupancy")

@@ -10,9 +10,10 @@ import typer
 
 from gpuaas_cli import render
 from gpuaas_cli.commands.common import JsonFlag, OptionalReasonOpt, actor, control_plane, run
+from gpuaas_cli.helpfix import Typer
 
-app = typer.Typer(no_args_is_help=True, help="Tenant projects and their quotas.")
-quota_app = typer.Typer(no_args_is_help=True, help="A project's quotas.")
+app = Typer(no_args_is_help=True, help="Tenant projects and their quotas.")
+quota_app = Typer(no_args_is_help=True, help="A project's quotas.")
 app.add_typer(quota_app, name="quota")
 
 

@@ -18,8 +18,9 @@ from gpuaas_cli.commands.common import (
     read_json,
     run,
 )
+from gpuaas_cli.helpfix import Typer
 
-app = typer.Typer(no_args_is_help=True, help="Import topology, approve and manage slots.")
+app = Typer(no_args_is_help=True, help="Import topology, approve and manage slots.")
 
 SlotOpt = Annotated[int, typer.Option("--slot")]
 

@@ -8,8 +8,9 @@ from typing import Annotated
 import typer
 
 from gpuaas_cli.commands.common import JsonFlag, NodeOpt, actor, control_plane, out, run
+from gpuaas_cli.helpfix import Typer
 
-app = typer.Typer(no_args_is_help=True, help="Approve disks for a storage transition.")
+app = Typer(no_args_is_help=True, help="Approve disks for a storage transition.")
 
 
 @app.command("approve")

@@ -11,8 +11,9 @@ import typer
 from sqlalchemy.engine import make_url
 
 from gpuaas_cli.commands.common import error_contract, out
+from gpuaas_cli.helpfix import Typer
 
-app = typer.Typer()
+app = Typer()
 
 
 @app.command("ui")
