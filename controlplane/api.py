@@ -31,6 +31,7 @@ from controlplane.enums import (
 )
 from controlplane.errors import GpuaasError
 from controlplane.hostkeys import parse_public_keys, write_known_hosts
+from controlplane.models import Node
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
 from controlplane.scheduler.placement import Placement, PlacementRequest, Scheduler, Unavailable
@@ -76,6 +77,12 @@ def service_call(
             return service(session, *args, **kwargs)
 
     return call
+
+
+def admin_state_change(node: Node, changed: bool) -> inventory_service.AdminStateChange:
+    return inventory_service.AdminStateChange(
+        **asdict(inventory_service.NodeView.of(node)), changed=changed
+    )
 
 
 class ControlPlane:
@@ -211,9 +218,7 @@ class ControlPlane:
         """Retire a node for good (docs/operations.md, "Retiring a node")."""
         with self.transaction() as session:
             node, changed = retirement.retire(session, hostname, reason, actor)
-            return inventory_service.AdminStateChange(
-                **asdict(inventory_service.NodeView.of(node)), changed=changed
-            )
+            return admin_state_change(node, changed)
 
     def set_admin_state(
         self,
@@ -229,9 +234,7 @@ class ControlPlane:
             node, changed = inventory_service.set_admin_state(
                 session, hostname, state, reason, actor
             )
-            return inventory_service.AdminStateChange(
-                **asdict(inventory_service.NodeView.of(node)), changed=changed
-            )
+            return admin_state_change(node, changed)
 
     def import_topology(
         self, hostname: str, document: Any, actor: str, node_task_id: uuid.UUID | None = None
@@ -556,9 +559,7 @@ class ControlPlane:
     ) -> inventory_service.AdminStateChange:
         with self.transaction() as session:
             node, changed = inventory_service.apply_parity(session, hostname, failed_checks, actor)
-            return inventory_service.AdminStateChange(
-                **asdict(inventory_service.NodeView.of(node)), changed=changed
-            )
+            return admin_state_change(node, changed)
 
     def record_health(
         self,
