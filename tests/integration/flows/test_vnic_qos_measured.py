@@ -1,10 +1,13 @@
 """Per-vNIC QoS measured in a slice VM the provision flow made: a lab slice node (libvirt,
 dnsmasq and loop disks in namespaces on this machine) provisions the Debian slice guest
-for a SKU whose vNIC rates are 100 Mbit/s each way, on a Linux bridge and on Open vSwitch.
+for a SKU whose vNIC rates are 20 Mbit/s each way, on a Linux bridge and on Open vSwitch.
 The benchmark flow captures the VM against an iperf3 server on the bridge gateway and
 records it as evidence of the allocation: sent and received within 10 % of the rate. Once
 the rates are lifted from the running domain, iperf3 gets far more, and reconcile's
-comparison flags the domain (docs/slice-host.md, "Per-vNIC QoS").
+comparison flags the domain (docs/slice-host.md, "Per-vNIC QoS"). A reading below what
+a direction must reach is taken again, up to three times: the TCG guest moves packets
+only while its emulated CPU runs, so on a busy machine one short run undercounts; no
+reading above a shaped rate is ever retried, nor any tolerance widened.
 
 What is measured depends on the kernel's traffic control, probed first on a veth of the
 test's own: libvirt on a Linux bridge needs sch_sfq under its HTB and act_police, Open
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import uuid
 
 import pytest
@@ -40,32 +44,38 @@ pytestmark = [
 ]
 
 USER = "qos"
-# 12,500 kilobytes per second is 100 Mbit/s (libvirt hands tc and OVS kilobytes of 1000
-# bytes); a burst of 1 MB lets TCP reach the rate under the policing of what the VM sends.
-RATE_KBPS = 12_500
+# 2,500 kilobytes per second is 20 Mbit/s (libvirt hands tc and OVS kilobytes of 1000
+# bytes): low enough that the TCG guest sends and receives well over five times it on a
+# busy machine (it managed 195 Mbit/s out with make test running beside it, where 100
+# Mbit/s had left it short of five times). A burst of 200 kB (80 ms at the rate) lets TCP
+# reach the rate under the policing of what the VM sends.
+RATE_KBPS = 2_500
 RATES = {
-    "inbound": {"average": RATE_KBPS, "burst": 1024},
-    "outbound": {"average": RATE_KBPS, "burst": 1024},
+    "inbound": {"average": RATE_KBPS, "burst": 200},
+    "outbound": {"average": RATE_KBPS, "burst": 200},
 }
 RATE_BITS = RATE_KBPS * 8000
+# A shaped direction gets its rate within this fraction; an unshaped one this many times it.
+TOLERANCE = 0.10
+FAR_MORE = 5
+# Readings below what a direction must reach are taken again this many times at most.
+MEASUREMENTS = 3
+MEASUREMENT_PAUSE_SECONDS = 20
 
 
 def allocation_network_evidence(engine, allocation: str) -> dict[str, float]:
-    """bits/s the slice VM sent (outbound) and received (inbound), from the benchmark
-    capture recorded as evidence of its allocation."""
+    """bits/s the slice VM sent (outbound) and received (inbound), from the newest
+    benchmark capture recorded as evidence of its allocation."""
     with engine.connect() as conn:
-        [probes] = (
-            conn.execute(
-                text(
-                    "SELECT e.payload->'result'->'benchmark'->'probes' FROM evidence e"
-                    " JOIN node_tasks t ON t.id = e.node_task_id"
-                    " WHERE t.kind = 'host.benchmark' AND e.allocation_id = :allocation"
-                ),
-                {"allocation": allocation},
-            )
-            .scalars()
-            .all()
-        )
+        probes = conn.execute(
+            text(
+                "SELECT e.payload->'result'->'benchmark'->'probes' FROM evidence e"
+                " JOIN node_tasks t ON t.id = e.node_task_id"
+                " WHERE t.kind = 'host.benchmark' AND e.allocation_id = :allocation"
+                " ORDER BY e.id DESC LIMIT 1"
+            ),
+            {"allocation": allocation},
+        ).scalar_one()
     measured = {p["name"]: p for p in probes}
     for name in ("network_gbit_s", "network_receive_gbit_s"):
         assert measured[name]["status"] == "ok", measured[name]
@@ -73,6 +83,26 @@ def allocation_network_evidence(engine, allocation: str) -> dict[str, float]:
         "outbound": measured["network_gbit_s"]["value"] * 1e9,
         "inbound": measured["network_receive_gbit_s"]["value"] * 1e9,
     }
+
+
+def starved(measured: dict[str, float], floors: dict[str, float]) -> bool:
+    """Some direction got less than its floor. Only a low reading is taken again: a TCG
+    guest on a busy machine moves packets only while its emulated CPU is scheduled, so a
+    run at a busy moment (the 200-host pool sweep beside it in make test-lab) undercounts
+    what its vNIC allows; load never makes a shaped vNIC pass more than its rate."""
+    return any(measured[direction] < floor for direction, floor in floors.items())
+
+
+def measured_until_fed(measure, floors: dict[str, float]) -> dict[str, float]:
+    """``measure()`` again, up to MEASUREMENTS times with a pause between, while it reads
+    below ``floors``: the last reading."""
+    for attempt in range(MEASUREMENTS):
+        if attempt:
+            time.sleep(MEASUREMENT_PAUSE_SECONDS)
+        measured = measure()
+        if not starved(measured, floors):
+            break
+    return measured
 
 
 def throughput(host, guest: str, key, reverse: bool) -> float:
@@ -94,7 +124,7 @@ def tc_missing() -> dict[str, str]:
 
 
 def provision_shaped(cp, host, engine):
-    """The lab SKU with 100 Mbit/s each way, its slots approved, and the provision flow's
+    """The lab SKU with 20 Mbit/s each way, its slots approved, and the provision flow's
     final state for one GPU of it; the tenant's key pair."""
     cp.define_sku(dataclasses.replace(LAB_SKU, vnic_bandwidth=RATES))
     discover_topology(hostnames=[host.hostname])
@@ -144,7 +174,8 @@ def test_a_shaped_vnic_gets_its_rate_and_an_unshaped_one_far_more(
     server = host.lab.ns.start_daemon(
         ["iperf3", "-s", "-B", host.lab.gateway, "-p", "5201"], log_path=tmp_path / "iperf3.log"
     )
-    try:
+
+    def captured() -> dict[str, float]:
         benchmark_compare(
             host.hostname,
             candidate_allocation=allocation,
@@ -154,28 +185,41 @@ def test_a_shaped_vnic_gets_its_rate_and_an_unshaped_one_far_more(
             extravars={"ansible_ssh_private_key_file": str(key), "ansible_timeout": 60},
             return_state=True,
         )
-        capped = allocation_network_evidence(engine, allocation)
+        return allocation_network_evidence(engine, allocation)
+
+    def unshaped() -> dict[str, float]:
+        return {
+            "outbound": throughput(host, guest, key, reverse=False),
+            "inbound": throughput(host, guest, key, reverse=True),
+        }
+
+    shaped_floor = (1 - TOLERANCE) * RATE_BITS
+    capped_floors = {
+        "inbound": shaped_floor,
+        "outbound": shaped_floor if policed else FAR_MORE * RATE_BITS,
+    }
+    try:
+        capped = measured_until_fed(captured, capped_floors)
         swept = parity_sweep(
             hostnames=[host.hostname],
             extravars={"slice_parity_checks": ["vnic_bandwidth"]},
             return_state=True,
         )
         host.lab.virsh("domiftune", domain, mac, "--live", "--inbound", "0", "--outbound", "0")
-        uncapped = {
-            "outbound": throughput(host, guest, key, reverse=False),
-            "inbound": throughput(host, guest, key, reverse=True),
-        }
+        uncapped = measured_until_fed(
+            unshaped, {"inbound": FAR_MORE * RATE_BITS, "outbound": FAR_MORE * RATE_BITS}
+        )
     finally:
         host.lab.ns.stop_daemon(server)
     measured = {"rate_bits": RATE_BITS, "capped": capped, "uncapped": uncapped, "tc": tc_missing}
     print(f"vNIC QoS on {host.lab.bridge_type}: {json.dumps(measured)}")
     for direction in ("inbound", "outbound"):
-        assert uncapped[direction] > 5 * RATE_BITS, measured
-    assert abs(capped["inbound"] - RATE_BITS) <= 0.10 * RATE_BITS, measured
+        assert uncapped[direction] > FAR_MORE * RATE_BITS, measured
+    assert abs(capped["inbound"] - RATE_BITS) <= TOLERANCE * RATE_BITS, measured
     if policed:
-        assert abs(capped["outbound"] - RATE_BITS) <= 0.10 * RATE_BITS, measured
+        assert abs(capped["outbound"] - RATE_BITS) <= TOLERANCE * RATE_BITS, measured
     else:
-        assert capped["outbound"] > 5 * RATE_BITS, measured
+        assert capped["outbound"] > FAR_MORE * RATE_BITS, measured
 
     [row] = swept.result()
     if policed:
