@@ -128,6 +128,7 @@ SLICE_PACKAGES = (
     "driverctl",
     "python3-cryptography",
     "python3-pycdlib",
+    "python3-lxml",
 )
 # The benchmark harness's tools (plugins/module_utils/benchmark.py), so a capture of a lab
 # host measures CPU, memory and network instead of skipping them.

@@ -22,8 +22,9 @@ def bootstrap_packages() -> list[str]:
 
 def test_the_seed_and_libvirt_libraries_come_with_the_slice_packages() -> None:
     packages = bootstrap_packages()
-    # slice_vm_seed writes the NoCloud ISO with pycdlib; virtinst depends on python3-libvirt.
-    assert {"python3-pycdlib", "virtinst"} <= set(packages), packages
+    # slice_vm_seed writes the NoCloud ISO with pycdlib, the preflight and vm_domain read
+    # domain XML with lxml; virtinst depends on python3-libvirt.
+    assert {"python3-pycdlib", "python3-lxml", "virtinst"} <= set(packages), packages
 
 
 def test_the_documented_default_and_the_lab_image_list_the_same_packages() -> None:
