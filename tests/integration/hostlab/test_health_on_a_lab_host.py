@@ -26,6 +26,14 @@ Proven:
   added back with QMP ``device_add``, the device is on vfio-pci again by the host's own
   driverctl override, and two passing sweeps (PASSES_TO_RECOVER) bring the slot back,
   after which placement uses it;
+- failed provisions clean themselves on the host: the provision flow refused by the
+  host's preflight (a TCG guest has no KVM) leaves both slots available, owing no wipe;
+  with emulation allowed and a one-second readiness gate, the image is cloned onto the
+  slot's NVMe disk and the domain started before the gate fails it (``disk_written``), and
+  the remediate flow removes the domain, wipes the disk (signatures gone) with a verified
+  proof and returns the slot; failed again with a partition of that disk mounted on the
+  host, each wipe is refused and the third remediation quarantines the slot, the partition
+  left mounted;
 - the host powered off while two allocations hold its slots (QEMU stopped at once): the
   first two sweeps count it unreachable, the third (UNREACHABLE_TO_FAIL) fails the node,
   makes it unavailable and impairs both allocations, one event each. No slice VM runs:
@@ -38,6 +46,7 @@ teardown to remove.
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -46,16 +55,21 @@ import pytest
 from sqlalchemy import text
 
 from controlplane.api import ControlPlane
+from controlplane.audit import audit
 from controlplane.enums import AllocationState
 from controlplane.scheduler.placement import PlacementRequest
 from controlplane.services.health import IMPAIRED_EVENT, PASSES_TO_RECOVER, UNREACHABLE_TO_FAIL
 from controlplane.services.inventory import NodeSpec
+from flows.allocation import provision_allocation
 from flows.fleet import approve_slots, discover_topology
 from flows.health import health_sweep
 from flows.reconcile import reconcile
+from flows.remediation import remediate
 from gpuaas_lab import hostlab, hosttrees
 from gpuaas_lab.hostlab import console_tail
 from gpuaas_lab.slicehost import LAB_SKU, lab_host_spec
+from gpuaas_lab.vmguest import GuestImage, ensure_guest_image
+from tests.integration.flows.test_allocation_flows import add_catalog_image
 from tests.integration.hostlab.conftest import pin_lab_key, run_tasks, sh
 from tests.integration.hostlab.test_storage_and_devices import REMOTE_TREE, copy_tree
 
@@ -72,6 +86,9 @@ FABRIC_PORT = 2
 # The sweep probes the live host, not the recorded tree discovery read.
 LIVE = {"slice_health_root": "/"}
 SETTLE_SECONDS = 300
+IMAGE_DIR = "/var/lib/gpuaas/images"
+# Where the quarantine proof mounts a partition of a slot's disk.
+HELD = "/mnt/gpuaas-held"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +186,22 @@ def prepared(health_host: hostlab.LabHost, tmp_path_factory) -> Prepared:
     return Prepared(devices, signing_key)
 
 
+def node_spec(host: hostlab.LabHost, **host_vars: object) -> NodeSpec:
+    """The host as a slice node reached over SSH, with ``host_vars`` beside its own."""
+    connection = host.host_vars()
+    connection.pop("ansible_ssh_private_key_file")
+    return NodeSpec(
+        host.name,
+        "lab",
+        node_family=LAB_SKU.node_family,
+        maas_tags=("gpuaas-profile-slice-vm",),
+        gpu_count=len(GPU_PORTS),
+        slice_subnet="10.100.0.0/24",
+        management_address=connection.pop("ansible_host"),
+        host_vars={**connection, "gpuaas_topology_root": REMOTE_TREE, **host_vars},
+    )
+
+
 def enrolled(
     host: hostlab.LabHost, prepared: Prepared, tmp_path: Path, monkeypatch, database_url: str
 ) -> ControlPlane:
@@ -185,20 +218,7 @@ def enrolled(
     monkeypatch.setenv("ANSIBLE_PRIVATE_KEY_FILE", host.ssh_private_key)
     cp = ControlPlane.from_environment()
     cp.define_sku(LAB_SKU)
-    connection = host.host_vars()
-    connection.pop("ansible_ssh_private_key_file")
-    cp.register_node(
-        NodeSpec(
-            host.name,
-            "lab",
-            node_family=LAB_SKU.node_family,
-            maas_tags=("gpuaas-profile-slice-vm",),
-            gpu_count=len(GPU_PORTS),
-            slice_subnet="10.100.0.0/24",
-            management_address=connection.pop("ansible_host"),
-            host_vars={**connection, "gpuaas_topology_root": REMOTE_TREE},
-        )
-    )
+    cp.register_node(node_spec(host))
     pin_lab_key(cp, host)
     cp.pin_reported_signing_key(host.name, prepared.signing_key, "test")
     discover_topology(hostnames=[host.name])
@@ -300,6 +320,141 @@ def test_a_stand_in_gpu_unplugged_fails_only_its_slot_and_comes_back_when_plugge
     assert slot_states(cp, host.name) == {slot: "healthy", other: "healthy"}
     assert active_allocation(cp)[1] == slot
     assert len(impaired_events(engine)) == 1
+
+
+def guest_image_on(host: hostlab.LabHost) -> GuestImage:
+    """The lab's guest image copied to the host, where the catalog says it is."""
+    image = ensure_guest_image()
+    with open(image.path, "rb") as source:
+        subprocess.run(
+            host.ssh_argv(
+                "sudo", "-n", "sh", "-c", f"mkdir -p {IMAGE_DIR} && cat > {IMAGE_DIR}/lab-guest.raw"
+            ),
+            stdin=source,
+            capture_output=True,
+            check=True,
+            timeout=600,
+        )
+    return dataclasses.replace(image, path=f"{IMAGE_DIR}/lab-guest.raw")
+
+
+def domains_on(host: hostlab.LabHost) -> list[str]:
+    return sorted(sh(host, "virsh -c qemu:///system list --all --name").split())
+
+
+def provision(cp: ControlPlane, public_key: str):
+    """A one-GPU lab slice asked of the provision flow: its final state and allocation."""
+    before = {a.id for a in cp.list_allocations()}
+    state = provision_allocation(
+        LAB_SKU.slug,
+        1,
+        "lab-guest",
+        [{"name": "gpuuser", "ssh_authorized_keys": [public_key]}],
+        return_state=True,
+    )
+    [allocation] = [a for a in cp.list_allocations() if a.id not in before]
+    return state, allocation
+
+
+def test_failed_provisions_on_a_lab_host_clean_themselves_or_end_quarantined(
+    health_host: hostlab.LabHost,
+    prepared: Prepared,
+    tmp_path: Path,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    prefect_harness,
+    engine,
+) -> None:
+    host = health_host
+    cp = enrolled(host, prepared, tmp_path, monkeypatch, database_url)
+    image = guest_image_on(host)
+    add_catalog_image(engine, "lab-guest", image.sha256, image.path, [LAB_SKU.slug])
+    public_key = host.host_public_key
+
+    # This TCG host has no KVM: the provision's preflight refuses before writing anything,
+    # and the slots are placeable again at once, owing no wipe.
+    refused, allocation = provision(cp, public_key)
+    assert refused.is_failed()
+    assert "kvm" in cp.show_allocation(uuid.UUID(allocation.id)).failure_reason, allocation
+    with engine.connect() as conn:
+        progress = conn.execute(
+            text("SELECT provision_progress FROM allocations WHERE id = :a"), {"a": allocation.id}
+        ).scalar_one()
+    assert progress == "nothing_on_host"
+    assert {(s.status, s.wipe_required) for s in cp.list_slots(host.name)} == {("available", False)}
+    assert cp.remediation_pending() == []
+
+    # Emulation allowed (a VM inside this TCG guest never boots in time) and a readiness
+    # gate of one second: the image is cloned onto the slot's NVMe disk and the domain
+    # started, then the gate fails the provision. No passthrough: QEMU under TCG inside
+    # this TCG host (test_guest_route.py).
+    cp.register_node(
+        node_spec(
+            host,
+            slice_vm_provision_emulation=True,
+            slice_vm_provision_pci_passthrough=False,
+            slice_vm_provision_readiness_timeout=1,
+            slice_vm_release_shutdown_timeout=5,
+        )
+    )
+    failed, allocation = provision(cp, public_key)
+    assert failed.is_failed()
+    domain = "gpuaas-slice-" + uuid.UUID(allocation.id).hex
+    assert domain in domains_on(host)
+    [slot] = [s for s in cp.list_slots(host.name) if s.status == "cleanup_blocked"]
+    assert slot.wipe_required
+    assert [p.progress for p in cp.remediation_pending()] == ["disk_written"]
+    written = sh(host, f"wipefs -n {slot.nvme_device} | wc -l").strip()
+    assert written != "0", "the clone left no signature on the slot disk"
+
+    remediated = remediate()
+    assert (remediated["allocations"], remediated["returned"], remediated["quarantined"]) == (
+        1,
+        1,
+        0,
+    ), remediated
+    [row] = remediated["slots"]
+    assert (row["slot"], row["now"]) == (slot.slot_index, "available"), row
+    assert domain not in domains_on(host)
+    assert sh(host, f"wipefs -n {slot.nvme_device}").strip() == ""
+    with engine.connect() as conn:
+        proofs = conn.execute(
+            text(
+                "SELECT count(*) FILTER (WHERE passed), count(*) FROM evidence"
+                " WHERE kind = 'wipe_proof'"
+            )
+        ).one()
+        assert audit(conn) == []
+    assert tuple(proofs) == (1, 1)
+    assert {(s.status, s.wipe_required) for s in cp.list_slots(host.name)} == {("available", False)}
+
+    # Failed again, then a partition of the slot's disk mounted on the host: each wipe is
+    # refused, and the third remediation quarantines the slot for a person.
+    failed, allocation = provision(cp, public_key)
+    assert failed.is_failed()
+    [slot] = [s for s in cp.list_slots(host.name) if s.status == "cleanup_blocked"]
+    part = f"{slot.nvme_device}-part1"
+    sh(
+        host,
+        f"sgdisk --zap-all {slot.nvme_device} >/dev/null && sgdisk -n 1:0:+64M"
+        f" {slot.nvme_device} >/dev/null && udevadm settle && mkfs.ext4 -q -F {part}"
+        f" && mkdir -p {HELD} && mount {part} {HELD}",
+    )
+    try:
+        for attempt in (1, 2, 3):
+            result = remediate()
+            [row] = result["slots"]
+            assert (row["now"], row["attempts"]) == ("cleanup_blocked", attempt), row
+        [held] = [s for s in cp.list_slots(host.name) if s.slot_index == slot.slot_index]
+        assert row["quarantined"] and result["quarantined"] == 1, result
+        assert (held.status, held.health_state) == ("cleanup_blocked", "failed")
+        assert held.health_detail.startswith("quarantined: "), held.health_detail
+        assert cp.remediation_pending() == []
+        assert sh(host, f"findmnt -n -o TARGET {part}").strip() == HELD
+        with engine.connect() as conn:
+            assert audit(conn) == []
+    finally:
+        sh(host, f"umount {HELD} || true")
 
 
 def test_a_powered_off_host_fails_after_three_sweeps_and_its_tenants_are_told(
