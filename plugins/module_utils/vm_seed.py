@@ -243,11 +243,31 @@ def withheld(files, secret: str):
     return {name: data.replace(written, _q(WITHHELD).encode()) for name, data in files.items()}
 
 
+# The slice's state directory (seed, console log) is searchable by all and listable by
+# root only: QEMU runs as libvirt's unprivileged user, which libvirt makes the seed's owner
+# for the domain's life but cannot give a way through a directory closed to it (a 0750
+# directory failed every start on a Debian host; docs/slice-host.md, "Slice state").
+STATE_DIR_MODE = 0o711
+SEED_MODE = 0o640
+
+
+def _mode_of(path: str):
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        return None
+
+
 def ensure_seed(path: str, files: dict, check_mode: bool, secret: str = "") -> dict:
-    """Write the ISO at `path` unless it already holds exactly `files`; ``secret`` (the
-    guest's private host key) never appears in the result or the diff."""
+    """Write the ISO at `path` unless it already holds exactly `files`, and keep its
+    directory searchable by QEMU; ``secret`` (the guest's private host key) never appears in
+    the result or the diff."""
     current = read_iso(path)
-    changed = current != files
+    directory = os.path.dirname(os.path.abspath(path))
+    directory_mode = _mode_of(directory)
+    rewrite = current != files
+    reopen = directory_mode is not None and directory_mode != STATE_DIR_MODE
+    changed = rewrite or reopen
     result = {
         "changed": changed,
         "path": path,
@@ -259,8 +279,16 @@ def ensure_seed(path: str, files: dict, check_mode: bool, secret: str = "") -> d
             "after": _diff_text(withheld(files, secret)),
         },
     }
-    if changed and not check_mode:
-        hostfile.write_bytes(path, build_iso(files), mode=0o640, dir_mode=0o750)
+    if reopen:
+        result["diff"]["before_header"] += f" (directory mode {directory_mode:04o})"
+        result["diff"]["after_header"] += f" (directory mode {STATE_DIR_MODE:04o})"
+    if check_mode:
+        return result
+    if rewrite:
+        hostfile.write_bytes(path, build_iso(files), mode=SEED_MODE, dir_mode=STATE_DIR_MODE)
+    # makedirs applies the umask, and an older provision left the directory 0750.
+    if _mode_of(directory) != STATE_DIR_MODE:
+        os.chmod(directory, STATE_DIR_MODE)
     return result
 
 

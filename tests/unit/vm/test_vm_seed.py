@@ -157,6 +157,24 @@ def test_second_run_is_a_no_op_and_a_change_rewrites(tmp_path: Path):
     assert vm_seed.read_iso(str(path)) == changed
 
 
+def test_the_state_directory_lets_qemu_through_and_an_old_closed_one_is_opened(tmp_path: Path):
+    # QEMU runs as libvirt's own user, not root: it must be able to pass through the
+    # slice's directory to the seed libvirt hands it.
+    path = tmp_path / "slices" / "a" / "seed.iso"
+    vm_seed.ensure_seed(str(path), files(), check_mode=False)
+    assert path.parent.stat().st_mode & 0o7777 == 0o711
+    assert path.stat().st_mode & 0o7777 == 0o640
+    path.parent.chmod(0o750)
+    before = path.stat().st_mtime_ns
+    preview = vm_seed.ensure_seed(str(path), files(), check_mode=True)
+    assert preview["changed"] and "0750" in preview["diff"]["before_header"]
+    assert path.parent.stat().st_mode & 0o7777 == 0o750, "check mode changed the directory"
+    assert vm_seed.ensure_seed(str(path), files(), check_mode=False)["changed"]
+    assert path.parent.stat().st_mode & 0o7777 == 0o711
+    assert path.stat().st_mtime_ns == before, "the ISO was rewritten for a directory mode"
+    assert not vm_seed.ensure_seed(str(path), files(), check_mode=False)["changed"]
+
+
 def test_a_foreign_iso_at_the_path_is_replaced(tmp_path: Path):
     path = tmp_path / "seed.iso"
     iso = pycdlib.PyCdlib()
