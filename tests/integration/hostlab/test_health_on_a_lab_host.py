@@ -27,7 +27,8 @@ Proven:
   driverctl override, and two passing sweeps (PASSES_TO_RECOVER) bring the slot back,
   after which placement uses it;
 - failed provisions clean themselves on the host: the provision flow refused by the
-  host's preflight (a TCG guest has no KVM) leaves both slots available, owing no wipe;
+  host's preflight (the catalog's image not yet on the host) leaves both slots available,
+  owing no wipe;
   with emulation allowed and a one-second readiness gate, the image is cloned onto the
   slot's NVMe disk and the domain started before the gate fails it (``disk_written``), and
   the remediate flow removes the domain, wipes the disk (signatures gone) with a verified
@@ -322,10 +323,14 @@ def test_a_stand_in_gpu_unplugged_fails_only_its_slot_and_comes_back_when_plugge
     assert len(impaired_events(engine)) == 1
 
 
-def guest_image_on(host: hostlab.LabHost) -> GuestImage:
+def staged_guest_image() -> GuestImage:
+    """The lab's guest image as the catalog knows it: where it is kept on the host."""
+    return dataclasses.replace(ensure_guest_image(), path=f"{IMAGE_DIR}/lab-guest.raw")
+
+
+def copy_guest_image(host: hostlab.LabHost) -> None:
     """The lab's guest image copied to the host, where the catalog says it is."""
-    image = ensure_guest_image()
-    with open(image.path, "rb") as source:
+    with open(ensure_guest_image().path, "rb") as source:
         subprocess.run(
             host.ssh_argv(
                 "sudo", "-n", "sh", "-c", f"mkdir -p {IMAGE_DIR} && cat > {IMAGE_DIR}/lab-guest.raw"
@@ -335,7 +340,6 @@ def guest_image_on(host: hostlab.LabHost) -> GuestImage:
             check=True,
             timeout=600,
         )
-    return dataclasses.replace(image, path=f"{IMAGE_DIR}/lab-guest.raw")
 
 
 def domains_on(host: hostlab.LabHost) -> list[str]:
@@ -367,15 +371,16 @@ def test_failed_provisions_on_a_lab_host_clean_themselves_or_end_quarantined(
 ) -> None:
     host = health_host
     cp = enrolled(host, prepared, tmp_path, monkeypatch, database_url)
-    image = guest_image_on(host)
+    image = staged_guest_image()
     add_catalog_image(engine, "lab-guest", image.sha256, image.path, [LAB_SKU.slug])
     public_key = host.host_public_key
 
-    # This TCG host has no KVM: the provision's preflight refuses before writing anything,
-    # and the slots are placeable again at once, owing no wipe.
+    # The catalog's image is not on the host yet: the provision's preflight refuses before
+    # writing anything, and the slots are placeable again at once, owing no wipe.
     refused, allocation = provision(cp, public_key)
     assert refused.is_failed()
-    assert "kvm" in cp.show_allocation(uuid.UUID(allocation.id)).failure_reason, allocation
+    reason = cp.show_allocation(uuid.UUID(allocation.id)).failure_reason
+    assert "does not exist in the node cache" in reason and image.path in reason, reason
     with engine.connect() as conn:
         progress = conn.execute(
             text("SELECT provision_progress FROM allocations WHERE id = :a"), {"a": allocation.id}
@@ -383,11 +388,13 @@ def test_failed_provisions_on_a_lab_host_clean_themselves_or_end_quarantined(
     assert progress == "nothing_on_host"
     assert {(s.status, s.wipe_required) for s in cp.list_slots(host.name)} == {("available", False)}
     assert cp.remediation_pending() == []
+    copy_guest_image(host)
 
-    # Emulation allowed (a VM inside this TCG guest never boots in time) and a readiness
-    # gate of one second: the image is cloned onto the slot's NVMe disk and the domain
-    # started, then the gate fails the provision. No passthrough: QEMU under TCG inside
-    # this TCG host (test_guest_route.py).
+    # Emulation selected (this TCG guest's /dev/kvm is SVM emulated by TCG; a VM in it
+    # never boots in time either way) and a readiness gate of one second: the image is
+    # cloned onto the slot's NVMe disk and the domain started, then the gate fails the
+    # provision. No passthrough: QEMU under TCG inside this TCG host
+    # (test_guest_route.py).
     cp.register_node(
         node_spec(
             host,
