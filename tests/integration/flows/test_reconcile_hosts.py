@@ -26,6 +26,7 @@ from flows.fleet import approve_slots, discover_topology
 from flows.reconcile import reconcile
 from gpuaas_lab.slicehost import LAB_SKU, LabSliceHost
 from tests.integration.flows.prefect_reads import assert_progress_done
+from tests.integration.store_reads import wipe_proof_counts
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefect")]
 
@@ -128,13 +129,8 @@ def test_orphan_domain_of_an_ended_allocation_is_released_and_a_repaired_slot_is
     assert slot.status == "available" and not slot.wipe_required
     with engine.connect() as conn:
         assert audit(conn) == []
-        proofs = conn.execute(
-            text(
-                "SELECT count(*) FILTER (WHERE passed), count(*) FROM evidence"
-                " WHERE kind = 'wipe_proof'"
-            )
-        ).one()
-        assert tuple(proofs) == (1, 1)
+        proofs = wipe_proof_counts(conn)
+        assert proofs == (1, 1)
         drift_evidence = conn.execute(
             text("SELECT count(*) FROM evidence WHERE kind = 'drift' AND NOT passed")
         ).scalar_one()

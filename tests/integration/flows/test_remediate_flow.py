@@ -22,6 +22,7 @@ from gpuaas_lab.slicehost import LAB_SKU, LabSliceHost, unavailable_reason
 from tests.integration.flows.conftest import flow_control_plane
 from tests.integration.flows.prefect_reads import flow_run_logs
 from tests.integration.flows.test_allocation_flows import add_catalog_image
+from tests.integration.store_reads import wipe_proof_counts
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefect")]
 
@@ -97,12 +98,7 @@ def test_a_provision_failed_after_its_disk_was_written_is_remediated_with_a_proo
     ):
         assert step in logged, (step, logged)
     with engine.connect() as conn:
-        proofs = conn.execute(
-            text(
-                "SELECT count(*) FILTER (WHERE passed), count(*) FROM evidence"
-                " WHERE kind = 'wipe_proof'"
-            )
-        ).one()
+        proofs = wipe_proof_counts(conn)
         steps = conn.execute(
             text(
                 "SELECT payload ->> 'step', passed FROM evidence WHERE allocation_id = :a"
@@ -111,7 +107,7 @@ def test_a_provision_failed_after_its_disk_was_written_is_remediated_with_a_proo
             {"a": allocation},
         ).all()
         assert audit(conn) == []
-    assert tuple(proofs) == (1, 1)
+    assert proofs == (1, 1)
     assert [tuple(s) for s in steps] == [("begin", True), ("settle", True)]
     # Nothing is left to do: the next scheduled run finds nothing.
     assert remediate()["allocations"] == 0

@@ -73,6 +73,7 @@ from gpuaas_lab.vmguest import GuestImage, ensure_guest_image
 from tests.integration.flows.test_allocation_flows import add_catalog_image
 from tests.integration.hostlab.conftest import pin_lab_key, run_tasks, sh
 from tests.integration.hostlab.test_storage_and_devices import REMOTE_TREE, copy_tree
+from tests.integration.store_reads import wipe_proof_counts
 
 pytestmark = [
     pytest.mark.slow,
@@ -203,11 +204,18 @@ def node_spec(host: hostlab.LabHost, **host_vars: object) -> NodeSpec:
     )
 
 
-def enrolled(
-    host: hostlab.LabHost, prepared: Prepared, tmp_path: Path, monkeypatch, database_url: str
+@pytest.fixture
+def cp(
+    health_host: hostlab.LabHost,
+    prepared: Prepared,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    database_url: str,
+    prefect_harness,
 ) -> ControlPlane:
-    """The host as a slice node of a new store: two slots approved, each with a stand-in
-    GPU and VF and one of the host's NVMe disks."""
+    """The health host as a slice node of a new store: two slots approved, each with a
+    stand-in GPU and VF and one of the host's NVMe disks."""
+    host = health_host
     spec = dataclasses.replace(
         lab_host_spec(host.name, [disk["eui64"] for disk in host.nvme]),
         gpus=tuple(hosttrees.Gpu(prepared.devices[f"gpu{port}"].address, 0) for port in GPU_PORTS),
@@ -260,16 +268,9 @@ def impaired_events(engine) -> list[tuple[str, dict]]:
 
 
 def test_a_stand_in_gpu_unplugged_fails_only_its_slot_and_comes_back_when_plugged_in(
-    health_host: hostlab.LabHost,
-    prepared: Prepared,
-    tmp_path: Path,
-    database_url: str,
-    monkeypatch: pytest.MonkeyPatch,
-    prefect_harness,
-    engine,
+    health_host: hostlab.LabHost, prepared: Prepared, cp: ControlPlane, engine
 ) -> None:
     host = health_host
-    cp = enrolled(host, prepared, tmp_path, monkeypatch, database_url)
     first = sweep(host)
     assert (first["check"], first["node state"], first["findings"]) == ("recorded", "healthy", 0)
     assert slot_states(cp, host.name) == {0: "healthy", 1: "healthy"}
@@ -361,16 +362,9 @@ def provision(cp: ControlPlane, public_key: str):
 
 
 def test_failed_provisions_on_a_lab_host_clean_themselves_or_end_quarantined(
-    health_host: hostlab.LabHost,
-    prepared: Prepared,
-    tmp_path: Path,
-    database_url: str,
-    monkeypatch: pytest.MonkeyPatch,
-    prefect_harness,
-    engine,
+    health_host: hostlab.LabHost, cp: ControlPlane, engine
 ) -> None:
     host = health_host
-    cp = enrolled(host, prepared, tmp_path, monkeypatch, database_url)
     image = staged_guest_image()
     add_catalog_image(engine, "lab-guest", image.sha256, image.path, [LAB_SKU.slug])
     public_key = host.host_public_key
@@ -425,14 +419,9 @@ def test_failed_provisions_on_a_lab_host_clean_themselves_or_end_quarantined(
     assert domain not in domains_on(host)
     assert sh(host, f"wipefs -n {slot.nvme_device}").strip() == ""
     with engine.connect() as conn:
-        proofs = conn.execute(
-            text(
-                "SELECT count(*) FILTER (WHERE passed), count(*) FROM evidence"
-                " WHERE kind = 'wipe_proof'"
-            )
-        ).one()
+        proofs = wipe_proof_counts(conn)
         assert audit(conn) == []
-    assert tuple(proofs) == (1, 1)
+    assert proofs == (1, 1)
     assert {(s.status, s.wipe_required) for s in cp.list_slots(host.name)} == {("available", False)}
 
     # Failed again, then a partition of the slot's disk mounted on the host: each wipe is
@@ -465,16 +454,9 @@ def test_failed_provisions_on_a_lab_host_clean_themselves_or_end_quarantined(
 
 
 def test_a_powered_off_host_fails_after_three_sweeps_and_its_tenants_are_told(
-    health_host: hostlab.LabHost,
-    prepared: Prepared,
-    tmp_path: Path,
-    database_url: str,
-    monkeypatch: pytest.MonkeyPatch,
-    prefect_harness,
-    engine,
+    health_host: hostlab.LabHost, cp: ControlPlane, engine
 ) -> None:
     host = health_host
-    cp = enrolled(host, prepared, tmp_path, monkeypatch, database_url)
     tenants = {active_allocation(cp)[0] for _ in GPU_PORTS}
     assert sweep(host)["node state"] == "healthy"
 
