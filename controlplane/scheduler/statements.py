@@ -137,6 +137,34 @@ FROM per_node
 """
 )
 
+
+def allocation_insert(shape: str, node_column: str, source: str, condition: str = "") -> str:
+    """The ``alloc`` step of a locking statement: the pending allocation on the locked
+    node (``node_column`` of ``source``), written only when ``condition`` holds."""
+    where = f"\n    WHERE {condition}" if condition else ""
+    return f"""alloc AS (
+    INSERT INTO allocations (id, capacity_shape, sku_id, gpu_count, state, node_id,
+                             region_code, project_id, requested_by)
+    SELECT :allocation, '{shape}', :sku_id, :gpus, 'pending', {node_column},
+           CAST(:region AS text), :project, :actor
+    FROM {source}{where}
+    RETURNING id, node_id
+)"""
+
+
+# The placement's event, in the same statement as its claims (through the outbox).
+PLACED_EVENT = """event AS (
+    INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+    SELECT 'allocation', alloc.id, 'allocation.placed',
+           CAST(:event AS jsonb) || jsonb_build_object('node_id', alloc.node_id)
+    FROM alloc
+    RETURNING id
+)"""
+_SLICE_ALLOCATION = allocation_insert(
+    "gpu_slice", "node_lock.node_id", "node_lock", "EXISTS (SELECT 1 FROM reserved)"
+)
+
+
 # The node_capacity row is the per-node placement mutex. The statement takes, in the
 # ranking's order, the first candidate node that no other placement holds (SKIP LOCKED)
 # and that still has the GPUs, so losing a race costs no round trip: it moves on to the
@@ -167,25 +195,11 @@ WITH node_lock AS (
     SET status = 'reserved', generation = t.generation + 1, updated_at = now()
     FROM enough WHERE t.id = enough.id
     RETURNING t.id, t.slot_index
-), alloc AS (
-    INSERT INTO allocations (id, capacity_shape, sku_id, gpu_count, state, node_id,
-                             region_code, project_id, requested_by)
-    SELECT :allocation, 'gpu_slice', :sku_id, :gpus, 'pending', node_lock.node_id,
-           CAST(:region AS text), :project, :actor
-    FROM node_lock
-    WHERE EXISTS (SELECT 1 FROM reserved)
-    RETURNING id, node_id
-), claims AS (
+), {_SLICE_ALLOCATION}, claims AS (
     INSERT INTO allocation_resource_claims (allocation_id, node_id, slot_id, claim_kind)
     SELECT alloc.id, alloc.node_id, reserved.id, 'slot' FROM alloc CROSS JOIN reserved
     RETURNING id, slot_id, node_id
-), event AS (
-    INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-    SELECT 'allocation', alloc.id, 'allocation.placed',
-           CAST(:event AS jsonb) || jsonb_build_object('node_id', alloc.node_id)
-    FROM alloc
-    RETURNING id
-)
+), {PLACED_EVENT}
 SELECT node_lock.node_id,
        array_position(CAST(:ranked AS uuid[]), node_lock.node_id) AS rank,
        r.id AS slot_id, r.slot_index, c.id AS claim_id
@@ -249,24 +263,11 @@ WITH node_lock AS (
                       WHERE c.node_id = n.id AND c.state = 'active')
       AND NOT EXISTS (SELECT 1 FROM node_resource_slots s WHERE s.node_id = n.id
                       AND slot_busy(s.status, s.wipe_required))
-), alloc AS (
-    INSERT INTO allocations (id, capacity_shape, sku_id, gpu_count, state, node_id,
-                             region_code, project_id, requested_by)
-    SELECT :allocation, 'baremetal', :sku_id, :gpus, 'pending', node.id,
-           CAST(:region AS text), :project, :actor
-    FROM node
-    RETURNING id, node_id
-), claim AS (
+), {allocation_insert("baremetal", "node.id", "node")}, claim AS (
     INSERT INTO allocation_resource_claims (allocation_id, node_id, claim_kind)
     SELECT alloc.id, alloc.node_id, 'node_exclusive' FROM alloc
     RETURNING id
-), event AS (
-    INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-    SELECT 'allocation', alloc.id, 'allocation.placed',
-           CAST(:event AS jsonb) || jsonb_build_object('node_id', alloc.node_id)
-    FROM alloc
-    RETURNING id
-)
+), {PLACED_EVENT}
 SELECT node_lock.node_id,
        array_position(CAST(:ranked AS uuid[]), node_lock.node_id) AS rank,
        claim.id AS claim_id
