@@ -105,63 +105,12 @@ def compare(
         )
     limits = thresholds(threshold_name)
     base, cand = _measured(baseline), _measured(candidate)
-    rows: list[MetricDelta] = []
-    for metric in sorted(set(base) | set(cand)):
-        b, c = base.get(metric), cand.get(metric)
-        unit = (b or c)["unit"]
-        allowed = limits.get(metric)
-        missing = [
-            f"{side}: {probe['status'] if probe else 'absent'}"
-            + (f" ({probe['reason']})" if probe and probe.get("reason") else "")
-            for side, probe in (("baseline", b), ("candidate", c))
-            if not probe or probe.get("status") != "ok"
-        ]
-        if missing:
-            rows.append(
-                MetricDelta(
-                    metric,
-                    unit,
-                    _value(b),
-                    _value(c),
-                    None,
-                    allowed,
-                    "not compared",
-                    "; ".join(missing),
-                )
-            )
-            continue
-        assert b is not None and c is not None
-        if allowed is None:
-            rows.append(
-                MetricDelta(
-                    metric,
-                    unit,
-                    b["value"],
-                    c["value"],
-                    _delta(b, c),
-                    None,
-                    "not compared",
-                    f"no threshold in {threshold_name}",
-                )
-            )
-            continue
-        delta = _delta(b, c)
-        regression = -delta if b.get("higher_is_better", True) else delta
-        verdict = "fail" if regression > allowed else "pass"
-        rows.append(
-            MetricDelta(
-                metric,
-                unit,
-                b["value"],
-                c["value"],
-                delta,
-                allowed,
-                verdict,
-                f"regressed {regression:.1f} % (allowed {allowed:g} %)"
-                if verdict == "fail"
-                else None,
-            )
+    rows = [
+        _compare_metric(
+            metric, base.get(metric), cand.get(metric), limits.get(metric), threshold_name
         )
+        for metric in sorted(set(base) | set(cand))
+    ]
     compared = [r for r in rows if r.verdict in ("pass", "fail")]
     failed = [r.metric for r in rows if r.verdict == "fail"]
     return Comparison(
@@ -173,6 +122,39 @@ def compare(
         failed=failed,
         metrics=rows,
     )
+
+
+def _compare_metric(
+    metric: str,
+    b: dict[str, Any] | None,
+    c: dict[str, Any] | None,
+    allowed: float | None,
+    threshold_name: str,
+) -> MetricDelta:
+    """One metric's delta and verdict: compared only when both probes ran and the
+    thresholds name it."""
+    missing = [
+        f"{side}: {probe['status'] if probe else 'absent'}"
+        + (f" ({probe['reason']})" if probe and probe.get("reason") else "")
+        for side, probe in (("baseline", b), ("candidate", c))
+        if not probe or probe.get("status") != "ok"
+    ]
+    delta: float | None = None
+    reason: str | None = None
+    if missing:
+        verdict, reason = "not compared", "; ".join(missing)
+    else:
+        assert b is not None and c is not None
+        delta = _delta(b, c)
+        if allowed is None:
+            verdict, reason = "not compared", f"no threshold in {threshold_name}"
+        else:
+            regression = -delta if b.get("higher_is_better", True) else delta
+            verdict = "fail" if regression > allowed else "pass"
+            if verdict == "fail":
+                reason = f"regressed {regression:.1f} % (allowed {allowed:g} %)"
+    unit = (b or c or {})["unit"]
+    return MetricDelta(metric, unit, _value(b), _value(c), delta, allowed, verdict, reason)
 
 
 def _value(probe: dict[str, Any] | None) -> float | None:

@@ -277,14 +277,9 @@ def diagnose_slice(
                     "largest_same_node_other_fabric": lifted.largest_same_node,
                 },
             )
-    details = {
-        "requested_gpus": request.gpu_count,
-        "free_gpus": free,
-        "largest_same_node": largest,
-        "eligible_nodes": nodes,
-        "attempts": race.attempts,
-        "passed_over": race.passed_over,
-    }
+    details = _details(
+        request, race, free_gpus=free, largest_same_node=largest, eligible_nodes=nodes
+    )
     if nodes == 0:
         return Unavailable(
             "sku_unavailable",
@@ -317,18 +312,23 @@ def diagnose_slice(
     )
 
 
+def _details(request: PlacementRequest, race: Race, **counts: int) -> dict[str, int]:
+    """A capacity refusal's figures: what was asked, what was counted, what races took."""
+    return {
+        "requested_gpus": request.gpu_count,
+        **counts,
+        "attempts": race.attempts,
+        "passed_over": race.passed_over,
+    }
+
+
 def diagnose_baremetal(
     conn: Connection, params: PlacementParams, request: PlacementRequest, race: Race
 ) -> Unavailable:
     """Why no node went whole: none eligible, every free one taken concurrently, or every
     eligible one holding a claim or slots awaiting cleanup."""
     eligible = conn.execute(BAREMETAL_DIAGNOSIS, params.binds()).scalar_one()
-    details = {
-        "requested_gpus": request.gpu_count,
-        "eligible_nodes": eligible,
-        "attempts": race.attempts,
-        "passed_over": race.passed_over,
-    }
+    details = _details(request, race, eligible_nodes=eligible)
     if eligible == 0:
         return Unavailable(
             "sku_unavailable",
