@@ -8,8 +8,10 @@ the artifact's manifest and hands the node a plain blob URL and the catalog dige
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,32 +77,31 @@ def file_digest(path: Path) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
+@contextlib.contextmanager
+def _registry_call(reference: Reference, failure: str) -> Iterator[None]:
+    """A registry that cannot be reached or read, as one refusal that says ``failure``."""
+    try:
+        yield
+    except (requests.RequestException, OSError, ValueError) as exc:
+        raise GpuaasError(
+            "registry_unreachable", f"{failure}: {exc}", {"reference": reference.source_uri}
+        ) from exc
+
+
 def _client(reference: Reference, plain_http: bool) -> oras.client.OrasClient:
     """An ORAS client for the reference's registry, once the registry answers at all: the
     client retries a failing request five times over about two minutes, which suits a
     registry that blips, not one that is not there."""
     scheme = "http" if plain_http else "https"
-    try:
+    with _registry_call(reference, f"the registry {reference.host} does not answer"):
         requests.get(f"{scheme}://{reference.host}/v2/", timeout=10)
-    except requests.RequestException as exc:
-        raise GpuaasError(
-            "registry_unreachable",
-            f"the registry {reference.host} does not answer: {exc}",
-            {"reference": reference.source_uri},
-        ) from exc
     return oras.client.OrasClient(hostname=reference.host, insecure=plain_http)
 
 
 def _layer_digest(client: oras.client.OrasClient, reference: Reference) -> str:
     """The sha256 of the artifact's single raw-disk layer."""
-    try:
+    with _registry_call(reference, f"cannot read {reference.source_uri} from its registry"):
         manifest = client.get_manifest(reference.target)
-    except (requests.RequestException, OSError, ValueError) as exc:
-        raise GpuaasError(
-            "registry_unreachable",
-            f"cannot read {reference.source_uri} from its registry: {exc}",
-            {"reference": reference.source_uri},
-        ) from exc
     layers = [
         layer
         for layer in manifest.get("layers") or []
@@ -122,19 +123,13 @@ def publish(reference: Reference, image: Path, plain_http: bool = False) -> Publ
         raise InvalidInput("image_file_missing", f"{image} is not a file", {"file": str(image)})
     digest, size = file_digest(image)
     client = _client(reference, plain_http)
-    try:
+    with _registry_call(reference, f"cannot push {image} to {reference.source_uri}"):
         client.push(
             target=reference.target,
             files=[f"{image}:{RAW_DISK_MEDIA_TYPE}"],
             disable_path_validation=True,
             quiet=True,
         )
-    except (requests.RequestException, OSError, ValueError) as exc:
-        raise GpuaasError(
-            "registry_unreachable",
-            f"cannot push {image} to {reference.source_uri}: {exc}",
-            {"reference": reference.source_uri},
-        ) from exc
     pushed = _layer_digest(client, reference)
     if pushed != digest:
         raise Conflict(
