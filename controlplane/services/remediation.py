@@ -231,14 +231,14 @@ def settle(
         if index in wiped:
             continue
         slot.remediation_attempts += 1
-        slot.status = SlotStatus.CLEANUP_BLOCKED
-        slot.health_state = HealthState.FAILED
         if slot.remediation_attempts >= QUARANTINE_AFTER:
             quarantined.append(index)
-            slot.health_detail = (
+            _block(
+                slot,
                 f"{QUARANTINED}remediation of allocation {allocation_id} failed "
-                f"{slot.remediation_attempts} times; last: {slot.health_detail}"
-            )[:2000]
+                f"{slot.remediation_attempts} times; last: {slot.health_detail}",
+                now,
+            )
             evidence_repo.add(
                 session,
                 kind=EvidenceKind.HOST_RESULT,
@@ -253,27 +253,25 @@ def settle(
         else:
             waiting.append(index)
             slot.remediation_allocation_id = allocation_id
-            slot.health_detail = (
+            _block(
+                slot,
                 f"remediation attempt {slot.remediation_attempts} of {QUARANTINE_AFTER} "
-                f"failed: {slot.health_detail}"
-            )[:2000]
-        slot.generation += 1
-        slot.updated_at = now
+                f"failed: {slot.health_detail}",
+                now,
+            )
     # The allocation's slots return together: the next attempt runs the release again on
     # all of them (its disks, the boot slot's MAC and IP), so none may be placed meanwhile.
     held_back = sorted(wiped) if waiting else []
     for index in held_back:
         slot = by_index[index]
-        slot.status = SlotStatus.CLEANUP_BLOCKED
-        slot.health_state = HealthState.FAILED
         slot.wipe_required = True
         slot.remediation_allocation_id = allocation_id
-        slot.health_detail = (
+        _block(
+            slot,
             f"wiped ({slot.health_detail}), held back until the other slots of allocation "
-            f"{allocation_id} are remediated"
-        )[:2000]
-        slot.generation += 1
-        slot.updated_at = now
+            f"{allocation_id} are remediated",
+            now,
+        )
     returned = [] if waiting else sorted(wiped)
     for index in returned:
         by_index[index].remediation_attempts = 0
@@ -326,6 +324,16 @@ def settle(
         },
     )
     return RemediationResult(str(allocation_id), hostname, tuple(outcome), row)
+
+
+def _block(slot: NodeResourceSlot, detail: str, now: dt.datetime) -> None:
+    """The slot kept out of placement and failed, saying why (for the next attempt or a
+    person)."""
+    slot.status = SlotStatus.CLEANUP_BLOCKED
+    slot.health_state = HealthState.FAILED
+    slot.health_detail = detail[:2000]
+    slot.generation += 1
+    slot.updated_at = now
 
 
 def _evidence(
