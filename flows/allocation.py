@@ -24,8 +24,8 @@ from controlplane.scheduler.placement import PlacementRequest, Unavailable
 from controlplane.services.allocations import CatalogImage, ReleaseResult, RuntimeSpec
 from controlplane.services.requests import PlacedRequest
 from flows import artifacts
-from flows.context import ACTOR, control_plane, current_run
-from flows.hostwork import VM_PROVISION, VM_RELEASE, HostOutcome, run_host_action
+from flows.context import ACTOR, control_plane, current_run, run_on_node
+from flows.hostwork import VM_PROVISION, VM_RELEASE, HostOutcome
 from flows.parameters import given
 from flows.refusals import ended
 
@@ -137,17 +137,14 @@ def provision_vm(
         VM_PROVISION,
         node,
     )
-    return run_host_action(
+    return run_on_node(
         control_plane(),
         VM_PROVISION,
-        [node],
+        node,
         variables,
-        ACTOR,
         allocation_id=uuid.UUID(allocation_id),
-        flow_run_id=current_run(),
         on_event=progress,
-        on_wait=get_run_logger().info,
-    )[node]
+    )
 
 
 @task(name="mark active")
@@ -366,17 +363,14 @@ def run_release(spec: RuntimeSpec) -> HostOutcome:
         VM_RELEASE,
         node,
     )
-    return run_host_action(
+    return run_on_node(
         control_plane(),
         VM_RELEASE,
-        [node],
+        node,
         release_variables(spec),
-        ACTOR,
         allocation_id=uuid.UUID(allocation_id),
-        flow_run_id=current_run(),
         on_event=progress,
-        on_wait=get_run_logger().info,
-    )[node]
+    )
 
 
 @task(name="release VM and wipe disks on node")

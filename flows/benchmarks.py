@@ -25,8 +25,8 @@ from controlplane import benchmarks
 from controlplane.errors import GpuaasError, InvalidInput
 from controlplane.services.guests import GuestTarget
 from flows import artifacts
-from flows.context import ACTOR, control_plane, current_run
-from flows.hostwork import BENCHMARK, run_host_action
+from flows.context import ACTOR, control_plane, current_run, run_on_node
+from flows.hostwork import BENCHMARK
 from flows.refusals import ended
 
 
@@ -76,16 +76,9 @@ def capture_host(
         f", profile {profile}" if profile else "",
         f" on {hostname} as {guest.user}" if guest else "",
     )
-    outcome = run_host_action(
-        cp,
-        BENCHMARK,
-        [hostname],
-        {**extravars, "gpuaas_benchmark": settings},
-        ACTOR,
-        flow_run_id=current_run(),
-        on_wait=logger.info,
-        guest=guest,
-    )[hostname]
+    outcome = run_on_node(
+        cp, BENCHMARK, hostname, {**extravars, "gpuaas_benchmark": settings}, guest=guest
+    )
     document = (outcome.module_result or {}).get("benchmark")
     if not outcome.passed or not document:
         raise GpuaasError(

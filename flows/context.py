@@ -6,11 +6,14 @@ Flows only orchestrate; the rules live in the control plane (``ControlPlane``).
 
 from __future__ import annotations
 
-from prefect import task
+from typing import Any
+
+from prefect import get_run_logger, task
 from prefect.runtime import deployment, flow_run
 
 from controlplane.api import ControlPlane
 from controlplane.errors import GpuaasError
+from flows.hostwork import HostAction, HostOutcome, run_host_action
 
 ACTOR = "flow"
 
@@ -21,6 +24,23 @@ def control_plane() -> ControlPlane:
 
 def current_run() -> str | None:
     return str(flow_run.id) if flow_run.id else None
+
+
+def run_on_node(
+    cp: ControlPlane, action: HostAction, hostname: str, variables: dict[str, Any], **options: Any
+) -> HostOutcome:
+    """``action`` on one node for this run: its node task carries the run's id, and what
+    it waits for is in the run's log (``options``: those of ``run_host_action``)."""
+    return run_host_action(
+        cp,
+        action,
+        [hostname],
+        variables,
+        ACTOR,
+        flow_run_id=current_run(),
+        on_wait=get_run_logger().info,
+        **options,
+    )[hostname]
 
 
 def run_actor() -> str:

@@ -21,9 +21,9 @@ from flows import artifacts, sweeps
 from flows.context import (
     ACTOR,
     control_plane,
-    current_run,
     no_nodes_matched,
     run_actor,
+    run_on_node,
     select_nodes,
     shorten,
 )
@@ -31,7 +31,6 @@ from flows.hostwork import (
     BOOTSTRAP,
     STORAGE_TRANSITION,
     HostOutcome,
-    run_host_action,
 )
 from flows.parameters import given
 from flows.refusals import ended
@@ -342,16 +341,7 @@ def transition_storage(
         STORAGE_TRANSITION,
         hostname,
     )
-    return run_host_action(
-        control_plane(),
-        STORAGE_TRANSITION,
-        [hostname],
-        variables,
-        ACTOR,
-        flow_run_id=current_run(),
-        on_event=progress,
-        on_wait=get_run_logger().info,
-    )[hostname]
+    return run_on_node(control_plane(), STORAGE_TRANSITION, hostname, variables, on_event=progress)
 
 
 @flow(name="storage_transition")
@@ -470,16 +460,9 @@ def record_raw_disks(
 
 @task(name="bootstrap host")
 def bootstrap(hostname: str, extravars: dict[str, Any]) -> HostOutcome:
-    return run_host_action(
-        control_plane(),
-        BOOTSTRAP,
-        [hostname],
-        extravars,
-        ACTOR,
-        flow_run_id=current_run(),
-        on_event=artifacts.TaskLog(),
-        on_wait=get_run_logger().info,
-    )[hostname]
+    return run_on_node(
+        control_plane(), BOOTSTRAP, hostname, extravars, on_event=artifacts.TaskLog()
+    )
 
 
 @flow(name="bootstrap_host")

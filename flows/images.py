@@ -18,7 +18,14 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from controlplane.errors import GpuaasError
 from flows import artifacts
-from flows.context import ACTOR, control_plane, current_run, no_nodes_matched, select_nodes
+from flows.context import (
+    ACTOR,
+    control_plane,
+    current_run,
+    no_nodes_matched,
+    run_on_node,
+    select_nodes,
+)
 from flows.hostwork import IMAGE_CACHE, HostOutcome, run_host_action
 from flows.refusals import ended
 
@@ -75,19 +82,16 @@ def prewarm_node(
 ) -> dict[str, Any]:
     cp = control_plane()
     logger = get_run_logger()
-    outcome = run_host_action(
+    outcome = run_on_node(
         cp,
         IMAGE_CACHE,
-        [hostname],
+        hostname,
         {
             **extravars,
             "gpuaas_image_cache": [{k: target[k] for k in ("image", "path", "sha256", "url")}],
             "gpuaas_image_cache_state": "present",
         },
-        ACTOR,
-        flow_run_id=current_run(),
-        on_wait=logger.info,
-    )[hostname]
+    )
     task_id = uuid.UUID(outcome.node_task_id) if outcome.node_task_id else None
     result, failure = item_outcomes(outcome).get(
         target["image"], (None, outcome.failure or "the node reported no result for the image")

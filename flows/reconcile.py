@@ -28,7 +28,7 @@ from controlplane.enums import EvidenceKind, NodeTaskKind
 from controlplane.services.reconcile import CleanupSlot
 from flows import artifacts
 from flows.allocation import published, run_release
-from flows.context import ACTOR, control_plane, current_run
+from flows.context import ACTOR, control_plane, current_run, run_on_node
 from flows.hostwork import HostAction, run_host_action
 from flows.images import reverify_image_caches
 from flows.liveness import lost_now, pool_workers
@@ -189,17 +189,9 @@ def wipe_cleanup_slots(
             hostname,
             loop_items=len(slots),
         )
-        outcome = run_host_action(
-            cp,
-            DISK_WIPE,
-            [hostname],
-            variables,
-            ACTOR,
-            flow_run_id=current_run(),
-            on_event=progress,
-            on_wait=get_run_logger().info,
-            wait_for_room=False,
-        )[hostname]
+        outcome = run_on_node(
+            cp, DISK_WIPE, hostname, variables, on_event=progress, wait_for_room=False
+        )
         if not outcome.node_task_id:
             rows.extend(
                 {"node": hostname, "slot": s.slot_index, "now": "cleanup", "why": outcome.failure}
