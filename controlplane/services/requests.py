@@ -164,6 +164,13 @@ def place(
             # A concurrent attempt of the same request committed first.
             with db.transaction(scheduler.engine) as session:
                 placed = replay(session, (ids[0],), request.sku, request.gpu_count)
+            if placed is None:
+                raise Conflict(
+                    "request_id_conflict",
+                    f"a concurrent attempt of request {request_id!r} wrote allocation "
+                    f"{ids[0]}, which is no longer there to replay; retry the request",
+                    {"allocation_id": str(ids[0])},
+                ) from exc
         else:
             if isinstance(fresh, Unavailable):
                 return fresh
