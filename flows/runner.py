@@ -282,13 +282,45 @@ class TaskProgress:
         return where
 
 
+STRATEGY_ENV = "GPUAAS_ANSIBLE_STRATEGY"
+# Mitogen's strategies replace Ansible's connection and module execution; on trial, off
+# unless chosen (docs/operations.md, "Ansible strategy").
+MITOGEN_STRATEGIES = ("mitogen_linear",)
+
+
+def strategy_environment() -> dict[str, str]:
+    """The Ansible strategy the worker's ``GPUAAS_ANSIBLE_STRATEGY`` chooses: Ansible's own
+    ``linear`` (the default, nothing to set) or Mitogen's ``mitogen_linear``."""
+    chosen = os.environ.get(STRATEGY_ENV, "").strip() or "linear"
+    if chosen == "linear":
+        return {}
+    if chosen not in MITOGEN_STRATEGIES:
+        raise GpuaasError(
+            "ansible_strategy_unknown",
+            f"{STRATEGY_ENV}={chosen!r}: the strategy is linear or "
+            + ", ".join(MITOGEN_STRATEGIES),
+            {"strategy": chosen},
+        )
+    try:
+        import ansible_mitogen
+    except ImportError as exc:
+        raise GpuaasError(
+            "ansible_strategy_unavailable",
+            f"{STRATEGY_ENV}={chosen} needs the mitogen package in this environment",
+            {"strategy": chosen},
+        ) from exc
+    plugins = Path(ansible_mitogen.__file__).parent / "plugins" / "strategy"
+    return {"ANSIBLE_STRATEGY_PLUGINS": str(plugins), "ANSIBLE_STRATEGY": chosen}
+
+
 def runner_environment(collection: Collection | None = None) -> dict[str, str]:
     """ansible-runner needs the venv's bin on PATH, the collection's path and its
-    ansible.cfg, and host key checking left on; the Prefect API's credentials are left
-    out."""
+    ansible.cfg, host key checking left on and the chosen strategy; the Prefect API's
+    credentials are left out."""
     collection = collection or find_collection()
     venv_bin = str(Path(sys.executable).parent)
     return {
+        **strategy_environment(),
         "PATH": f"{venv_bin}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}",
         "ANSIBLE_CONFIG": str(collection.config),
         "ANSIBLE_COLLECTIONS_PATH": str(collection.collections_path),
