@@ -140,9 +140,11 @@ def guest_inventory(private_dir: Path, guest: GuestTarget) -> dict[str, Any]:
     return {"all": {"hosts": {guest.name: guest.host_variables(str(known_hosts))}}}
 
 
-# What ssh says when strict checking refuses the key a host presents (or has none pinned).
+# What ssh says when strict checking refuses the key a host presents (or has none pinned),
+# and what Mitogen says in its place (docs/operations.md, "Ansible strategy").
 HOST_KEY_REFUSED = re.compile(
     r"Host key verification failed|REMOTE HOST IDENTIFICATION HAS CHANGED|host key is known"
+    r"|unrecognized or mismatching host key"
 )
 
 

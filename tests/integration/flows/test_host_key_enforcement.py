@@ -1,6 +1,7 @@
 """Flows connect over SSH only to hosts presenting the key the store pins (docs/trust.md):
 a real SSH server on loopback (gpuaas_lab.sshhost), reached through the dynamic
-inventory and ansible-runner exactly as a fleet host is."""
+inventory and ansible-runner exactly as a fleet host is, under Ansible's linear strategy
+and under Mitogen's."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from controlplane.enums import HostKeySource
 from controlplane.hostkeys import parse_public_key
 from controlplane.services.inventory import NodeSpec
 from flows.fleet import parity_sweep
+from flows.runner import STRATEGY_ENV
 from gpuaas_lab.sshhost import LoopbackSshHost, generate_key, ssh_host_unavailable_reason
 from tests.integration.flows.conftest import SLICE_TAGS, flow_control_plane
 
@@ -19,8 +21,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefe
 NODE = "j23u01"
 
 
-@pytest.fixture
-def ssh_node(tmp_path, database_url, monkeypatch, prefect_harness, cli_env):
+@pytest.fixture(params=["linear", "mitogen_linear"])
+def ssh_node(request, tmp_path, database_url, monkeypatch, prefect_harness, cli_env):
+    # Under both strategies the runner offers (flows/runner.py, STRATEGY_ENV).
+    monkeypatch.setenv(STRATEGY_ENV, request.param)
     cp = flow_control_plane(ssh_host_unavailable_reason(), tmp_path, database_url, monkeypatch)
     with LoopbackSshHost(tmp_path / "sshhost", NODE) as host:
         cp.register_node(
