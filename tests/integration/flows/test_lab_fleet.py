@@ -15,6 +15,7 @@ from sqlalchemy import text
 from controlplane.enums import HostKeySource
 from flows.fleet import discover_topology, parity_sweep
 from flows.refusals import found
+from flows.runner import STRATEGY_ENV
 from gpuaas_lab import sshfleet
 from gpuaas_lab.sshhost import generate_key
 from tests.integration.flows.conftest import flow_control_plane
@@ -46,7 +47,12 @@ def namespaces() -> set[str]:
     return {line.split()[0] for line in listed.stdout.splitlines() if line}
 
 
-def test_a_fleet_is_discovered_and_checked_over_ssh_as_the_deploy_user(fleet, engine):
+@pytest.mark.parametrize("strategy", ["linear", "mitogen_linear"])
+def test_a_fleet_is_discovered_and_checked_over_ssh_as_the_deploy_user(
+    fleet, engine, strategy, monkeypatch
+):
+    # Under both strategies the runner offers (flows/runner.py, STRATEGY_ENV).
+    monkeypatch.setenv(STRATEGY_ENV, strategy)
     _, lab = fleet
     described = lab.describe()
     assert (described["hosts"], described["serving"]) == (HOSTS, HOSTS)
