@@ -39,12 +39,18 @@ slots, so it checks each node's own health (EDAC, hugepages, root ports) and no 
 its controller cost, per host as the playbook and module travel and the result returns,
 hardly depends on the slots (the probe runs on the host).
 
+With --strategies linear mitogen_linear, the whole grid runs once per Ansible strategy
+(GPUAAS_ANSIBLE_STRATEGY, the workers restarted with it; docs/operations.md, "Ansible
+strategy"), and each row of the second is also given as a ratio to the same row of the
+first.
+
 Goals: 500 hosts discovered and checked in <= 600 s with one worker; controller <= 0.5
 CPU-s per host; health sweep controller <= 0.3 CPU-s per host; placement p99 <= 50 ms at
 100/s during the sweep.
 
     .venv/bin/python bench/fleet_sweep.py [--sizes 100 250 500] [--workers 1 3]
         [--batch-sizes 25 100] [--parallel-batches 4] [--rate 100] [--arrivals 3000]
+        [--strategies linear mitogen_linear]
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ from controlplane import db, migrate  # noqa: E402
 from controlplane.api import ControlPlane  # noqa: E402
 from controlplane.embedded import EmbeddedPostgres  # noqa: E402
 from controlplane.scheduler.placement import Scheduler  # noqa: E402
+from flows.runner import STRATEGY_ENV  # noqa: E402
 from flows.serve import PrefectStack, prefect_database_url, prefect_stack  # noqa: E402
 from gpuaas_lab import cpugroups, sshfleet  # noqa: E402
 from gpuaas_lab.ports import free_port  # noqa: E402
@@ -179,6 +186,7 @@ class Measured:
     workers: int
     hosts: int
     batch_size: int
+    strategy: str = "linear"
     wall: dict[str, float] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)
     kinds: dict[str, float] = field(default_factory=dict)
@@ -265,7 +273,7 @@ def measure(
             "slice_parity_checks": list(sshfleet.PARITY_CHECKS),
         },
     }
-    measured = Measured(workers, size, batch_size)
+    measured = Measured(workers, size, batch_size, stack.env.get(STRATEGY_ENV, "linear"))
     before = {name: group.seconds() for name, group in groups.items()}
     rows = evidence_rows(engine)
     sampler.reset()
@@ -301,7 +309,7 @@ def report(measured: Measured, baseline: Measured) -> None:
     per_host = {name: seconds / hosts for name, seconds in measured.cpu.items()}
     controller_ratio = measured.cpu["controller"] / baseline.cpu["controller"]
     print(
-        f"{measured.workers:>7} {hosts:>5} {measured.batch_size:>5} "
+        f"{measured.strategy:>14} {measured.workers:>7} {hosts:>5} {measured.batch_size:>5} "
         f"{measured.wall['discovery']:>9.1f} {measured.wall['parity']:>8.1f} {wall:>8.1f} "
         f"{hosts / wall:>8.2f} {per_host['controller']:>10.3f} {per_host['hosts']:>7.3f} "
         f"{per_host['store']:>7.3f} {per_host['server']:>7.3f} {measured.evidence / wall:>10.1f} "
@@ -322,6 +330,25 @@ def breakdown(measured: Measured) -> None:
     rows.append(("short-lived processes (ssh session clients, not sampled)", total - sampled))
     for kind, seconds in rows:
         print(f"  {seconds / measured.hosts:>7.3f} s/host {100 * seconds / total:>5.1f}%  {kind}")
+
+
+def compare_strategies(results: list[Measured], strategies: list[str]) -> None:
+    """Each row of a later strategy against the same row of the first."""
+    first = {(m.workers, m.hosts, m.batch_size): m for m in results if m.strategy == strategies[0]}
+    for strategy in strategies[1:]:
+        print(f"\n{strategy} against {strategies[0]} (same workers, hosts and batches):")
+        for m in results:
+            base = first.get((m.workers, m.hosts, m.batch_size))
+            if m.strategy != strategy or base is None:
+                continue
+            print(
+                f"  {m.workers} worker(s), {m.hosts} hosts, batches of {m.batch_size}: wall "
+                f"x{m.wall['total'] / base.wall['total']:.2f}, controller CPU "
+                f"x{m.cpu['controller'] / base.cpu['controller']:.2f} "
+                f"({m.cpu['controller'] / m.hosts:.3f} against "
+                f"{base.cpu['controller'] / base.hosts:.3f} s/host), health controller "
+                f"x{m.health_controller / base.health_controller:.2f}"
+            )
 
 
 def serve_placement(conn: Any, url: str, rate: float, arrivals: int) -> None:
@@ -387,6 +414,13 @@ def main() -> None:
         default=10,
         help="CPU weight of the workers and all they start, against 100 for everything else "
         "(docs/operations.md: sweeps yield the CPU to placement)",
+    )
+    parser.add_argument(
+        "--strategies",
+        nargs="+",
+        choices=["linear", "mitogen_linear"],
+        default=["linear"],
+        help="Ansible strategies, each a run of the whole grid (the first is the baseline)",
     )
     args = parser.parse_args()
     for reason in (sshfleet.unavailable_reason(), cpugroups.unavailable_reason()):
@@ -480,42 +514,49 @@ def sweeps(
         f"{args.batch_sizes[0]}"
     )
     print(
-        f"{'workers':>7} {'hosts':>5} {'batch':>5} {'discovery':>9} {'parity':>8} {'wall s':>8} "
+        f"{'strategy':>14} {'workers':>7} {'hosts':>5} {'batch':>5} {'discovery':>9} "
+        f"{'parity':>8} {'wall s':>8} "
         f"{'hosts/s':>8} {'controller':>10} {'hosts':>7} {'store':>7} {'server':>7} "
         f"{'evidence/s':>10} {'wall x':>6} {'ctl x':>6} {'health s':>8} {'health ctl':>10}"
     )
     results = []
     placing = None
-    for workers in args.workers:
-        set_workers(stack, workers, groups["controller"])
-        for size in args.sizes:
-            baseline_run = None
-            for batch_size in args.batch_sizes:
-                last = (
-                    workers == max(args.workers)
-                    and size == max(args.sizes)
-                    and batch_size == args.batch_sizes[-1]
-                )
-                if last:
-                    placing = Placing(placement, "bench-sweeping", args.seed + 1)
-                measured = measure(
-                    args,
-                    stack,
-                    fleet,
-                    engine,
-                    groups,
-                    sampler,
-                    workers,
-                    size,
-                    batch_size,
-                    during=placing,
-                )
-                baseline_run = baseline_run or measured
-                results.append(measured)
-                report(measured, baseline_run)
+    for strategy in args.strategies:
+        # Workers take the strategy from their environment when they start.
+        stack.env[STRATEGY_ENV] = strategy
+        set_workers(stack, 0, groups["controller"])
+        for workers in args.workers:
+            set_workers(stack, workers, groups["controller"])
+            for size in args.sizes:
+                baseline_run = None
+                for batch_size in args.batch_sizes:
+                    last = (
+                        strategy == args.strategies[-1]
+                        and workers == max(args.workers)
+                        and size == max(args.sizes)
+                        and batch_size == args.batch_sizes[-1]
+                    )
+                    if last:
+                        placing = Placing(placement, "bench-sweeping", args.seed + 1)
+                    measured = measure(
+                        args,
+                        stack,
+                        fleet,
+                        engine,
+                        groups,
+                        sampler,
+                        workers,
+                        size,
+                        batch_size,
+                        during=placing,
+                    )
+                    baseline_run = baseline_run or measured
+                    results.append(measured)
+                    report(measured, baseline_run)
     for measured in results:
         if measured.hosts == max(args.sizes):
             breakdown(measured)
+    compare_strategies(results, args.strategies)
     if placing is not None:
         placing.join()
         during = placing.result or {}
