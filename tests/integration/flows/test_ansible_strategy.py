@@ -23,7 +23,7 @@ from controlplane.hostkeys import (
 )
 from flows.runner import STRATEGY_ENV, PlaybookRun, RunResult, run_playbook, runner_environment
 from gpuaas_lab.sshhost import LoopbackSshHost, generate_key, ssh_host_unavailable_reason
-from tests.integration.flows.test_runner_secrets import command_of, files_containing
+from tests.integration.flows.run_artifacts import command_of, files_containing
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 

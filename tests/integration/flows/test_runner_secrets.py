@@ -22,6 +22,7 @@ from controlplane.services.inventory import NodeSpec
 from flows.hostwork import DISCOVER, run_host_action
 from flows.runner import PlaybookRun, run_playbook, scrub_artifacts
 from gpuaas_lab import hosttrees
+from tests.integration.flows.run_artifacts import command_of, files_containing
 
 pytestmark = [pytest.mark.slow]
 
@@ -51,19 +52,6 @@ THIS_MACHINE = {
         }
     }
 }
-
-
-def files_containing(root: Path, needles: list[str]) -> list[tuple[str, str]]:
-    found = []
-    for path in root.rglob("*"):
-        if path.is_file():
-            data = path.read_bytes()
-            found += [(str(path), n) for n in needles if n.encode() in data]
-    return found
-
-
-def command_of(artifact_dir: str) -> dict:
-    return json.loads((Path(artifact_dir) / "command").read_text())
 
 
 def private_paths_in(command: dict) -> list[str]:
