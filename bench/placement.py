@@ -43,10 +43,13 @@ on) in a temporary directory, one database per phase, and removes it at the end:
    registered, imported and approved node by node through the control plane; p50/p99,
    placements/s and the p99 against the baseline, and what statistics each fleet had.
 
-6. tenancy: the throughput mix spread over 50 projects, and the open loop at 100/s, each
-   without and with a quota on every project and five region-wide reservations (order
-   swapped every round; ratios per round and their medians; docs/store-invariants.md,
+6. tenancy: the throughput mix spread over 50 projects, and the open loop at 100/s
+   (1,500 arrivals, so its p99 is not a handful of requests), each without and with a
+   quota on every project and five region-wide reservations (order swapped every round;
+   ratios per round and their medians; docs/store-invariants.md,
    "Projects, quotas and policy").
+
+Every timed run starts right after a CHECKPOINT, so no checkpoint lands inside one.
 
 The process calls gc.freeze() once started, as a long-lived placing process should
 (docs/operations.md); --no-gc-freeze measures without it. Phases 1 and 2 run back to back
@@ -169,6 +172,14 @@ class Cluster:
 # psycopg's prepare threshold (5 executions) and its backend has loaded its caches, so
 # the figures are a warm service's, not sixteen connections' first statements.
 WARMUP_PER_CLIENT = 6
+
+
+def checkpoint(engine: Engine) -> None:
+    """A checkpoint now, before a timed run: the fleet just written is flushed here, and
+    the next timed checkpoint (every checkpoint_timeout) is minutes away, so it lands in
+    no run of seconds; otherwise it lands in whichever run it falls on."""
+    with engine.connect() as conn:
+        conn.execute(text("CHECKPOINT"))
 
 
 def run_clients(
@@ -448,6 +459,7 @@ def throughput(
     )
     result = ThroughputResult()
     lock = threading.Lock()
+    checkpoint(engine)
 
     def work(n: int, rng: random.Random, timed: bool) -> None:
         sku, gpus = rng.choice(mix)
@@ -753,7 +765,7 @@ def run_tenancy(cluster: Cluster, fleet: FleetSpec, args: argparse.Namespace) ->
             opened = open_loop(
                 Scheduler(engine, candidate_nodes=args.candidate_nodes or 16),
                 100.0,
-                args.open_loop_arrivals,
+                args.tenancy_arrivals,
                 args.seed + number,
                 projects=TENANCY_PROJECTS,
             )
@@ -785,7 +797,7 @@ def run_tenancy(cluster: Cluster, fleet: FleetSpec, args: argparse.Namespace) ->
     print(
         f"tenancy, median over {args.rounds} rounds, with rules against without: "
         + ", ".join(f"{name} {statistics.median(values):.2f}x" for name, values in ratios.items())
-        + " (targets: throughput >= 0.90x, p99 <= 1.10x)"
+        + " (targets: throughput >= 0.95x, p99 <= 1.10x)"
     )
 
 
@@ -950,6 +962,7 @@ def open_loop(
             for _ in range(OPEN_LOOP_POOL * WARMUP_PER_CLIENT)
         ]
         concurrent.futures.wait(warm)
+        checkpoint(scheduler.engine)
         futures = []
         arrival = first = time.perf_counter()
         for (gap, gpus), project in zip(schedule, owners, strict=True):
@@ -1141,6 +1154,12 @@ def main() -> None:
         help="open-loop arrival rate per second (repeatable; default 50, 100, 200)",
     )
     parser.add_argument("--open-loop-arrivals", type=int, default=400)
+    parser.add_argument(
+        "--tenancy-arrivals",
+        type=int,
+        default=1500,
+        help="open-loop arrivals of each tenancy run (a p99 of 400 is its 4th-slowest request)",
+    )
     parser.add_argument(
         "--no-statistics-rate",
         type=float,
