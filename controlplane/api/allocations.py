@@ -4,7 +4,6 @@ and wipe proofs."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 
 from controlplane.api.boundary import ServiceBoundary, service_call
 from controlplane.enums import NodeTaskKind
@@ -25,14 +24,7 @@ class AllocationsApi(ServiceBoundary):
         """Place once per request id (``requests.place``)."""
         return requests.place(self.scheduler, request, request_id, flow_run_id)
 
-    def publish_events(
-        self, send: Callable[[list[events.StoreEvent]], None], limit: int = 500
-    ) -> list[events.StoreEvent]:
-        """Hand the oldest unpublished allocation events to ``send``; they count as
-        published only if it returns (one transaction)."""
-        with self.transaction() as session:
-            return events.publish(session, send, limit)
-
+    publish_events = service_call(events.publish)
     release = service_call(allocations.release)
     record_wipe_proof = service_call(wipes.record_wipe_proof)
 
@@ -42,11 +34,7 @@ class AllocationsApi(ServiceBoundary):
 
     settle_wipe = service_call(wipes.settle)
     show_allocation = service_call(allocations.allocation_view)
-
-    def list_allocations(self, state: str | None = None) -> list[allocations.AllocationSummary]:
-        with self.transaction() as session:
-            return allocations.list_allocations(session, state)
-
+    list_allocations = service_call(allocations.list_allocations)
     issue_guest_host_key = service_call(allocations.issue_guest_host_key)
     guest_target = service_call(guests.guest_target)
     runtime_spec = service_call(allocations.runtime_spec)
@@ -55,11 +43,5 @@ class AllocationsApi(ServiceBoundary):
     remediation_pending = service_call(remediation.pending)
     begin_remediation = service_call(remediation.begin)
     settle_remediation = service_call(remediation.settle)
-
-    def set_allocation_flow_run(self, allocation_id: uuid.UUID, flow_run_id: str) -> None:
-        with self.transaction() as session:
-            allocations.set_flow_run(session, allocation_id, flow_run_id)
-
-    def image_for_sku(self, image: str | None, sku: str) -> allocations.CatalogImage | None:
-        with self.transaction() as session:
-            return allocations.image_for_sku(session, image, sku)
+    set_allocation_flow_run = service_call(allocations.set_flow_run)
+    image_for_sku = service_call(allocations.image_for_sku)

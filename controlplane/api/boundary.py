@@ -8,6 +8,7 @@ one, a result reshaped) or give the service other parameter names or defaults.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Concatenate, ParamSpec, TypeVar
@@ -34,6 +35,11 @@ def service_call(
         with self.transaction() as session:
             return service(session, *args, **kwargs)
 
+    signature = inspect.signature(service)
+    _session, *parameters = signature.parameters.values()
+    call.__signature__ = signature.replace(
+        parameters=[inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *parameters]
+    )
     return call
 
 

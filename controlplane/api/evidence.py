@@ -4,7 +4,6 @@ sweep verdicts."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 from controlplane import db
@@ -19,57 +18,14 @@ class EvidenceApi(ServiceBoundary):
 
     parity_failures = service_call(evidence_trust.parity_failures)
     result_distrust = service_call(evidence_trust.result_distrust)
-
-    def begin_tasks(
-        self,
-        hostnames: Sequence[str],
-        kind: NodeTaskKind,
-        parameters: dict[str, Any],
-        actor: str,
-        allocation_id: uuid.UUID | None = None,
-        flow_run_id: str | None = None,
-        partial: bool = False,
-    ) -> tasks.Admission:
-        """A running node task per host, admitted on every node or raising ``node_busy``
-        (Conflict) with what holds each busy node (the caller waits and tries again); with
-        ``partial``, admitted where there is room and the busy hosts returned."""
-        with self.transaction() as session:
-            return tasks.begin(
-                session, hostnames, kind, parameters, actor, allocation_id, flow_run_id, partial
-            )
+    begin_tasks = service_call(tasks.begin)
 
     def begin_task(
         self, hostname: str, kind: NodeTaskKind, parameters: dict[str, Any], actor: str
     ) -> uuid.UUID:
         return self.begin_tasks([hostname], kind, parameters, actor).task_ids[hostname]
 
-    def complete_task(
-        self,
-        task_id: uuid.UUID,
-        *,
-        succeeded: bool,
-        output: dict[str, Any],
-        summary: dict[str, Any],
-        artifact_dir: str | None,
-        error: str | None,
-        evidence_kind: EvidenceKind,
-        evidence_summary: str,
-        actor: str,
-    ) -> int:
-        with self.transaction() as session:
-            return tasks.complete(
-                session,
-                task_id,
-                succeeded=succeeded,
-                output=output,
-                summary=summary,
-                artifact_dir=artifact_dir,
-                error=error,
-                evidence_kind=evidence_kind,
-                evidence_summary=evidence_summary,
-                recorded_by=actor,
-            )
-
+    complete_task = service_call(tasks.complete)
     evidence_trail = service_call(tasks.trail)
 
     def record_health(

@@ -37,11 +37,7 @@ class HostKeysApi(ServiceBoundary):
 
     issue_deploy_user_data = service_call(deploys.issue)
 
-    def pin_reported_signing_key(
-        self, hostname: str, public_key: str, actor: str
-    ) -> host_key_service.PinResult:
-        with self.transaction() as session:
-            return host_key_service.pin_reported_signing_key(session, hostname, public_key, actor)
+    pin_reported_signing_key = service_call(host_key_service.pin_reported_signing_key)
 
     def pin_signing_key(
         self, hostname: str, public_key: str, actor: str, reason: str

@@ -17,16 +17,7 @@ from controlplane.services import image_cache as cache_service
 class ImagesApi(ServiceBoundary):
     """The control plane's calls on images (one transaction each)."""
 
-    def register_image(
-        self,
-        spec: images.ImageSpec,
-        *,
-        actor: str = audit_trail.DIRECT_CALLER,
-        reason: str | None = None,
-    ) -> images.RegisteredImage:
-        """Create or update a slice OS image in the catalog (upsert by slug)."""
-        with self.transaction() as session:
-            return images.register(session, spec, actor, reason)
+    register_image = service_call(images.register)
 
     def publish_image(
         self,
@@ -66,8 +57,8 @@ class ImagesApi(ServiceBoundary):
                 dataclasses.replace(
                     spec, digest_sha256=published.digest_sha256, size_bytes=published.size_bytes
                 ),
-                actor,
-                reason,
+                actor=actor,
+                reason=reason,
             )
 
     list_images = service_call(images.listing)

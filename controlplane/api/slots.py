@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
-from typing import Any
-
 from controlplane.api.boundary import ServiceBoundary, service_call
 from controlplane.repositories import nodes as node_repo
 from controlplane.repositories import slots as slot_repo
@@ -15,21 +12,8 @@ from controlplane.services import slots as slot_service
 class SlotsApi(ServiceBoundary):
     """The control plane's calls on slots (one transaction each)."""
 
-    def import_topology(
-        self, hostname: str, document: Any, actor: str, node_task_id: uuid.UUID | None = None
-    ) -> slot_service.ImportResult:
-        with self.transaction() as session:
-            return slot_service.import_topology(session, hostname, document, actor, node_task_id)
-
-    def approve_slots(
-        self,
-        hostname: str,
-        slot_indexes: list[int] | None,
-        actor: str,
-        reason: str | None = None,
-    ) -> slot_service.ApprovalResult:
-        with self.transaction() as session:
-            return slot_service.approve(session, hostname, slot_indexes, actor, reason)
+    import_topology = service_call(slot_service.import_topology)
+    approve_slots = service_call(slot_service.approve)
 
     def list_slots(self, hostname: str | None = None) -> list[slot_service.SlotView]:
         with self.transaction() as session:

@@ -40,7 +40,7 @@ class StoreEvent:
 
 
 def publish(
-    session: Session, send: Callable[[list[StoreEvent]], None], limit: int
+    session: Session, send: Callable[[list[StoreEvent]], None], limit: int = 500
 ) -> list[StoreEvent]:
     """Send up to ``limit`` unpublished events, oldest first, and mark them published."""
     rows = outbox.claim_unpublished(session, limit)

@@ -110,7 +110,11 @@ def validate(session: Session, spec: ImageSpec) -> str:
 
 
 def register(
-    session: Session, spec: ImageSpec, actor: str, reason: str | None = None
+    session: Session,
+    spec: ImageSpec,
+    *,
+    actor: str = audit_trail.DIRECT_CALLER,
+    reason: str | None = None,
 ) -> RegisteredImage:
     """Create or update the catalog row of ``spec.slug``; returns it and whether it changed."""
     reason = audit_trail.optional_reason(reason)

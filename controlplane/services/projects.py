@@ -204,7 +204,12 @@ def _audit(
 
 
 def create(
-    session: Session, project_id: str, name: str | None, actor: str, reason: str | None = None
+    session: Session,
+    project_id: str,
+    name: str | None = None,
+    *,
+    actor: str = audit_trail.DIRECT_CALLER,
+    reason: str | None = None,
 ) -> tuple[ProjectView, bool]:
     """A new project (``changed``), or the existing one unchanged when it has that name."""
     reason = audit_trail.optional_reason(reason)
@@ -256,7 +261,8 @@ def live_allocations(session: Session, project_id: str) -> tuple[LiveAllocation,
 def retire(
     session: Session,
     project_id: str,
-    actor: str,
+    *,
+    actor: str = audit_trail.DIRECT_CALLER,
     reason: str | None = None,
     with_live_allocations: bool = False,
 ) -> tuple[ProjectView, bool]:
@@ -370,7 +376,8 @@ def set_policy(
     project_id: str,
     regions: list[str] | None,
     node_families: list[str] | None,
-    actor: str,
+    *,
+    actor: str = audit_trail.DIRECT_CALLER,
     reason: str | None = None,
 ) -> tuple[ProjectView, bool]:
     """Keep the project to these regions and node families (None: any); a placement
@@ -419,7 +426,8 @@ def set_quota(
     scope: QuotaScope,
     gpu_limit: int | None,
     allocation_limit: int | None,
-    actor: str,
+    *,
+    actor: str = audit_trail.DIRECT_CALLER,
     reason: str | None = None,
 ) -> tuple[ProjectView, bool]:
     """Set the limits of one scope (both None removes its quota). A limit below what the
@@ -525,7 +533,7 @@ def reserve(
     nodes: list[str] | None = None,
     ends_at: dt.datetime | None = None,
     *,
-    actor: str,
+    actor: str = audit_trail.DIRECT_CALLER,
     reason: str | None = None,
 ) -> tuple[ProjectView, int]:
     """Hold whole nodes of ``sku``'s family in ``region`` for the project until
@@ -650,9 +658,11 @@ def unreserve(
     session: Session,
     project_id: str,
     reservation_id: int,
-    actor: str,
+    *,
+    actor: str = audit_trail.DIRECT_CALLER,
     reason: str | None = None,
 ) -> tuple[ProjectView, bool]:
+    """End one of the project's reservations: its nodes take any project again."""
     reason = audit_trail.optional_reason(reason)
     project = _get(session, project_id, for_update=True)
     reservation = session.scalars(

@@ -178,7 +178,7 @@ def import_topology(
     session: Session,
     hostname: str,
     document: Any,
-    recorded_by: str,
+    actor: str,
     node_task_id: uuid.UUID | None = None,
 ) -> ImportResult:
     """Record a candidate map as evidence and mirror its candidates as ``disabled`` slots.
@@ -235,7 +235,7 @@ def import_topology(
             state=NodeTaskState.SUCCEEDED,
             output=topo.document,
             summary=summary,
-            requested_by=recorded_by,
+            requested_by=actor,
         )
     else:
         task = evidence_repo.running_task(
@@ -344,7 +344,7 @@ def import_topology(
             f"{len(result.approvable)} approvable, blockers: "
             + (", ".join(b.code for b in topo.blockers) or "none")
         ),
-        recorded_by=recorded_by,
+        recorded_by=actor,
         payload={
             "collected_at": topo.collected_at.isoformat(),
             "blockers": result.blockers,
@@ -359,7 +359,7 @@ def import_topology(
             kind=EvidenceKind.DRIFT,
             passed=False,
             summary=f"{len(result.drift)} in-use slots differ from the topology of {hostname}",
-            recorded_by=recorded_by,
+            recorded_by=actor,
             payload={"drift": result.drift},
             node_id=node.id,
             node_task_id=task.id,
@@ -374,7 +374,7 @@ def approve(
     session: Session,
     hostname: str,
     slot_indexes: list[int] | None,
-    approved_by: str,
+    actor: str,
     reason: str | None = None,
 ) -> ApprovalResult:
     """Make slots ``available``: all or nothing, every rule re-validated against the store."""
@@ -435,7 +435,7 @@ def approve(
         row.health_state = HealthState.HEALTHY
         row.health_detail = None
         row.approved_at = now
-        row.approved_by = approved_by
+        row.approved_by = actor
         row.capacity_metadata = {
             **row.capacity_metadata,
             "storage_identity_kind": "by_id",
@@ -451,7 +451,7 @@ def approve(
             kind=EvidenceKind.APPROVAL,
             passed=True,
             summary=f"slot {index} of {hostname} approved as available",
-            recorded_by=approved_by,
+            recorded_by=actor,
             payload={"slot_index": index, "topology_task_id": str(task.id)},
             node_id=node.id,
             slot_id=rows[index].id,
@@ -460,7 +460,7 @@ def approve(
         audit_trail.record(
             session,
             audit_trail.Action.SLOTS_APPROVE,
-            approved_by,
+            actor,
             reason,
             f"slots {result.approved} of {hostname}",
             before=before,

@@ -83,7 +83,7 @@ def begin(
     hostnames: Sequence[str],
     kind: NodeTaskKind,
     parameters: dict[str, Any],
-    requested_by: str,
+    actor: str,
     allocation_id: uuid.UUID | None = None,
     flow_run_id: str | None = None,
     partial: bool = False,
@@ -114,7 +114,7 @@ def begin(
             kind=kind,
             state=NodeTaskState.RUNNING,
             parameters=scrub(parameters),
-            requested_by=requested_by,
+            requested_by=actor,
             allocation_id=allocation_id,
         )
         for node in nodes
@@ -137,7 +137,7 @@ def complete(
     error: str | None,
     evidence_kind: EvidenceKind,
     evidence_summary: str,
-    recorded_by: str,
+    actor: str,
     slot_id: uuid.UUID | None = None,
 ) -> int:
     """Close a running task and append its evidence; returns the evidence id."""
@@ -162,7 +162,7 @@ def complete(
         kind=evidence_kind,
         passed=succeeded,
         summary=evidence_summary,
-        recorded_by=recorded_by,
+        recorded_by=actor,
         payload={**output, "summary": summary, "artifact_dir": artifact_dir},
         node_id=task.node_id,
         allocation_id=task.allocation_id,
