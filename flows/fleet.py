@@ -15,7 +15,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.states import Completed
 
-from controlplane.enums import EvidenceKind
+from controlplane.enums import EvidenceKind, NodeTaskKind
 from controlplane.errors import Conflict, GpuaasError
 from flows import artifacts, sweeps
 from flows.context import (
@@ -230,6 +230,20 @@ def apply_verdicts(outcomes: dict[str, HostOutcome]) -> list[dict[str, Any]]:
     return rows
 
 
+def discovery_failures(swept: sweeps.SweepResult) -> dict[str, str]:
+    """The nodes whose discovery failed in a sweep that ran it (none otherwise), each
+    logged with why."""
+    judged = swept.judged.get(NodeTaskKind.TOPOLOGY_DISCOVER)
+    failed = {
+        v.hostname: v.detail or ", ".join(v.failed_checks)
+        for v in (judged.verdicts if judged else [])
+        if not v.passed
+    }
+    for host, why in sorted(failed.items()):
+        get_run_logger().warning("%s: discovery failed: %s", host, why)
+    return failed
+
+
 @flow(name="parity_sweep")
 def parity_sweep(
     hostnames: list[str] = [],  # noqa: B006 (flows/parameters.py)
@@ -239,6 +253,7 @@ def parity_sweep(
     parallel_batches: int = 4,
     extravars: dict[str, Any] = {},  # noqa: B006 (flows/parameters.py)
     fail_on_failures: bool = False,
+    discover: bool = False,
 ) -> list[dict[str, Any]] | Any:
     """Check parity across the fleet (or a selector). Concurrency is bounded: one runner
     job per batch of ``batch_size`` hosts (checked together, one fork each), at most
@@ -257,6 +272,9 @@ def parity_sweep(
         extravars: Extra Ansible variables (slice_parity_* role inputs, the SSH key path).
         fail_on_failures: End the run Failed when any node fails parity (default: the run
             ends Completed, named NodesFailed, with the nodes in its message).
+        discover: Discover each node's topology first, in the same playbook run (one job
+            per batch, the map imported as discover_topology does; parity's api_topology
+            check reads it), instead of a discovery sweep of its own before this one.
     """
     if batch_size < 1 or parallel_batches < 1:
         return ended("batch_size and parallel_batches must be at least 1")
@@ -266,8 +284,14 @@ def parity_sweep(
         logger.warning(no_nodes_matched(hostnames, region, profile_intent))
         return []
     swept = sweeps.sweep(
-        "parity", hosts, batch_size, parallel_batches, extravars or {}, "parity-sweep-progress"
+        "discovery+parity" if discover else "parity",
+        hosts,
+        batch_size,
+        parallel_batches,
+        extravars or {},
+        "parity-sweep-progress",
     )
+    undiscovered = discovery_failures(swept)
     rows = []
     for verdict in sorted(swept.verdicts, key=lambda v: v.hostname):
         outcome = swept.outcomes[verdict.hostname]
@@ -299,6 +323,16 @@ def parity_sweep(
         f"parity of {len(rows)} node(s): {len(rows) - len(failing)} passed, "
         f"{len(failing)} failed"
         + (f" ({shorten(failing)})" if failing else "")
+        + (
+            f"; topology rediscovered on {len(hosts) - len(undiscovered)} node(s)"
+            + (
+                f", {len(undiscovered)} failed ({shorten(sorted(undiscovered))})"
+                if undiscovered
+                else ""
+            )
+            if discover
+            else ""
+        )
         + sweeps.rerun_note(swept)
     )
     logger.log(logging.WARNING if failing else logging.INFO, summary)

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from controlplane.api import ControlPlane
 from controlplane.enums import EvidenceKind, NodeTaskKind
@@ -22,7 +22,6 @@ from controlplane.errors import Conflict, GpuaasError
 from controlplane.hostkeys import write_known_hosts
 from controlplane.secrets import redact, secret_values
 from controlplane.services.guests import GuestTarget
-from controlplane.services.tasks import Admission
 from flows.runner import EventObserver, PlaybookRun, RunResult, new_private_dir, run_playbook
 
 
@@ -111,6 +110,56 @@ BOOTSTRAP = HostAction(
 )
 
 
+@dataclass(frozen=True)
+class HostJob:
+    """Host actions that one playbook run carries over one inventory read, each recording a
+    node task of its own per host (docs/operations.md, "Fleet sweeps": a batch's discovery
+    and parity in one job). ``plays``: each action's play in the playbook, whose tasks alone
+    decide that action's outcome (empty: the one action's outcome is the whole run's).
+    ``nonces_from``: the action whose node task ids are the run's nonces for signed
+    evidence (docs/trust.md), the one whose result the node signs."""
+
+    playbook: str
+    actions: tuple[HostAction, ...]
+    nonces_from: NodeTaskKind
+    plays: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        kinds = [action.kind for action in self.actions]
+        if len(self.actions) > 1 and len(self.plays) != len(self.actions):
+            raise ValueError(f"{self.playbook}: one play per host action, {kinds}")
+        if self.nonces_from not in kinds:
+            raise ValueError(f"{self.playbook}: nonces from {self.nonces_from}, not in {kinds}")
+
+    @classmethod
+    def of(cls, action: HostAction) -> HostJob:
+        return cls(action.playbook, (action,), action.kind)
+
+    @property
+    def timeout(self) -> int:
+        return sum(action.timeout for action in self.actions)
+
+    @property
+    def skips_busy_nodes(self) -> bool:
+        return any(action.skips_busy_nodes for action in self.actions)
+
+    def part(self, action: HostAction, result: RunResult) -> RunResult:
+        """The part of the run's result that is ``action``'s."""
+        if not self.plays:
+            return result
+        return result.of_play(self.plays[self.actions.index(action)])
+
+
+# Discovery then parity over one inventory read (playbooks/fleet_check.yml); parity's
+# api_topology check reads the map discovered in the same run.
+DISCOVER_AND_CHECK = HostJob(
+    "fleet_check.yml",
+    (DISCOVER, PARITY),
+    nonces_from=PARITY.kind,
+    plays=("Discover GPU slice topology", "Check slice host parity"),
+)
+
+
 def inventory_source(private_dir: Path, hostnames: list[str]) -> Path:
     """The run's inventory: the gpuaas.fleet.controlplane plugin, limited to these nodes."""
     source = private_dir / "inventory" / "controlplane.yml"
@@ -163,16 +212,18 @@ class HostOutcome:
     waited_s: float = 0.0
 
 
+# What a begin call returns (an admission to one host action, or to a job's).
+Admitted = TypeVar("Admitted")
 # As long as the longest host action (BOOTSTRAP) may hold a node.
 ADMISSION_TIMEOUT = 3600.0
 log = logging.getLogger(__name__)
 
 
 def admit(
-    begin: Callable[[], Admission],
+    begin: Callable[[], Admitted],
     on_wait: Callable[[str], None],
     timeout: float = ADMISSION_TIMEOUT,
-) -> tuple[Admission, float]:
+) -> tuple[Admitted, float]:
     """Begin the run's node tasks, waiting while a node has no room for it (``node_busy``:
     its running host actions, docs/operations.md "Concurrency"); says what it waits for
     each time that changes. Returns the admission and the seconds waited."""
@@ -261,6 +312,9 @@ def end_unrecorded(
             )
 
 
+Recorder = Callable[[str, uuid.UUID, RunResult], int | None]
+
+
 def run_host_action(
     cp: ControlPlane,
     action: HostAction,
@@ -270,7 +324,7 @@ def run_host_action(
     *,
     allocation_id: uuid.UUID | None = None,
     flow_run_id: str | None = None,
-    record: Callable[[str, uuid.UUID, RunResult], int | None] | None = None,
+    record: Recorder | None = None,
     on_event: EventObserver | None = None,
     on_wait: Callable[[str], None] = log.info,
     wait_for_room: bool = True,
@@ -287,15 +341,53 @@ def run_host_action(
     With ``guest`` the playbook runs inside that slice VM instead; ``hostnames`` is then
     its node alone, whose node task (on the guest's allocation) records the result.
     """
+    return run_host_job(
+        cp,
+        HostJob.of(action),
+        hostnames,
+        extravars,
+        actor,
+        allocation_id=allocation_id,
+        flow_run_id=flow_run_id,
+        recorders={action.kind: record} if record else {},
+        on_event=on_event,
+        on_wait=on_wait,
+        wait_for_room=wait_for_room,
+        guest=guest,
+    )[action.kind]
+
+
+def run_host_job(
+    cp: ControlPlane,
+    job: HostJob,
+    hostnames: list[str],
+    extravars: dict[str, Any],
+    actor: str,
+    *,
+    allocation_id: uuid.UUID | None = None,
+    flow_run_id: str | None = None,
+    recorders: dict[NodeTaskKind, Recorder] | None = None,
+    on_event: EventObserver | None = None,
+    on_wait: Callable[[str], None] = log.info,
+    wait_for_room: bool = True,
+    guest: GuestTarget | None = None,
+) -> dict[NodeTaskKind, dict[str, HostOutcome]]:
+    """``run_host_action`` for a job of one or more host actions in one playbook run: each
+    node is admitted with a node task of every action, or not at all, and each action's
+    outcome per node is recorded, in the job's order, from its own part of the run
+    (``recorders``: per action kind, as ``record``). A node that failed an action is not
+    in the plays after it; their outcome says so."""
+    recorders = recorders or {}
     if guest is not None:
         if hostnames != [guest.node]:
             raise ValueError(f"a run inside {guest.name} records on its node {guest.node} alone")
         allocation_id = uuid.UUID(guest.allocation_id)
     parameters = redact(extravars, secret_values(extravars))
+    kinds = [action.kind for action in job.actions]
     admission, waited = admit(
-        lambda: cp.begin_tasks(
+        lambda: cp.begin_job(
             hostnames,
-            action.kind,
+            kinds,
             parameters,
             actor,
             allocation_id,
@@ -304,20 +396,31 @@ def run_host_action(
         ),
         on_wait,
     )
-    outcomes = {
+    busy = {
         host: HostOutcome(host, "", False, None, f"not run, node busy: {entry['reason']}", "")
         for host, entry in admission.busy.items()
     }
-    task_ids = admission.task_ids
-    if not task_ids:
+    outcomes = {kind: dict(busy) for kind in kinds}
+    if not admission.tasks[kinds[0]]:
         return outcomes
-    hostnames = sorted(task_ids)
+    hostnames = sorted(admission.tasks[kinds[0]])
     run_as = {h: guest.name if guest else h for h in hostnames}
+
+    def end_the_rest(error: BaseException) -> None:
+        for action in job.actions:
+            unrecorded = {
+                h: t
+                for h, t in admission.tasks[action.kind].items()
+                if h not in outcomes[action.kind]
+            }
+            end_unrecorded(cp, action, unrecorded, error, actor)
+
     try:
-        private_dir = new_private_dir(action.playbook)
+        private_dir = new_private_dir(job.playbook)
+        nonces = admission.tasks[job.nonces_from]
         result = run_playbook(
             PlaybookRun(
-                playbook=action.playbook,
+                playbook=job.playbook,
                 inventory=(
                     guest_inventory(private_dir, guest)
                     if guest
@@ -327,28 +430,42 @@ def run_host_action(
                 extravars={
                     **extravars,
                     "gpuaas_hosts": ",".join(run_as.values()),
-                    "gpuaas_node_tasks": {run_as[h]: str(t) for h, t in task_ids.items()},
+                    "gpuaas_node_tasks": {run_as[h]: str(t) for h, t in nonces.items()},
                 },
                 database_url=cp.engine.url.render_as_string(hide_password=False),
-                timeout=action.timeout,
+                timeout=job.timeout,
                 forks=max(1, min(len(hostnames), 16)),
             ),
             private_dir,
             on_event,
         )
     except BaseException as exc:
-        end_unrecorded(cp, action, task_ids, exc, actor)
+        end_the_rest(exc)
         raise
-    for host, task_id in task_ids.items():
-        try:
-            outcomes[host] = record_outcome(
-                cp, action, host, task_id, result, record, waited, actor, run_as[host]
+    for host in hostnames:
+        earlier_failure = None
+        for action in job.actions:
+            task_id = admission.tasks[action.kind][host]
+            try:
+                outcome = record_outcome(
+                    cp,
+                    action,
+                    host,
+                    task_id,
+                    job.part(action, result),
+                    recorders.get(action.kind),
+                    waited,
+                    actor,
+                    run_as[host],
+                    earlier_failure,
+                )
+            except BaseException as exc:
+                end_the_rest(exc)
+                raise
+            outcomes[action.kind][host] = outcome
+            earlier_failure = earlier_failure or (
+                None if outcome.passed else f"{action.kind.value} failed: {outcome.failure}"
             )
-        except BaseException as exc:
-            end_unrecorded(
-                cp, action, {h: t for h, t in task_ids.items() if h not in outcomes}, exc, actor
-            )
-            raise
     return outcomes
 
 
@@ -362,11 +479,16 @@ def record_outcome(
     waited: float,
     actor: str,
     ran_as: str | None = None,
+    earlier_failure: str | None = None,
 ) -> HostOutcome:
     """One host's outcome of the run, its node task ended with the evidence. ``ran_as``:
-    the inventory host the playbook ran on for the node (its slice VM), if not the node."""
+    the inventory host the playbook ran on for the node (its slice VM), if not the node.
+    ``earlier_failure``: why the node failed an earlier action of the same job, which is
+    why this one did not run on it."""
     ran_as = ran_as or host
     failure = failure_of(result, ran_as)
+    if earlier_failure is not None and ran_as not in result.hosts:
+        failure = f"not run: {earlier_failure}"[:2000]
     if failure is not None and ran_as == host and HOST_KEY_REFUSED.search(failure):
         failure = cp.host_key_refusal(host) or failure
     passed = failure is None and result.host_passed(ran_as)

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,7 @@ class TaskResult:
     result: dict[str, Any]
     started_at: str | None
     duration_s: float | None
+    play: str = ""
 
 
 @dataclass
@@ -136,6 +137,12 @@ class RunResult:
         summary = self.hosts.get(host)
         return summary is not None and summary.passed and self.status != "timeout"
 
+    def of_play(self, play: str) -> RunResult:
+        """The run as far as one of its plays goes: its tasks, and each host's summary
+        counted from them (one host action's part of a job of several)."""
+        tasks = [task for task in self.tasks if task.play == play]
+        return replace(self, tasks=tasks, hosts=summarize(tasks))
+
 
 def clean_result(res: dict[str, Any], secrets: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The module's answer: Ansible's plumbing dropped, secrets scrubbed by key and value.
@@ -147,10 +154,22 @@ def clean_result(res: dict[str, Any], secrets: frozenset[str] = frozenset()) -> 
     return redact(kept, secrets)
 
 
+def summarize(tasks: list[TaskResult]) -> dict[str, HostSummary]:
+    """Each host's counts of ok, changed, failed, unreachable and skipped tasks (a failure
+    whose task ignores errors counts as none of them)."""
+    hosts: dict[str, HostSummary] = {}
+    for task in tasks:
+        summary = hosts.setdefault(task.host, HostSummary())
+        if task.status != "ignored":
+            setattr(summary, task.status, getattr(summary, task.status) + 1)
+        if task.changed:
+            summary.changed += 1
+    return hosts
+
+
 def parse_events(
     events: list[dict[str, Any]], secrets: frozenset[str] = frozenset()
 ) -> tuple[dict[str, HostSummary], list[TaskResult]]:
-    hosts: dict[str, HostSummary] = {}
     tasks: list[TaskResult] = []
     for event in events:
         status = TASK_EVENTS.get(event.get("event", ""))
@@ -159,27 +178,22 @@ def parse_events(
         if status is None or not host:
             continue
         res = data.get("res") or {}
-        changed = bool(res.get("changed")) and status == "ok"
-        summary = hosts.setdefault(host, HostSummary())
         if status == "failed" and data.get("ignore_errors"):
             status = "ignored"
-        else:
-            setattr(summary, status, getattr(summary, status) + 1)
-        if changed:
-            summary.changed += 1
         tasks.append(
             TaskResult(
                 host=host,
                 task=data.get("task", ""),
                 action=data.get("resolved_action") or data.get("task_action", ""),
                 status=status,
-                changed=changed,
+                changed=bool(res.get("changed")) and status == "ok",
                 result=clean_result(res, secrets) if isinstance(res, dict) else {},
                 started_at=data.get("start"),
                 duration_s=data.get("duration"),
+                play=data.get("play", ""),
             )
         )
-    return hosts, tasks
+    return summarize(tasks), tasks
 
 
 @dataclass

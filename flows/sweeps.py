@@ -37,19 +37,32 @@ from prefect.states import Completed, Crashed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from controlplane.api import ControlPlane
-from controlplane.enums import SweepKind
+from controlplane.enums import NodeTaskKind, SweepKind
 from controlplane.services.sweeps import TaskOutcome
 from flows import artifacts
 from flows.context import ACTOR, control_plane, current_run
-from flows.hostwork import DISCOVER, HEALTH, PARITY, HostAction, run_host_action
+from flows.hostwork import DISCOVER, DISCOVER_AND_CHECK, HEALTH, PARITY, HostJob, run_host_job
 
 SWEEP_BATCH = "sweep_batch/sweep-batch"
-# The sweep kind judge_sweep judges the action's outcomes by; None: the sweep's caller
-# judges them (the health sweep, through ControlPlane.record_health).
-ACTIONS: dict[str, tuple[HostAction, SweepKind | None]] = {
-    "discovery": (DISCOVER, SweepKind.DISCOVERY),
-    "parity": (PARITY, SweepKind.PARITY),
-    "health": (HEALTH, None),
+
+
+@dataclass(frozen=True)
+class SweepAction:
+    """What a sweep's batch runs (one job), and the sweep kind judge_sweep judges each of
+    its host actions' outcomes by, in the job's order; None: the sweep's caller judges
+    them (the health sweep, through ControlPlane.record_health). The last is the sweep's
+    own verdict."""
+
+    job: HostJob
+    kinds: tuple[SweepKind | None, ...]
+
+
+ACTIONS: dict[str, SweepAction] = {
+    "discovery": SweepAction(HostJob.of(DISCOVER), (SweepKind.DISCOVERY,)),
+    "parity": SweepAction(HostJob.of(PARITY), (SweepKind.PARITY,)),
+    # One playbook run per batch for both (docs/operations.md, "Fleet sweeps").
+    "discovery+parity": SweepAction(DISCOVER_AND_CHECK, (SweepKind.DISCOVERY, SweepKind.PARITY)),
+    "health": SweepAction(HostJob.of(HEALTH), (None,)),
 }
 # A batch crashed this often (three workers lost under it) is left unjudged.
 MAX_ATTEMPTS = 3
@@ -72,20 +85,30 @@ def import_discovered(cp: ControlPlane) -> Callable[[str, uuid.UUID, Any], None]
 @task(name="run the batch's host action", retries=2, retry_delay_seconds=5)
 def run_batch(action: str, hostnames: list[str], extravars: dict[str, Any]) -> dict[str, Any]:
     cp = control_plane()
-    host_action, kind = ACTIONS[action]
-    outcomes = run_host_action(
+    job = ACTIONS[action].job
+    outcomes = run_host_job(
         cp,
-        host_action,
+        job,
         hostnames,
         extravars,
         ACTOR,
         flow_run_id=current_run(),
-        record=import_discovered(cp) if kind == SweepKind.DISCOVERY else None,
+        recorders={DISCOVER.kind: import_discovered(cp)},
         on_event=artifacts.TaskLog(every_task=len(hostnames) == 1),
         on_wait=get_run_logger().info,
-        wait_for_room=not host_action.skips_busy_nodes,
+        wait_for_room=not job.skips_busy_nodes,
     )
-    return {host: {"passed": o.passed, "failure": o.failure} for host, o in outcomes.items()}
+    # A node passed the batch when it passed every host action of its job.
+    return {
+        host: {
+            "passed": all(outcomes[a.kind][host].passed for a in job.actions),
+            "failure": next(
+                (failure for a in job.actions if (failure := outcomes[a.kind][host].failure)),
+                None,
+            ),
+        }
+        for host in outcomes[job.actions[0].kind]
+    }
 
 
 @flow(name="sweep_batch")
@@ -100,7 +123,7 @@ def sweep_batch(
     node's task and evidence recorded in the store; the sweep judges them from there.
 
     Args:
-        action: discovery, parity or health.
+        action: discovery, parity, discovery+parity (one job) or health.
         hostnames: The batch's nodes.
         extravars: Extra Ansible variables for the run.
         sweep: The sweep's run id (for the logs).
@@ -155,14 +178,31 @@ class Batch:
 
 
 @dataclass
-class SweepResult:
-    """Every node's verdict, the outcome it was judged from (None: not checked), and the
-    batches as they ran."""
+class Judged:
+    """One host action's verdict on every node, and the outcome each was judged from
+    (None: not checked)."""
 
-    verdicts: list[Any]
-    outcomes: dict[str, TaskOutcome | None]
+    verdicts: list[Any] = field(default_factory=list)
+    outcomes: dict[str, TaskOutcome | None] = field(default_factory=dict)
+
+
+@dataclass
+class SweepResult:
+    """The verdicts of the sweep's last host action (``verdicts``, ``outcomes``), those of
+    every action of its job (``judged``: by node task kind), and the batches as they
+    ran."""
+
+    judged: dict[NodeTaskKind, Judged]
     batches: list[Batch]
     on_pool: bool
+
+    @property
+    def verdicts(self) -> list[Any]:
+        return list(self.judged.values())[-1].verdicts
+
+    @property
+    def outcomes(self) -> dict[str, TaskOutcome | None]:
+        return list(self.judged.values())[-1].outcomes
 
     @property
     def rerun(self) -> list[int]:
@@ -205,12 +245,15 @@ def sweep(
     progress_key: str,
     judge_node: Callable[[str, str, TaskOutcome | None, int], Any] | None = None,
 ) -> SweepResult:
-    """Run the action over ``hosts`` in batches and judge each node once: by
-    ``judge_node(sweep id, node, outcome, batch)`` when given (its verdict has ``hostname``
-    and ``passed``), else by the store's sweep verdict of the action's kind."""
+    """Run the action over ``hosts`` in batches and judge each node once per host action
+    of its job: by the store's sweep verdict of the action's sweep kind, or, for one
+    without (health), by ``judge_node(sweep id, node, outcome, batch)`` (its verdict has
+    ``hostname`` and ``passed``)."""
     logger = get_run_logger()
     cp = control_plane()
-    host_action, kind = ACTIONS[action]
+    swept = ACTIONS[action]
+    if None in swept.kinds and judge_node is None:
+        raise ValueError(f"a {action} sweep's caller judges its nodes: give judge_node")
     sweep_id = current_run() or str(uuid.uuid4())
     batches = split(hosts, batch_size)
     on_pool = pool_available()
@@ -226,21 +269,25 @@ def sweep(
     progress = artifacts.progress(
         progress_key, f"{action.capitalize()} sweep over {len(hosts)} nodes"
     )
-    verdicts: list[Any] = []
-    judged_from: dict[str, TaskOutcome | None] = {}
+    judged = {a.kind: Judged() for a in swept.job.actions}
 
     def judge(batch: Batch) -> None:
-        outcomes = cp.batch_outcomes(kind or host_action.kind, batch.run_ids, batch.hostnames)
-        for host in batch.hostnames:
-            judged_from[host] = outcomes.get(host)
-            verdicts.append(
-                judge_node(sweep_id, host, outcomes.get(host), batch.index)
-                if judge_node
-                else cp.judge_sweep(sweep_id, kind, host, outcomes.get(host), batch.index, ACTOR)
-            )
+        failed: set[str] = set()
+        for host_action, kind in zip(swept.job.actions, swept.kinds, strict=True):
+            outcomes = cp.batch_outcomes(host_action.kind, batch.run_ids, batch.hostnames)
+            into = judged[host_action.kind]
+            for host in batch.hostnames:
+                into.outcomes[host] = outcomes.get(host)
+                verdict = (
+                    cp.judge_sweep(sweep_id, kind, host, outcomes.get(host), batch.index, ACTOR)
+                    if kind is not None
+                    else judge_node(sweep_id, host, outcomes.get(host), batch.index)
+                )
+                into.verdicts.append(verdict)
+                if not verdict.passed:
+                    failed.add(host)
         done = sum(1 for b in batches if b.attempts and b.attempts[-1].state in FINAL_NAMES)
         progress.update(100.0 * done / len(batches))
-        failed = [v.hostname for v in verdicts[-len(batch.hostnames) :] if not v.passed]
         logger.info(
             "batch %d/%d judged (%s): %d node(s), %d failed%s",
             batch.index + 1,
@@ -248,7 +295,7 @@ def sweep(
             batch.attempts[-1].state,
             len(batch.hostnames),
             len(failed),
-            f" ({', '.join(failed)})" if failed else "",
+            f" ({', '.join(sorted(failed))})" if failed else "",
         )
 
     if on_pool:
@@ -260,7 +307,7 @@ def sweep(
         "Batches: how often each ran, and where",
         [b.report() for b in batches],
     )
-    return SweepResult(verdicts, judged_from, batches, on_pool)
+    return SweepResult(judged, batches, on_pool)
 
 
 FINAL_NAMES = frozenset({"Completed", "Failed", "Crashed", "Cancelled", "NodesFailed"})
@@ -294,7 +341,7 @@ def run_in_process(
 
 def overdue_after(action: str) -> float:
     """Seconds of running after which a batch of ``action`` is presumed lost."""
-    return ACTIONS[action][0].timeout + OVERDUE_SECONDS
+    return ACTIONS[action].job.timeout + OVERDUE_SECONDS
 
 
 def overdue(run: Any, action: str) -> bool:

@@ -19,6 +19,7 @@ class EvidenceApi(ServiceBoundary):
     parity_failures = service_call(evidence_trust.parity_failures)
     result_distrust = service_call(evidence_trust.result_distrust)
     begin_tasks = service_call(tasks.begin)
+    begin_job = service_call(tasks.begin_job)
 
     def begin_task(
         self, hostname: str, kind: NodeTaskKind, parameters: dict[str, Any], actor: str

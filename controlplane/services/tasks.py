@@ -78,6 +78,32 @@ def running_on(session: Session, node_id: uuid.UUID) -> list[RunningTask]:
     ]
 
 
+@dataclass(frozen=True)
+class JobAdmission:
+    """A job's node tasks begun, per kind and host (every kind of the job on each admitted
+    host), and why each other host had no room."""
+
+    tasks: dict[NodeTaskKind, dict[str, uuid.UUID]]
+    busy: dict[str, dict[str, Any]]
+
+    def admission(self, kind: NodeTaskKind) -> Admission:
+        return Admission(self.tasks[kind], self.busy)
+
+
+def job_refusal(
+    kinds: Sequence[NodeTaskKind], running: Sequence[NodeTaskKind], limit: int
+) -> str | None:
+    """Why a job running host actions of ``kinds`` (in order, each beside the ones before
+    it) cannot start beside the node's ``running`` ones; None when it can."""
+    held = list(running)
+    for kind in kinds:
+        reason = refusal(kind, held, limit)
+        if reason is not None:
+            return reason
+        held.append(kind)
+    return None
+
+
 def begin(
     session: Session,
     hostnames: Sequence[str],
@@ -92,38 +118,69 @@ def begin(
     admitted or ``node_busy`` raised naming what holds each busy node, or with ``partial``
     those with room admitted and the others returned as busy. The nodes are locked in
     name order, so concurrent admissions neither race nor deadlock."""
+    return begin_job(
+        session, hostnames, [kind], parameters, actor, allocation_id, flow_run_id, partial
+    ).admission(kind)
+
+
+def begin_job(
+    session: Session,
+    hostnames: Sequence[str],
+    kinds: Sequence[NodeTaskKind],
+    parameters: dict[str, Any],
+    actor: str,
+    allocation_id: uuid.UUID | None = None,
+    flow_run_id: str | None = None,
+    partial: bool = False,
+) -> JobAdmission:
+    """``begin`` for a job of several host actions in one run (a sweep batch's discovery
+    and parity: docs/operations.md, "Fleet sweeps"): a node is admitted with one node
+    task of each kind, or not at all (``job_refusal``)."""
+    if not kinds or len(set(kinds)) != len(kinds):
+        raise ValueError(f"a job runs distinct host actions, not {[k.value for k in kinds]}")
     nodes = [node_repo.get_by_hostname(session, h, for_update=True) for h in sorted(set(hostnames))]
+    what = "+".join(kind.value for kind in kinds)
     for node in nodes:
-        node_repo.refuse_retired(node, f"run {kind.value}")
+        node_repo.refuse_retired(node, f"run {what}")
     busy: dict[str, dict[str, Any]] = {}
     for node in nodes:
         running = running_on(session, node.id)
-        reason = refusal(kind, [NodeTaskKind(t.kind) for t in running], node.host_action_limit)
+        reason = job_refusal(kinds, [NodeTaskKind(t.kind) for t in running], node.host_action_limit)
         if reason is not None:
             busy[node.hostname] = {"reason": reason, "running": [asdict(t) for t in running]}
     if busy and not partial:
         raise Conflict(
             "node_busy",
             "; ".join(f"{host}: {entry['reason']}" for host, entry in busy.items()),
-            {"kind": kind.value, "busy": busy},
+            {"kind": what, "busy": busy},
         )
     tasks = {
-        node.hostname: evidence_repo.add_task(
-            session,
-            node_id=node.id,
-            kind=kind,
-            state=NodeTaskState.RUNNING,
-            parameters=scrub(parameters),
-            requested_by=actor,
-            allocation_id=allocation_id,
-        )
-        for node in nodes
-        if node.hostname not in busy
+        kind: {
+            node.hostname: evidence_repo.add_task(
+                session,
+                node_id=node.id,
+                kind=kind,
+                state=NodeTaskState.RUNNING,
+                parameters=scrub(parameters),
+                requested_by=actor,
+                allocation_id=allocation_id,
+            )
+            for node in nodes
+            if node.hostname not in busy
+        }
+        for kind in kinds
     }
-    for task in tasks.values():
-        task.flow_run_id = flow_run_id
+    for per_host in tasks.values():
+        for task in per_host.values():
+            task.flow_run_id = flow_run_id
     session.flush()
-    return Admission({host: task.id for host, task in tasks.items()}, busy)
+    return JobAdmission(
+        {
+            kind: {host: task.id for host, task in per_host.items()}
+            for kind, per_host in tasks.items()
+        },
+        busy,
+    )
 
 
 def complete(

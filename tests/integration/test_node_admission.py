@@ -114,6 +114,29 @@ def test_a_waiting_run_says_why_and_starts_when_room_frees(cp):
     assert heard[-1].startswith("admitted after waiting")
 
 
+def test_a_job_is_admitted_with_every_action_on_a_node_or_not_at_all(cp, engine):
+    job = [K.TOPOLOGY_DISCOVER, K.HOST_PARITY]
+    cp.begin_task("gpu-a1", K.VM_PROVISION, {}, "test")
+    # gpu-a1 has room for one more action (limit 2), not for the job's two.
+    with pytest.raises(Conflict, match="gpu-a1: 2 host actions are running") as busy:
+        cp.begin_job(["gpu-a1", "gpu-a2"], job, {}, "test")
+    assert busy.value.details["kind"] == "slice.topology_discover+host.parity"
+    assert running(engine) == [("gpu-a1", K.VM_PROVISION.value)]
+    admitted = cp.begin_job(["gpu-a1", "gpu-a2"], job, {}, "test", flow_run_id="r", partial=True)
+    assert set(admitted.busy) == {"gpu-a1"}
+    assert {kind: set(hosts) for kind, hosts in admitted.tasks.items()} == {
+        K.TOPOLOGY_DISCOVER: {"gpu-a2"},
+        K.HOST_PARITY: {"gpu-a2"},
+    }
+    assert running(engine) == [
+        ("gpu-a1", K.VM_PROVISION.value),
+        ("gpu-a2", K.HOST_PARITY.value),
+        ("gpu-a2", K.TOPOLOGY_DISCOVER.value),
+    ]
+    with pytest.raises(ValueError, match="distinct host actions"):
+        cp.begin_job(["gpu-a2"], [K.HOST_PARITY, K.HOST_PARITY], {}, "test")
+
+
 def test_a_run_gives_up_after_its_timeout_with_the_reason(cp, engine):
     cp.begin_task("gpu-a1", K.HOST_BOOTSTRAP, {}, "test")
     with pytest.raises(Conflict, match=r"gave up after waiting \d+ s for room: gpu-a1: host"):

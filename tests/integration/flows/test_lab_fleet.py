@@ -93,13 +93,57 @@ def test_a_fleet_is_discovered_and_checked_over_ssh_as_the_deploy_user(
         assert "for 'root'" not in log
 
 
-def test_a_host_presenting_another_key_is_refused_and_named(fleet):
+def test_one_job_per_batch_discovers_and_checks_in_one_playbook_run(fleet, engine, tmp_path):
+    # No discovery sweep before: parity's api_topology check reads the map this run found.
+    _, lab = fleet
+    scenarios = {h.hostname: h.scenario for h in lab.hosts}
+    checks = {**lab.extravars(), "slice_parity_checks": list(sshfleet.PARITY_CHECKS)}
+    state = parity_sweep(
+        region=sshfleet.REGION, batch_size=4, extravars=checks, discover=True, return_state=True
+    )
+    verdicts = {row["node"]: row["failed checks"] for row in state.result()}
+    # The parity results were signed for the run's parity tasks (no "attestation" failure).
+    assert verdicts == {host: EXPECTED_FAILURES[s] for host, s in scenarios.items()}, verdicts
+    assert state.message.endswith("; topology rediscovered on 10 node(s)"), state.message
+    run = str(state.state_details.flow_run_id)
+    with engine.connect() as conn:
+        judged = conn.execute(
+            text(
+                "SELECT kind, count(*), count(*) FILTER (WHERE passed) FROM sweep_verdicts"
+                " WHERE sweep_run_id = :run GROUP BY kind ORDER BY kind"
+            ),
+            {"run": run},
+        ).all()
+        tasks = conn.execute(
+            text(
+                "SELECT n.hostname, t.kind, t.artifact_dir, t.state, t.summary ? 'import'"
+                " AS imported FROM node_tasks t"
+                " JOIN nodes n ON n.id = t.node_id WHERE t.flow_run_id = :run"
+            ),
+            {"run": run},
+        ).all()
+    assert [tuple(row) for row in judged] == [
+        ("host.parity", HOSTS, sum(1 for s in scenarios.values() if not EXPECTED_FAILURES[s])),
+        ("slice.topology_discover", HOSTS, HOSTS),
+    ]
+    # One playbook run per batch of four, and no other: the runs' private directories.
+    assert len(tasks) == 2 * HOSTS
+    runs = sorted(path.name.rsplit("-", 1)[0] for path in (tmp_path / "runs").iterdir())
+    assert runs == ["fleet_check"] * 3, runs
+    assert len({row.artifact_dir for row in tasks if row.kind == "host.parity"}) == 3
+    assert {row.state for row in tasks if row.kind == "slice.topology_discover"} == {"succeeded"}
+    # Discovery imported each map into its task, as discover_topology does.
+    assert all(row.imported for row in tasks if row.kind == "slice.topology_discover")
+
+
+@pytest.mark.parametrize("discover", [False, True], ids=["parity", "discovery+parity"])
+def test_a_host_presenting_another_key_is_refused_and_named(fleet, discover):
     cp, lab = fleet
     host = lab.hosts[0]
     stranger = generate_key(Path(lab.directory) / "stranger", "stranger")
     cp.pin_host_keys(host.hostname, [stranger], HostKeySource.OPERATOR, "test", "wrong pin")
     checks = {**lab.extravars(), "slice_parity_checks": ["bridge"]}
-    [row] = parity_sweep(hostnames=[host.hostname], extravars=checks)
+    [row] = parity_sweep(hostnames=[host.hostname], extravars=checks, discover=discover)
     assert f"{host.hostname} presented ssh-ed25519" in row["failed checks"], row
     assert (Path(host.directory) / "dropbear.log").read_text().count("Pubkey auth") == 0
 
