@@ -44,9 +44,10 @@ slots, so it checks each node's own health (EDAC, hugepages, root ports) and no 
 its controller cost, per host as the playbook and module travel and the result returns,
 hardly depends on the slots (the probe runs on the host).
 
-With --strategies linear mitogen_linear, the whole grid runs once per Ansible strategy
+With --strategies idle_linear linear mitogen_linear (idle_linear, the default, alone
+otherwise), the whole grid runs once per Ansible strategy
 (GPUAAS_ANSIBLE_STRATEGY, the workers restarted with it; docs/operations.md, "Ansible
-strategy"), and each row of the second is also given as a ratio to the same row of the
+strategy"), and each row of a later one is also given as a ratio to the same row of the
 first.
 
 Goals: 500 hosts discovered and checked in <= 360 s with one worker; controller <= 0.35
@@ -55,7 +56,7 @@ CPU-s per host; health sweep controller <= 0.3 CPU-s per host; placement p99 <= 
 
     .venv/bin/python bench/fleet_sweep.py [--sizes 100 250 500] [--workers 1 3]
         [--batch-sizes 25 100] [--parallel-batches 4] [--rate 100] [--arrivals 3000]
-        [--strategies linear mitogen_linear]
+        [--strategies idle_linear linear mitogen_linear]
 """
 
 from __future__ import annotations
@@ -89,7 +90,12 @@ from controlplane import db, migrate  # noqa: E402
 from controlplane.api import ControlPlane  # noqa: E402
 from controlplane.embedded import EmbeddedPostgres  # noqa: E402
 from controlplane.scheduler.placement import Scheduler  # noqa: E402
-from flows.runner import STRATEGY_ENV  # noqa: E402
+from flows.runner import (  # noqa: E402
+    ANSIBLE_STRATEGIES,
+    DEFAULT_STRATEGY,
+    MITOGEN_STRATEGIES,
+    STRATEGY_ENV,
+)
 from flows.serve import PrefectStack, prefect_database_url, prefect_stack  # noqa: E402
 from gpuaas_lab import cpugroups, sshfleet  # noqa: E402
 from gpuaas_lab.ports import free_port  # noqa: E402
@@ -191,7 +197,7 @@ class Measured:
     workers: int
     hosts: int
     batch_size: int
-    strategy: str = "linear"
+    strategy: str = DEFAULT_STRATEGY
     wall: dict[str, float] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)
     kinds: dict[str, float] = field(default_factory=dict)
@@ -282,7 +288,7 @@ def measure(
             "slice_parity_checks": list(sshfleet.PARITY_CHECKS),
         },
     }
-    measured = Measured(workers, size, batch_size, stack.env.get(STRATEGY_ENV, "linear"))
+    measured = Measured(workers, size, batch_size, stack.env.get(STRATEGY_ENV, DEFAULT_STRATEGY))
     before = {name: group.seconds() for name, group in groups.items()}
     rows = evidence_rows(engine)
     sampler.reset()
@@ -451,8 +457,8 @@ def main() -> None:
     parser.add_argument(
         "--strategies",
         nargs="+",
-        choices=["linear", "mitogen_linear"],
-        default=["linear"],
+        choices=[*ANSIBLE_STRATEGIES, *MITOGEN_STRATEGIES],
+        default=[DEFAULT_STRATEGY],
         help="Ansible strategies, each a run of the whole grid (the first is the baseline)",
     )
     args = parser.parse_args()

@@ -297,22 +297,27 @@ class TaskProgress:
 
 
 STRATEGY_ENV = "GPUAAS_ANSIBLE_STRATEGY"
-# Mitogen's strategies replace Ansible's connection and module execution; on trial, off
-# unless chosen (docs/operations.md, "Ansible strategy").
+# The collection's idle_linear (plugins/strategy/idle_linear.py) is Ansible's linear with
+# a controller that sleeps, instead of polling, while every fork is busy; linear itself is
+# Ansible's. Mitogen's strategies replace Ansible's connection and module execution; on
+# trial, off unless chosen (docs/operations.md, "Ansible strategy").
+DEFAULT_STRATEGY = "idle_linear"
+ANSIBLE_STRATEGIES = {"idle_linear": "gpuaas.fleet.idle_linear", "linear": "ansible.builtin.linear"}
 MITOGEN_STRATEGIES = ("mitogen_linear",)
 
 
 def strategy_environment() -> dict[str, str]:
-    """The Ansible strategy the worker's ``GPUAAS_ANSIBLE_STRATEGY`` chooses: Ansible's own
-    ``linear`` (the default, nothing to set) or Mitogen's ``mitogen_linear``."""
-    chosen = os.environ.get(STRATEGY_ENV, "").strip() or "linear"
-    if chosen == "linear":
-        return {}
+    """The Ansible strategy the worker's ``GPUAAS_ANSIBLE_STRATEGY`` chooses: the
+    collection's ``idle_linear`` (the default), Ansible's own ``linear``, or Mitogen's
+    ``mitogen_linear``."""
+    chosen = os.environ.get(STRATEGY_ENV, "").strip() or DEFAULT_STRATEGY
+    if chosen in ANSIBLE_STRATEGIES:
+        return {"ANSIBLE_STRATEGY": ANSIBLE_STRATEGIES[chosen]}
     if chosen not in MITOGEN_STRATEGIES:
         raise GpuaasError(
             "ansible_strategy_unknown",
-            f"{STRATEGY_ENV}={chosen!r}: the strategy is linear or "
-            + ", ".join(MITOGEN_STRATEGIES),
+            f"{STRATEGY_ENV}={chosen!r}: the strategy is "
+            + ", ".join([*ANSIBLE_STRATEGIES, *MITOGEN_STRATEGIES]),
             {"strategy": chosen},
         )
     try:

@@ -1,5 +1,6 @@
-"""The runner's Ansible strategy (flows/runner.py, ``GPUAAS_ANSIBLE_STRATEGY``): Ansible's
-``linear`` and Mitogen's ``mitogen_linear``, each tried for real over SSH against a
+"""The runner's Ansible strategy (flows/runner.py, ``GPUAAS_ANSIBLE_STRATEGY``): the
+collection's ``idle_linear`` (the default), Ansible's ``linear`` and Mitogen's
+``mitogen_linear``, each tried for real over SSH against a
 loopback SSH host (gpuaas_lab.sshhost) pinned as a fleet host is: the module runs where
 the strategy says it does, become, check mode and diff mode behave, a second run changes
 nothing, a secret stays out of the kept run directory, and a host presenting another key
@@ -7,7 +8,9 @@ than the pinned one is refused."""
 
 from __future__ import annotations
 
+import datetime as dt
 import secrets
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +24,14 @@ from controlplane.hostkeys import (
     ssh_pin_args,
     write_known_hosts,
 )
-from flows.runner import STRATEGY_ENV, PlaybookRun, RunResult, run_playbook, runner_environment
+from flows.runner import (
+    ANSIBLE_STRATEGIES,
+    STRATEGY_ENV,
+    PlaybookRun,
+    RunResult,
+    run_playbook,
+    runner_environment,
+)
 from gpuaas_lab.sshhost import LoopbackSshHost, generate_key, ssh_host_unavailable_reason
 from tests.integration.flows.run_artifacts import command_of, files_containing
 
@@ -76,7 +86,7 @@ PLAYBOOK = """
 """
 
 
-@pytest.fixture(params=["linear", "mitogen_linear"])
+@pytest.fixture(params=["idle_linear", "linear", "mitogen_linear"])
 def strategy(request, monkeypatch) -> str:
     monkeypatch.setenv(STRATEGY_ENV, request.param)
     return request.param
@@ -139,12 +149,14 @@ def test_a_host_action_over_ssh_under_each_strategy(
     token = f"tok-{secrets.token_hex(12)}"
     result = run(tmp_path, ssh_host, ssh_host.host_public_key, token, "pinned")
     assert result.host_passed(NODE), (result.status, result.error, result.tasks)
-    assert command_of(result.artifact_dir)["env"].get("ANSIBLE_STRATEGY", "linear") == strategy
+    assert command_of(result.artifact_dir)["env"]["ANSIBLE_STRATEGY"] == (
+        ANSIBLE_STRATEGIES.get(strategy, strategy)
+    )
 
     tasks = {t.task: t for t in result.for_host(NODE)}
     parent = tasks["The process the module runs under"].result["stdout"]
-    # Mitogen runs modules inside its own interpreter on the host; linear runs each
-    # module's AnsiballZ file.
+    # Mitogen runs modules inside its own interpreter on the host; the linear strategies
+    # run each module's AnsiballZ file.
     if strategy == "mitogen_linear":
         assert "(mitogen:" in parent and "AnsiballZ" not in parent, parent
     else:
@@ -177,4 +189,47 @@ def test_an_unknown_strategy_is_refused_with_the_choices(monkeypatch) -> None:
     with pytest.raises(GpuaasError) as refused:
         runner_environment()
     assert refused.value.code == "ansible_strategy_unknown"
-    assert "linear or mitogen_linear" in str(refused.value)
+    assert "idle_linear, linear, mitogen_linear" in str(refused.value)
+
+
+def test_the_default_strategy_runs_more_hosts_than_forks_in_lockstep(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # The runs the flows start, unless a worker chooses another strategy.
+    monkeypatch.delenv(STRATEGY_ENV, raising=False)
+    playbook = tmp_path / "lockstep.yml"
+    playbook.write_text(LOCKSTEP)
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    hosts = {f"h{i}": local for i in range(6)}
+    (tmp_path / "run").mkdir()
+    result = run_playbook(
+        PlaybookRun(str(playbook), {"all": {"hosts": hosts}}, forks=2),
+        private_data_dir=tmp_path / "run",
+    )
+    assert command_of(result.artifact_dir)["env"]["ANSIBLE_STRATEGY"] == "gpuaas.fleet.idle_linear"
+    assert all(result.host_passed(h) for h in hosts), result.tasks
+    first, second = (
+        [t for t in result.tasks if t.task == name] for name in ("First step", "Second step")
+    )
+    assert sorted(t.host for t in first) == sorted(t.host for t in second) == sorted(hosts)
+    # Every host's first step ended before any host's second began (linear's lockstep),
+    # the hosts past the forks waited for by the idle wait.
+    assert max(started(t) + t.duration_s for t in first) <= min(started(t) for t in second)
+
+
+LOCKSTEP = """
+- name: More hosts than forks
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: First step
+      ansible.builtin.command: sleep 1
+      changed_when: false
+    - name: Second step
+      ansible.builtin.command: "true"
+      changed_when: false
+"""
+
+
+def started(task) -> float:
+    return dt.datetime.fromisoformat(task.started_at).timestamp()

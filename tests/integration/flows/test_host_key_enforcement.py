@@ -21,9 +21,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("prefe
 NODE = "j23u01"
 
 
-@pytest.fixture(params=["linear", "mitogen_linear"])
+@pytest.fixture(params=["idle_linear", "linear", "mitogen_linear"])
 def ssh_node(request, tmp_path, database_url, monkeypatch, prefect_harness, cli_env):
-    # Under both strategies the runner offers (flows/runner.py, STRATEGY_ENV).
+    # Under each strategy the runner offers (flows/runner.py, STRATEGY_ENV).
     monkeypatch.setenv(STRATEGY_ENV, request.param)
     cp = flow_control_plane(ssh_host_unavailable_reason(), tmp_path, database_url, monkeypatch)
     with LoopbackSshHost(tmp_path / "sshhost", NODE) as host:

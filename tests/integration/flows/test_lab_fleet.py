@@ -47,11 +47,11 @@ def namespaces() -> set[str]:
     return {line.split()[0] for line in listed.stdout.splitlines() if line}
 
 
-@pytest.mark.parametrize("strategy", ["linear", "mitogen_linear"])
+@pytest.mark.parametrize("strategy", ["idle_linear", "mitogen_linear"])
 def test_a_fleet_is_discovered_and_checked_over_ssh_as_the_deploy_user(
     fleet, engine, strategy, monkeypatch
 ):
-    # Under both strategies the runner offers (flows/runner.py, STRATEGY_ENV).
+    # Under each strategy the runner offers (flows/runner.py, STRATEGY_ENV).
     monkeypatch.setenv(STRATEGY_ENV, strategy)
     _, lab = fleet
     described = lab.describe()
