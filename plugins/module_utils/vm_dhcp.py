@@ -235,6 +235,13 @@ def wait_leases_gone(path: str, gone: list[Lease], timeout: float) -> list[Lease
 
 def ensure_reservation(params: dict, check_mode: bool) -> dict:
     """Converge the hostsfile line and the leases of one slot; reload dnsmasq on change."""
+    wanted = wanted_reservation(params)
+    with hostfile.edit_lock(params["hostsfile"], check_mode):
+        return converge(params, wanted, check_mode)
+
+
+def wanted_reservation(params: dict) -> Reservation:
+    """The reservation the parameters ask for, or a VmError naming what is malformed."""
     mac = vm_common.normalize_mac(params["mac_address"])
     try:
         ip = str(ipaddress.IPv4Address(params["ip_address"]))
@@ -245,9 +252,7 @@ def ensure_reservation(params: dict, check_mode: bool) -> dict:
     name = params.get("hostname") or ""
     if "," in name or any(c.isspace() for c in name):
         raise VmError("invalid_hostname", f"{name!r} cannot go in a hostsfile line", PHASE_DHCP)
-    wanted = Reservation(mac, ip, name)
-    with hostfile.edit_lock(params["hostsfile"], check_mode):
-        return converge(params, wanted, check_mode)
+    return Reservation(mac, ip, name)
 
 
 def converge(params: dict, wanted: Reservation, check_mode: bool) -> dict:
@@ -321,6 +326,20 @@ def end_leases(params: dict, leases: list[Lease], pid: int | None) -> list[dict]
             released=released,
         )
     return released
+
+
+def reservation_spec() -> dict:
+    """The reservation's own options (the MAC and the state come from the caller's): the
+    argument spec of slice_dhcp_reservation and of slice_vm_domain's ``reservation``."""
+    return dict(
+        ip_address=dict(type="str", required=True),
+        hostname=dict(type="str", default=""),
+        hostsfile=dict(type="path", required=True),
+        leasefile=dict(type="path", required=True),
+        pidfile=dict(type="path", required=True),
+        interface=dict(type="str"),
+        release_timeout=dict(type="float", default=5.0),
+    )
 
 
 def run(params: dict, check_mode: bool) -> dict:

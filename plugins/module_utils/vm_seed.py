@@ -79,8 +79,10 @@ def validate_key(key: str, where: str) -> str:
     return text
 
 
-def normalize_users(users, relay_key: str = "") -> list[dict]:
-    """Validate users; append the terminal relay key to every user's keys (deduplicated)."""
+def normalize_users(users, relay_key: str = "", relay_pending: bool = False) -> list[dict]:
+    """Validate users; append the terminal relay key to every user's keys (deduplicated).
+    ``relay_pending``: the relay key is not read yet but will be appended, so a user without
+    keys of its own is accepted."""
     if not users:
         raise VmError("no_users", "at least one cloud-init user is required", PHASE_SEED)
     relay = validate_key(relay_key, "terminal relay key") if relay_key else ""
@@ -96,7 +98,7 @@ def normalize_users(users, relay_key: str = "") -> list[dict]:
         keys = [validate_key(k, f"user {name}") for k in user.get("ssh_authorized_keys") or []]
         if relay and relay not in keys:
             keys.append(relay)
-        if not keys:
+        if not keys and not relay_pending:
             raise VmError("no_ssh_keys", f"user {name} has no ssh_authorized_keys", PHASE_SEED)
         normalized.append(
             {
@@ -343,17 +345,55 @@ def ensure_relay_key(path: str, check_mode: bool) -> dict:
     return {"path": path, "created": created, "public_key": key}
 
 
-def run(params: dict, check_mode: bool) -> dict:
-    """Module entry: relay key, then render the seed and write it if it differs."""
+def seed_spec() -> dict:
+    """The seed's own options (the allocation id and the MAC come from the caller's): the
+    argument spec of slice_vm_seed and of slice_vm_domain's ``seed``."""
+    return dict(
+        path=dict(type="path", required=True),
+        hostname=dict(type="str", required=True),
+        users=dict(
+            type="list",
+            elements="dict",
+            required=True,
+            options=dict(
+                name=dict(type="str", required=True),
+                ssh_authorized_keys=dict(type="list", elements="str", default=[], no_log=False),
+                shell=dict(type="str", default="/bin/bash"),
+                sudo=dict(type="str"),
+            ),
+        ),
+        terminal_key_path=dict(type="path", no_log=False),
+        host_private_key=dict(type="str", no_log=True),
+        host_public_key=dict(type="str", no_log=False),
+    )
+
+
+SEED_REQUIRED_TOGETHER = (("host_private_key", "host_public_key"),)
+
+
+def check_inputs(params: dict) -> tuple[str, str] | None:
+    """Every input of the seed, checked before anything (the relay key included) is
+    written; the guest host key pair, or None."""
     vm_common.parse_allocation_id(params["allocation_id"])
+    if not HOSTNAME_RE.match(str(params["hostname"])):
+        raise VmError(
+            "invalid_hostname", f"{params['hostname']!r} is not a valid host name", PHASE_SEED
+        )
+    normalize_users(params["users"], relay_pending=bool(params.get("terminal_key_path")))
+    if params.get("host_private_key") or params.get("host_public_key"):
+        return validate_host_key(
+            params.get("host_private_key") or "", params.get("host_public_key") or ""
+        )
+    return None
+
+
+def run(params: dict, check_mode: bool) -> dict:
+    """Module entry: check the inputs, make the relay key, then render the seed and write it
+    if it differs."""
+    host_key = check_inputs(params)
     relay = {"path": "", "created": False, "public_key": ""}
     if params.get("terminal_key_path"):
         relay = ensure_relay_key(params["terminal_key_path"], check_mode)
-    host_key = None
-    if params.get("host_private_key") or params.get("host_public_key"):
-        host_key = validate_host_key(
-            params.get("host_private_key") or "", params.get("host_public_key") or ""
-        )
     files = seed_files(
         params["allocation_id"],
         params["hostname"],

@@ -152,14 +152,8 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             mac_address=dict(type="str", required=True),
-            ip_address=dict(type="str", required=True),
-            hostname=dict(type="str", default=""),
             state=dict(type="str", default="present", choices=["present", "absent"]),
-            hostsfile=dict(type="path", required=True),
-            leasefile=dict(type="path", required=True),
-            pidfile=dict(type="path", required=True),
-            interface=dict(type="str"),
-            release_timeout=dict(type="float", default=5.0),
+            **vm_dhcp.reservation_spec(),
         ),
         supports_check_mode=True,
     )

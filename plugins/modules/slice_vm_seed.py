@@ -159,26 +159,11 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_common, vm_
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            path=dict(type="path", required=True),
             allocation_id=dict(type="str", required=True),
-            hostname=dict(type="str", required=True),
             mac_address=dict(type="str", required=True),
-            users=dict(
-                type="list",
-                elements="dict",
-                required=True,
-                options=dict(
-                    name=dict(type="str", required=True),
-                    ssh_authorized_keys=dict(type="list", elements="str", default=[], no_log=False),
-                    shell=dict(type="str", default="/bin/bash"),
-                    sudo=dict(type="str"),
-                ),
-            ),
-            terminal_key_path=dict(type="path", no_log=False),
-            host_private_key=dict(type="str", no_log=True),
-            host_public_key=dict(type="str", no_log=False),
+            **vm_seed.seed_spec(),
         ),
-        required_together=[("host_private_key", "host_public_key")],
+        required_together=vm_seed.SEED_REQUIRED_TOGETHER,
         supports_check_mode=True,
     )
     vm_common.fail_missing_libraries(
