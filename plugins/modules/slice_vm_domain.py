@@ -28,6 +28,13 @@ description:
     O(shutdown_timeout) seconds, hard-stops it if it is still running, and undefines it
     together with its UEFI NVRAM (a plain undefine fails on UEFI domains), retrying up to
     O(undefine_attempts) times. A domain that is already gone is not a change.
+  - With O(seed), the NoCloud seed is written first (as M(gpuaas.fleet.slice_vm_seed)
+    writes it) and attached; with O(reservation), the VM's DHCP reservation is kept (as
+    M(gpuaas.fleet.slice_dhcp_reservation) keeps it) before the domain is defined, and
+    removed after it is undefined with O(state=absent). The three always go together in a
+    provision and a release, so one module process does them (docs/slice-host.md,
+    "Provision phases"); each part's result is returned under its own key, and a failure
+    names the part (C(failure.phase) V(seed), V(dhcp) or V(domain)).
 author:
   - gpuaas fleet engineering (@gpuaas)
 extends_documentation_fragment:
@@ -130,8 +137,95 @@ options:
     default: linux
     choices: [linux, openvswitch]
   seed_iso:
-    description: NoCloud seed ISO attached as a read-only SATA CD-ROM.
+    description:
+      - NoCloud seed ISO attached as a read-only SATA CD-ROM.
+      - Mutually exclusive with O(seed), whose O(seed.path) it then is.
     type: path
+  seed:
+    description:
+      - The NoCloud seed to write before the domain is defined, and attach (ignored with
+        O(state=absent)). Its instance id is O(allocation_id), its NIC O(mac_address).
+      - Creates the node terminal relay key pair when it is missing, and rejects malformed
+        user names, host names and public keys before writing anything.
+    type: dict
+    suboptions:
+      path:
+        description: Where the seed ISO goes (in the allocation's state directory).
+        type: path
+        required: true
+      hostname:
+        description: Guest host name.
+        type: str
+        required: true
+      users:
+        description: Guest users.
+        type: list
+        elements: dict
+        required: true
+        suboptions:
+          name:
+            description: User name.
+            type: str
+            required: true
+          ssh_authorized_keys:
+            description: OpenSSH public keys.
+            type: list
+            elements: str
+            default: []
+          shell:
+            description: Login shell.
+            type: str
+            default: /bin/bash
+          sudo:
+            description: cloud-init sudo rule, for example C(ALL=(ALL) NOPASSWD:ALL).
+            type: str
+      terminal_key_path:
+        description:
+          - Private key of the node terminal relay (ed25519), created when missing; its
+            public key is added to every user.
+        type: path
+      host_private_key:
+        description:
+          - The guest's ed25519 SSH host key (OpenSSH private key format); withheld from
+            the result and the diff.
+        type: str
+      host_public_key:
+        description: Its public half (OpenSSH format); required with O(seed.host_private_key).
+        type: str
+  reservation:
+    description:
+      - The VM's DHCP reservation in the node's dnsmasq, a C(MAC,IP,name) line in its
+        hostsfile for O(mac_address). It is kept before the domain is defined, and removed
+        with the stale lease after the domain is undefined with O(state=absent).
+    type: dict
+    suboptions:
+      ip_address:
+        description: Reserved IPv4 address.
+        type: str
+        required: true
+      hostname:
+        description: Host name in the reservation line; empty for none.
+        type: str
+        default: ""
+      hostsfile:
+        description: dnsmasq C(--dhcp-hostsfile).
+        type: path
+        required: true
+      leasefile:
+        description: dnsmasq leasefile.
+        type: path
+        required: true
+      pidfile:
+        description: dnsmasq pidfile (SIGHUP after an edit).
+        type: path
+        required: true
+      interface:
+        description: Bridge a stale lease's DHCPRELEASE is sent on.
+        type: str
+      release_timeout:
+        description: Seconds to wait for dnsmasq to drop a released lease.
+        type: float
+        default: 5.0
   console_log:
     description: File receiving the serial console.
     type: path
@@ -188,6 +282,41 @@ EXAMPLES = r"""
     allocation_id: 158ea147-0115-407f-bbd5-1850c32b9517
     state: absent
     shutdown_timeout: 60
+
+- name: Write its seed, reserve its address and start it, in one module process
+  gpuaas.fleet.slice_vm_domain:
+    allocation_id: 158ea147-0115-407f-bbd5-1850c32b9517
+    slots: "{{ slots }}"
+    profile: {vcpus: 24, memory_mib: 65536}
+    mac_address: "52:54:00:3f:a2:10"
+    bridge: ovsbr0
+    bridge_type: openvswitch
+    seed:
+      path: /var/lib/gpuaas/slices/gpuaas-slice-158ea1470115407fbbd51850c32b9517/seed.iso
+      hostname: trainer-0
+      users:
+        - name: gpuuser
+          ssh_authorized_keys: ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB3b tenant"]
+      terminal_key_path: /var/lib/gpuaas/terminal/id_ed25519
+    reservation:
+      ip_address: 10.100.0.17
+      hostname: trainer-0
+      hostsfile: /var/lib/gpuaas/dnsmasq/slice-hosts
+      leasefile: /var/lib/misc/dnsmasq.leases
+      pidfile: /run/dnsmasq/dnsmasq.pid
+      interface: ovsbr0
+
+- name: Release it and its reservation
+  gpuaas.fleet.slice_vm_domain:
+    allocation_id: 158ea147-0115-407f-bbd5-1850c32b9517
+    state: absent
+    mac_address: "52:54:00:3f:a2:10"
+    reservation:
+      ip_address: 10.100.0.17
+      hostsfile: /var/lib/gpuaas/dnsmasq/slice-hosts
+      leasefile: /var/lib/misc/dnsmasq.leases
+      pidfile: /run/dnsmasq/dnsmasq.pid
+      interface: ovsbr0
 """
 
 RETURN = r"""
@@ -244,8 +373,30 @@ undefine_attempts:
   returned: when O(state=absent)
   type: list
   elements: dict
+seed:
+  description:
+    - What M(gpuaas.fleet.slice_vm_seed) returns for the seed written or compared (C(changed),
+      C(path), C(files), C(host_key), C(terminal_key)), with its C(finished_at).
+  returned: when O(seed) was given, O(state) is not V(absent) and the seed part ran
+  type: dict
+reservation:
+  description:
+    - What M(gpuaas.fleet.slice_dhcp_reservation) returns for the reservation kept or
+      removed (C(changed), C(reservation), C(added), C(removed_stale_reservations),
+      C(stale_leases), C(released_leases), C(dnsmasq_pid), C(reloaded)), with its
+      C(finished_at).
+  returned: when O(reservation) was given and the reservation part ran
+  type: dict
+diff:
+  description:
+    - With O(seed) or O(reservation), a list of each part's diff in the order they ran
+      (the seed's, the reservation's, the domain's; the domain's first for V(absent)).
+  returned: diff mode
+  type: raw
 failure:
-  description: Phase, code and message of a failure (for example C(undefine_failed)).
+  description:
+    - Phase (V(seed), V(dhcp) or V(domain)), code and message of a failure (for example
+      C(undefine_failed)); the parts that finished before it are returned under their keys.
   returned: failure
   type: dict
 """
@@ -254,8 +405,11 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpuaas.fleet.plugins.module_utils import (
     common_args,
     vm_common,
+    vm_dhcp,
     vm_domain,
+    vm_instance,
     vm_libvirt,
+    vm_seed,
 )
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import PROFILE_SPEC, SLOT_SPEC
 
@@ -271,6 +425,12 @@ def main():
             bridge=dict(type="str"),
             bridge_type=dict(type="str", default="linux", choices=["linux", "openvswitch"]),
             seed_iso=dict(type="path"),
+            seed=dict(
+                type="dict",
+                options=vm_seed.seed_spec(),
+                required_together=vm_seed.SEED_REQUIRED_TOGETHER,
+            ),
+            reservation=dict(type="dict", options=vm_dhcp.reservation_spec()),
             console_log=dict(type="path"),
             emulation=dict(type="bool", default=False),
             pci_passthrough=dict(type="bool", default=True),
@@ -283,14 +443,18 @@ def main():
             ("state", "running", ("slots", "profile", "mac_address", "bridge")),
             ("state", "defined", ("slots", "profile", "mac_address", "bridge")),
         ],
+        required_by={"reservation": ("mac_address",)},
+        mutually_exclusive=[("seed", "seed_iso")],
         supports_check_mode=True,
     )
-    vm_common.fail_missing_libraries(
-        module,
-        missing_required_lib,
-        **{"libvirt-python": vm_libvirt.LIBVIRT_IMPORT_ERROR, "lxml": vm_domain.LXML_IMPORT_ERROR},
-    )
-    vm_common.run_module(module, vm_domain.run)
+    libraries = {
+        "libvirt-python": vm_libvirt.LIBVIRT_IMPORT_ERROR,
+        "lxml": vm_domain.LXML_IMPORT_ERROR,
+    }
+    if module.params["seed"] and module.params["state"] != "absent":
+        libraries["pycdlib"] = vm_seed.PYCDLIB_IMPORT_ERROR
+    vm_common.fail_missing_libraries(module, missing_required_lib, **libraries)
+    vm_common.run_module(module, vm_instance.run)
 
 
 if __name__ == "__main__":
