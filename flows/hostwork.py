@@ -71,14 +71,14 @@ VM_PROVISION = HostAction(
     "vm_provision.yml",
     "set_stats",
     EvidenceKind.READINESS,
-    listed_tasks=8,
+    listed_tasks=6,
 )
 VM_RELEASE = HostAction(
     NodeTaskKind.VM_RELEASE,
     "vm_release.yml",
     "set_stats",
     EvidenceKind.HOST_RESULT,
-    listed_tasks=8,
+    listed_tasks=7,
 )
 STORAGE_TRANSITION = HostAction(
     NodeTaskKind.STORAGE_TRANSITION,

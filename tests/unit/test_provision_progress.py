@@ -20,7 +20,7 @@ ROLE = REPO_ROOT / "roles" / "slice_vm_provision"
 def role_phases() -> list[str]:
     """The phases in the order the role's timings template walks them."""
     template = (ROLE / "templates" / "timings.j2").read_text()
-    return re.findall(r"\('(\w+)', slice_vm_provision_\w+_result\)", template)
+    return re.findall(r"\('(\w+)', slice_vm_provision_\w+_result\b", template)
 
 
 def role_progress(phase: str) -> str:
@@ -32,15 +32,16 @@ def role_progress(phase: str) -> str:
 
 
 def test_the_role_walks_the_phases_the_mapping_expects():
-    assert role_phases() == ["preflight", "seed", "image", "dhcp", "domain", "readiness"]
+    assert role_phases() == ["preflight", "image", "seed", "dhcp", "domain", "readiness"]
 
 
 @pytest.mark.parametrize(
     ("phase", "progress"),
     [
         ("preflight", "nothing_on_host"),
-        ("seed", "domain_defined"),
+        # The seed is written after the image clone, with the reservation and the domain.
         ("image", "disk_written"),
+        ("seed", "disk_written"),
         ("dhcp", "disk_written"),
         ("domain", "disk_written"),
         ("readiness", "disk_written"),

@@ -90,8 +90,8 @@ def test_a_provision_failed_after_its_disk_was_written_is_remediated_with_a_proo
     for step in (
         "1 failed provision(s) wait for remediation",
         f"allocation {allocation} on {host.hostname} (disk_written): attempt 1 of 3",
-        "Shut the domain down (hard stop on timeout) and undefine it with its NVRAM: changed",
-        "Remove the DHCP reservation and end the stale lease: changed",
+        "Shut the domain down (hard stop on timeout), undefine it with its NVRAM and remove its "
+        "DHCP reservation: changed",
         "Wipe every slot disk with proof: changed",
         "slot 0: wiped",
         "1 slot(s) returned, 0 quarantined",

@@ -77,10 +77,9 @@ def test_provision_then_release_a_real_slice_vm_through_the_flows(lab_node, engi
         f"placed allocation {result['allocation_id']} on {host.hostname}, slots [0]",
         "is provisioning on",
         "Check every precondition before writing anything: ok",
-        "Write the NoCloud seed",
         "Verify the image and clone it onto the boot disk: changed",
-        "Reserve the MAC to IP mapping in dnsmasq: changed",
-        "Define and start the domain: changed",
+        "Write the NoCloud seed with the relay key, reserve the address in dnsmasq, define and "
+        "start the domain: changed",
         "lease: mac",
         "10.100.0.10, matched",
         "SSH gate passed",
@@ -134,8 +133,8 @@ def test_provision_then_release_a_real_slice_vm_through_the_flows(lab_node, engi
     logged = "\n".join(flow_run_logs(release_state.state_details.flow_run_id))
     for step in (
         f"allocation {allocation} is releasing on {host.hostname} (slots [0])",
-        "Shut the domain down (hard stop on timeout) and undefine it with its NVRAM: changed",
-        "Remove the DHCP reservation and end the stale lease: changed",
+        "Shut the domain down (hard stop on timeout), undefine it with its NVRAM and remove its "
+        "DHCP reservation: changed",
         "Wipe every slot disk with proof: changed",
         "stop: ",
         "wiped by blkdiscard, verified True; slot now available",

@@ -98,7 +98,7 @@ def test_provision_ssh_release_over_a_linux_bridge(linux_allocation):
     lab = allocation.lab
     first = provision(allocation)
     evidence = assert_active_and_reachable(allocation, first)
-    assert evidence["changed_phases"] == ["seed", "image", "dhcp", "domain"]
+    assert evidence["changed_phases"] == ["image", "seed", "dhcp", "domain"]
     assert evidence["clone"]["image_sha256"] == allocation.image.sha256
 
     xml = lab.virsh("dumpxml", "--inactive", allocation.domain).stdout

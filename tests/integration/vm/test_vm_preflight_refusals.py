@@ -442,11 +442,18 @@ def test_check_mode_provision_reports_and_writes_nothing(linux_allocation):
     assert run.rc == 0, run.failures()
     evidence = run.custom_stats["gpuaas_slice_provision"]
     assert evidence["status"] == "checked"
-    assert evidence["changed_phases"] == ["seed", "image", "dhcp", "domain"]
-    assert run.task_result("Define and start the domain")["actions"] == ["define", "start"]
-    assert run.task_result("Reserve the MAC to IP mapping")["diff"]["after"].endswith(
+    assert evidence["changed_phases"] == ["image", "seed", "dhcp", "domain"]
+    domain_task = run.task_result("define and start the domain")
+    assert domain_task["actions"] == ["define", "start"]
+    assert domain_task["seed"]["changed"] and domain_task["reservation"]["changed"]
+    # One diff per part, in the order they ran: the seed's, the reservation's, the domain's.
+    seed_diff, reservation_diff, domain_diff = domain_task["diff"]
+    assert seed_diff["after_header"] == str(allocation.state_dir / "seed.iso")
+    assert reservation_diff["after_header"] == str(lab.dnsmasq_hostsfile)
+    assert reservation_diff["after"].endswith(
         f"{allocation.mac_address},{allocation.private_ip},{allocation.domain}\n"
     )
+    assert domain_diff["after"]["state"] == "running"
     assert lab.dnsmasq_hostsfile.read_text() == hosts_before
     assert lab.loops.fingerprint(allocation.disk) == fingerprint
     assert not allocation.state_dir.exists() and not allocation.relay_key.exists()
