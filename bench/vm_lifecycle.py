@@ -23,11 +23,14 @@ UEFI guest (lab/gpuaas_lab/vmguest.py) under QEMU emulation, without VFIO hostde
    costs and what our code costs: the same module code runs for a second allocation in
    one Python process on the lab host without Ansible, and Ansible's floor on this machine
    right now is measured with an empty playbook and with no-op `ansible.builtin.ping`
-   tasks, one per module task of the role. The role runs eight tasks: Ansible's argument
-   spec validation, the six phase modules (PROVISION_PHASES, one module task each) and the
-   set_stats that publishes the evidence; the floor counts the six module tasks only (the
-   validation and set_stats run on the controller, without a module process, and are part
-   of what the overhead is measured against the floor). Each task's duration is printed.
+   tasks, one per provision phase. The role runs six tasks: Ansible's argument spec
+   validation, four module tasks (the seed, the reservation and the domain are one
+   slice_vm_domain task: PROVISION_TASK_OF) and the set_stats that publishes the evidence.
+   The overhead is judged against the floor of the six phases as six no-op module tasks
+   (floor + 0.5 s, as before they were four tasks), and the floor of the role's four is
+   printed beside it (the validation and set_stats run on the controller, without a module
+   process, and are part of what the overhead is measured against the floor). Each task's
+   duration is printed.
 5. Image clone throughput: `qemu-img convert -O raw` (the module's command) against
    `dd bs=4M oflag=direct` of the same image onto the same loop device, discarded before
    each run, alternating, best and median of `--repeat` each; plus sha256 throughput.
@@ -75,11 +78,22 @@ from gpuaas_lab.vmlab import (  # noqa: E402
 BASELINE_MAC = "52:54:00:5a:00:77"
 BASELINE_IP = "10.100.0.77"
 OVERHEAD_TARGET_S = 3.0
-PROVISION_PHASES = ("preflight", "seed", "image", "dhcp", "domain", "readiness")
-# Release phases by the role's task names (the role publishes no timings of its own).
+PROVISION_PHASES = ("preflight", "image", "seed", "dhcp", "domain", "readiness")
+# The role's module task each phase runs in: the seed, the reservation and the domain are
+# one slice_vm_domain task (docs/slice-host.md, "Provision phases").
+PROVISION_TASK_OF = {
+    "preflight": "preflight",
+    "image": "image",
+    "seed": "domain",
+    "dhcp": "domain",
+    "domain": "domain",
+    "readiness": "readiness",
+}
+PROVISION_MODULE_TASKS = len(set(PROVISION_TASK_OF.values()))
+# Release phases by the role's task names (the role publishes no timings of its own); the
+# DHCP cleanup runs inside the domain's task, after the undefine.
 RELEASE_PHASES = {
-    "stop + undefine": "Shut the domain down",
-    "dhcp cleanup": "Remove the DHCP reservation",
+    "stop + undefine + dhcp cleanup": "Shut the domain down",
     "wipe with proof": "Wipe every slot disk",
     "state removal": "Remove the allocation state directory",
 }
@@ -101,8 +115,8 @@ def ansible_floor(lab: VmLab, root: Path, module_tasks: int, rounds: int = 3) ->
     """Ansible's own cost here and now: an empty playbook, and no-op module tasks with and
     without pipelining; alternating, the best of `rounds` each (the load comes and goes).
 
-    Repeated pings pay for building their AnsiballZ payload once; the role runs six
-    different modules, each built once per run. The `distinct` variant runs six different
+    Repeated pings pay for building their AnsiballZ payload once; the role runs four
+    different modules, each built once per run. The `distinct` variant runs different
     no-op modules (copies of ping in the playbook's library/) to show that cost too."""
     library = root / "library"
     library.mkdir(exist_ok=True)
@@ -259,8 +273,8 @@ def phase(name, run, params):
 checked = phase("preflight", vm_preflight.run, p["preflight"])
 # as the role does: the image phase is given the preflight's digest verification
 p["image"]["verified"] = next(c.get("digest") for c in checked["checks"] if c["check"] == "image")
-phase("seed", vm_seed.run, p["seed"])
 phase("image", vm_image.run, p["image"])
+phase("seed", vm_seed.run, p["seed"])
 phase("dhcp", vm_dhcp.run, p["dhcp"])
 phase("domain", vm_domain.run, p["domain"])
 ready = phase("readiness", vm_readiness.run, p["readiness"])
@@ -501,13 +515,29 @@ def report(boot: float, figures: dict, direct: dict, floor: dict, clone: dict) -
     )
     # Every module task before the readiness gate runs before the guest can start booting,
     # so Ansible's floor for them is overhead no code of ours can remove.
-    before_boot = PROVISION_PHASES.index("readiness")
+    before_boot = len({PROVISION_TASK_OF[p] for p in PROVISION_PHASES if p != "readiness"})
     ansible_floor = floor["empty"] + before_boot * floor["per_distinct_task"]
     print(
         f"  the target leaves our code {OVERHEAD_TARGET_S:.2f} - ({floor['empty']:.2f} + "
         f"{before_boot} x {floor['per_distinct_task']:.2f}) = "
         f"{OVERHEAD_TARGET_S - ansible_floor:.2f} s once Ansible's floor for the {before_boot} "
         f"module tasks before the boot is paid; our module code takes {direct_overhead:.2f} s"
+    )
+    # The floor the issue judges against (floor + 0.5 s): the empty playbook and one no-op
+    # module task per phase, as the role ran them before the seed, the reservation and the
+    # domain became one task (the line above). The floor of the role's own module tasks is
+    # printed beside it, with repeated and with different no-op modules.
+    target = floor_total + 0.5
+    print(
+        f"  overhead {overhead:.2f} s against that floor + 0.5 = {target:.2f} s: "
+        + ("MET" if overhead <= target else f"MISSED by {overhead - target:.2f} s")
+    )
+    tasks = PROVISION_MODULE_TASKS
+    repeated = floor["empty"] + tasks * floor["per_task"]
+    different = floor["empty"] + tasks * floor["per_distinct_task"]
+    print(
+        f"  floor of the role's {tasks} module tasks: {repeated:.2f} s repeated, "
+        f"{different:.2f} s different; the overhead is {overhead - different:.2f} s above that"
     )
     print(
         f"  without pipelining (ansible.cfg as flows/runner.py uses it has none): "
