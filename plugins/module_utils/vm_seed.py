@@ -171,12 +171,16 @@ def render_network_config(mac_address: str) -> str:
     )
 
 
+def check_hostname(hostname) -> None:
+    if not HOSTNAME_RE.match(str(hostname)):
+        raise VmError("invalid_hostname", f"{hostname!r} is not a valid host name", PHASE_SEED)
+
+
 def seed_files(
     instance_id: str, hostname: str, users, mac_address: str, relay_key: str = "", host_key=None
 ):
     """The desired seed contents: {file name: bytes}."""
-    if not HOSTNAME_RE.match(str(hostname)):
-        raise VmError("invalid_hostname", f"{hostname!r} is not a valid host name", PHASE_SEED)
+    check_hostname(hostname)
     normalized = normalize_users(users, relay_key)
     return {
         "user-data": render_user_data(hostname, normalized, host_key).encode(),
@@ -375,10 +379,7 @@ def check_inputs(params: dict) -> tuple[str, str] | None:
     """Every input of the seed, checked before anything (the relay key included) is
     written; the guest host key pair, or None."""
     vm_common.parse_allocation_id(params["allocation_id"])
-    if not HOSTNAME_RE.match(str(params["hostname"])):
-        raise VmError(
-            "invalid_hostname", f"{params['hostname']!r} is not a valid host name", PHASE_SEED
-        )
+    check_hostname(params["hostname"])
     normalize_users(params["users"], relay_pending=bool(params.get("terminal_key_path")))
     if params.get("host_private_key") or params.get("host_public_key"):
         return validate_host_key(
