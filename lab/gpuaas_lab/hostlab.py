@@ -349,11 +349,12 @@ UUID={root_uuid} / ext4 errors=remount-ro 0 1
 UUID={esp_uuid} /boot/efi vfat umask=0077 0 2
 EOF
 mkdir -p "$root/boot/efi" "$root/etc/cloud/cloud.cfg.d" "$root/etc/systemd/system.conf.d"
-# Units may take minutes to start on a loaded TCG guest (docs/slice-host.md, "Lab hosts
-# under load").
+# Units and devices may take minutes to start or appear on a loaded TCG guest (docs/
+# slice-host.md, "Lab hosts under load"); systemd 252 times devices out separately.
 cat > "$root/etc/systemd/system.conf.d/90-gpuaas-lab.conf" <<EOF
 [Manager]
 DefaultTimeoutStartSec=15min
+DefaultDeviceTimeoutSec=15min
 EOF
 echo {recipe.hostname} > "$root/etc/hostname"
 cat > "$root/etc/cloud/cloud.cfg.d/90-gpuaas-lab.cfg" <<EOF
@@ -706,13 +707,27 @@ class LabHost:
 
 
 UserData = str | Callable[[LabHost], str] | None
+# Console lines of a boot going wrong: systemd's failed units and timeouts, emergency mode.
+BOOT_TROUBLE = re.compile(
+    r"FAILED|Timed out|Dependency failed|emergency mode|Emergency Mode|Kernel panic|"
+    r"Call Trace|blocked for more than"
+)
+TROUBLE_LINES = 20
 
 
 def console_tail(host: LabHost, lines: int = 40) -> str:
+    """The console's last lines, led by the earlier lines that say why a boot went wrong
+    (a unit or device timed out, emergency mode): by the time a boot wait gives up those
+    have usually scrolled out of the tail."""
     log = host.path / "console.log"
     if not log.exists():
         return ""
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    console = log.read_text(errors="replace").splitlines()
+    tail = console[-lines:]
+    trouble = [line for line in console[:-lines] if BOOT_TROUBLE.search(line)][-TROUBLE_LINES:]
+    if not trouble:
+        return "\n".join(tail)
+    return "\n".join(["-- earlier boot trouble:", *trouble, "-- last lines:", *tail])
 
 
 def _port_open(address: str, port: int) -> bool:
