@@ -11,6 +11,12 @@ scripts/run-tests.sh writes the inputs into one directory per tier and calls thi
   (scripts/molecule.sh).
 
     python scripts/test_report.py build/test-report/test [--top 25]
+
+``--record-durations FILE`` also merges into FILE (JSON, node id to seconds) how long each
+test that an xdist run shared between workers took, setup to teardown, when it took at
+least ``RECORDED_SECONDS``: tests/tiers.py hands the longest work out first from it.
+
+    python scripts/test_report.py build/test-report/lab --record-durations tests/durations.json
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+
+# Shorter tests only fill the gaps; recording them would only churn the file.
+RECORDED_SECONDS = 10.0
 
 
 @dataclass
@@ -208,12 +217,30 @@ def report(directory: Path, top: int, cores: int) -> str:
     return "\n".join(lines)
 
 
+def record_durations(directory: Path, path: Path) -> int:
+    """Merges the durations of the directory's xdist runs into ``path``; returns how many
+    tests it recorded."""
+    recorded = json.loads(path.read_text()) if path.exists() else {}
+    measured: dict[str, float] = {}
+    for run in sorted(directory.glob("*.jsonl")):
+        tests = read_tests(run)
+        if len({t.worker for t in tests}) > 1:
+            measured |= {t.test: round(t.total, 1) for t in tests if t.total >= RECORDED_SECONDS}
+    recorded.update(measured)
+    path.write_text(json.dumps(dict(sorted(recorded.items())), indent=1) + "\n")
+    return len(measured)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", type=Path)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--record-durations", type=Path, metavar="FILE")
     args = parser.parse_args()
     print(report(args.directory, args.top, os.cpu_count() or 1))
+    if args.record_durations:
+        count = record_durations(args.directory, args.record_durations)
+        print(f"recorded {count} test durations in {args.record_durations}")
 
 
 if __name__ == "__main__":

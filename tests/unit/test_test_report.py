@@ -86,3 +86,31 @@ def test_the_report_ranks_tests_and_scenarios_and_shows_an_idle_worker(tmp_path:
     }
     assert workers["gw1"][-2:] == ["479", "s"], workers
     assert workers["gw0"][-2:] == ["0.0", "s"], workers
+
+
+def test_durations_of_shared_runs_are_merged_into_the_record(tmp_path: Path) -> None:
+    (tmp_path / "large-lab-tests.jsonl").write_text(
+        "\n".join(
+            [
+                *phase_records("tests/a.py::test_long@g", "gw0", 0.0, 100.0, 400.0),
+                *phase_records("tests/b.py::test_quick", "gw1", 0.0, 1.0, 2.0),
+            ]
+        )
+        + "\n"
+    )
+    # One worker: nothing was shared, nothing to balance.
+    (tmp_path / "lab-host-tests.jsonl").write_text(
+        "\n".join(phase_records("tests/c.py::test_alone", "main", 0.0, 50.0, 50.0)) + "\n"
+    )
+    record = tmp_path / "durations.json"
+    record.write_text(json.dumps({"tests/old.py::test_kept": 30.0, "tests/a.py::test_long@g": 1.0}))
+    subprocess.run(
+        [sys.executable, str(REPORT), str(tmp_path), "--record-durations", str(record)],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    assert json.loads(record.read_text()) == {
+        "tests/a.py::test_long@g": 500.5,
+        "tests/old.py::test_kept": 30.0,
+    }
