@@ -157,6 +157,13 @@ LAB_NETWORK = ipaddress.ip_network("10.213.0.0/16")
 # whole bootstrap in cloud-init on first boot: under TCG on a busy two-core machine (the
 # CI's other worker booting slice VMs) that has taken more than 900 s.
 BOOT_TIMEOUT = 1800.0
+# Console lines of a boot going wrong (systemd's failed units and timeouts, emergency mode,
+# a panic), and how many of them a boot failure reports beside the console's tail.
+BOOT_TROUBLE = re.compile(
+    r"FAILED|Timed out|Dependency failed|(?i:emergency mode)|Kernel panic|Call Trace|"
+    r"blocked for more than"
+)
+TROUBLE_LINES = 20
 STALE_IMAGE_SECONDS = 24 * 3600
 SUBNETS_LOCK = Path("/run/lock/gpuaas-lab-subnets.lock")
 SERIAL_PREFIX = "GPUAASLAB"
@@ -707,12 +714,6 @@ class LabHost:
 
 
 UserData = str | Callable[[LabHost], str] | None
-# Console lines of a boot going wrong: systemd's failed units and timeouts, emergency mode.
-BOOT_TROUBLE = re.compile(
-    r"FAILED|Timed out|Dependency failed|emergency mode|Emergency Mode|Kernel panic|"
-    r"Call Trace|blocked for more than"
-)
-TROUBLE_LINES = 20
 
 
 def console_tail(host: LabHost, lines: int = 40) -> str:
