@@ -71,7 +71,7 @@ VM_PROVISION = HostAction(
     "vm_provision.yml",
     "set_stats",
     EvidenceKind.READINESS,
-    listed_tasks=6,
+    listed_tasks=5,
 )
 VM_RELEASE = HostAction(
     NodeTaskKind.VM_RELEASE,

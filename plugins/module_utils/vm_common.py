@@ -231,6 +231,14 @@ def fail_missing_libraries(module, missing_required_lib, **libraries) -> None:
             module.fail_json(msg=missing_required_lib(name), exception=str(error))
 
 
+def run_part(action, params: dict, check_mode: bool) -> dict:
+    """`action(params, check_mode)` run as one part of a module that does several, its result
+    with when it finished (`finished_at`), so a role times each part as its own phase."""
+    result = action(params, check_mode)
+    result["finished_at"] = round(time.time(), 3)
+    return result
+
+
 def run_module(module, action) -> None:
     """Run `action(params, check_mode)` and exit the Ansible module with its result.
 

@@ -15,9 +15,12 @@ that failed.
 
 from __future__ import annotations
 
-import time
-
-from ansible_collections.gpuaas.fleet.plugins.module_utils import vm_dhcp, vm_domain, vm_seed
+from ansible_collections.gpuaas.fleet.plugins.module_utils import (
+    vm_common,
+    vm_dhcp,
+    vm_domain,
+    vm_seed,
+)
 from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import VmError
 
 
@@ -36,12 +39,6 @@ def domain_params(params: dict) -> dict:
     if params.get("seed"):
         return dict(params, seed_iso=params["seed"]["path"])
     return params
-
-
-def run_part(action, params: dict, check_mode: bool) -> dict:
-    result = action(params, check_mode)
-    result["finished_at"] = round(time.time(), 3)
-    return result
 
 
 def check_inputs(params: dict) -> None:
@@ -65,14 +62,14 @@ def run(params: dict, check_mode: bool) -> dict:
     absent = params["state"] == "absent"
     try:
         if not absent and params.get("seed"):
-            parts["seed"] = run_part(vm_seed.run, seed_params(params), check_mode)
+            parts["seed"] = vm_common.run_part(vm_seed.run, seed_params(params), check_mode)
         if not absent and params.get("reservation"):
-            parts["reservation"] = run_part(
+            parts["reservation"] = vm_common.run_part(
                 vm_dhcp.run, reservation_params(params, "present"), check_mode
             )
         domain = vm_domain.run(domain_params(params), check_mode)
         if absent and params.get("reservation"):
-            parts["reservation"] = run_part(
+            parts["reservation"] = vm_common.run_part(
                 vm_dhcp.run, reservation_params(params, "absent"), check_mode
             )
     except VmError as exc:

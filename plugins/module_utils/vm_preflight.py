@@ -19,11 +19,19 @@ Checks, each a `checks.result` (`{check, status, ok, code, detail, remediation}`
   not used by another libvirt domain (blockdev.inspect_device), and raw before the first
   clone; the allocation's own running domain may hold it (a second run);
 - `libvirt`: the daemon answers; `image`: the cached image matches the catalog digest.
+
+With `clone`, the module goes on, once every check passed, to clone the verified image onto
+the first slot's disk in the same process (vm_image, the image phase; docs/slice-host.md,
+"Provision phases"): each module task costs a provision Ansible's worker, connection and
+interpreter start-up, and the clone always follows the preflight. The clone reports as its
+own phase, under `image` with when it finished, and `checked_at` says when the checks did;
+a failed clone fails with phase `image` and the checks in its details.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 from ansible_collections.gpuaas.fleet.plugins.module_utils import (
     blockdev,
@@ -32,6 +40,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils import (
     vm_common,
     vm_disk,
     vm_domain,
+    vm_image,
     vm_libvirt,
 )
 from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import run_command
@@ -39,7 +48,6 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_common import (
     PHASE_PREFLIGHT,
     VmError,
 )
-from ansible_collections.gpuaas.fleet.plugins.module_utils.vm_image import verify_digest
 
 SYS_PCI_DEVICES = "/sys/bus/pci/devices"
 
@@ -183,7 +191,7 @@ def check_disks(slots, stable_dirs, conn, own_name: str, own_defined: bool) -> d
 
 def check_image(path: str, sha256: str) -> dict:
     try:
-        evidence = verify_digest(path, sha256, PHASE_PREFLIGHT)
+        evidence = vm_image.verify_digest(path, sha256, PHASE_PREFLIGHT)
     except VmError as exc:
         return checks.failed("image", exc.code, exc.message, **exc.details)
     return checks.passed("image", f"sha256 matches ({evidence['seconds']}s)", digest=evidence)
@@ -242,8 +250,27 @@ def run_preflight(params: dict) -> dict:
     return outcome
 
 
+def clone_params(params: dict, outcome: dict) -> dict:
+    """slice_vm_image's parameters for the clone onto the first slot's disk, with the image
+    check's digest verification so that an unchanged file is not hashed twice."""
+    digest = next(c.get("digest") for c in outcome["checks"] if c["check"] == "image")
+    return {
+        "allocation_id": params["allocation_id"],
+        "image": params["image"]["path"],
+        "sha256": params["image"]["sha256"],
+        "device": params["slots"][0]["nvme_device"],
+        "stable_dirs": params["stable_dirs"],
+        "state_dir": params["clone"]["state_dir"],
+        "verify_digest": True,
+        "verified": digest,
+        "timeout": params["clone"]["timeout"],
+        "libvirt_uri": params["libvirt_uri"],
+    }
+
+
 def run(params: dict, check_mode: bool) -> dict:
-    """Module entry: read-only, so check mode runs the same checks."""
+    """Module entry: the checks are read-only, so check mode runs them all; the clone (with
+    `clone`) follows once every check passed, and check mode reports its plan."""
     outcome = run_preflight(params)
     if outcome["failure"]:
         failure = outcome["failure"]
@@ -255,4 +282,12 @@ def run(params: dict, check_mode: bool) -> dict:
             failed_checks=failure["failed_checks"],
             **{k: v for k, v in outcome.items() if k != "failure"},
         )
-    return {"changed": False, **outcome}
+    result = {"changed": False, **outcome, "checked_at": round(time.time(), 3)}
+    if not params.get("clone"):
+        return result
+    try:
+        image = vm_common.run_part(vm_image.run, clone_params(params, outcome), check_mode)
+    except VmError as exc:
+        exc.details.update(checks=outcome["checks"], checked_at=result["checked_at"])
+        raise
+    return dict(result, image=image, changed=image["changed"])

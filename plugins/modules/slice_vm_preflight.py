@@ -10,7 +10,7 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 ---
 module: slice_vm_preflight
-short_description: Check every precondition of a slice VM provision before anything is written
+short_description: Check every precondition of a slice VM provision, then clone its image
 version_added: "0.1.0"
 description:
   - Read-only checks for one GPU slice allocation, run before the image clone or any
@@ -26,6 +26,10 @@ description:
     process using it and no other libvirt domain using it, and must be raw (wiped) before
     the first provision. The allocation's own running domain may hold it (a second run).
   - Verifies the cached image's sha256 against the catalog digest.
+  - With O(clone), once every check passed, clones the verified image onto the first slot's
+    disk in the same process, as M(gpuaas.fleet.slice_vm_image) does (refusals, clone
+    record, a second run is a no-op), without hashing the unchanged image again. The clone
+    reports under RV(image) with when it finished, so a role times it as its own phase.
 author:
   - gpuaas fleet engineering (@gpuaas)
 extends_documentation_fragment:
@@ -154,9 +158,23 @@ options:
     description: The KVM device node that must exist unless O(emulation) is true.
     type: path
     default: /dev/kvm
+  clone:
+    description:
+      - Clone the verified image onto the first slot's disk once every check passed.
+        Absent means the module only checks and writes nothing.
+    type: dict
+    suboptions:
+      state_dir:
+        description: The allocation's state directory; the clone record is written there.
+        type: path
+        required: true
+      timeout:
+        description: Seconds the clone may take.
+        type: int
+        default: 3600
 attributes:
   check_mode:
-    description: Read-only; runs the same checks.
+    description: Runs the same checks; with O(clone), reports the clone's plan and writes nothing.
     support: full
   diff_mode:
     description: Nothing changes, so there is no diff.
@@ -174,6 +192,8 @@ notes:
     C(disk_in_use_by_domain), C(disk_not_raw), C(image_missing), C(image_digest_mismatch)
     and the disk codes of the blockdev inspection (C(not_stable_identity),
     C(not_block_device), C(mounted), C(child_mounted), C(device_busy), ...)."
+  - "A failed clone fails with phase C(image) and the clone's codes (C(domain_exists),
+    C(image_larger_than_disk), C(clone_failed), ...), with RV(checks) and RV(checked_at)."
 """
 
 EXAMPLES = r"""
@@ -192,13 +212,44 @@ EXAMPLES = r"""
     image:
       path: /var/lib/gpuaas/slice-images/ubuntu-24.04-h200-cuda.raw
       sha256: "{{ image_sha256 }}"
+
+- name: Check every precondition, then clone the image onto the boot disk
+  gpuaas.fleet.slice_vm_preflight:
+    allocation_id: 158ea147-0115-407f-bbd5-1850c32b9517
+    slots:
+      - gpu_pci_address: "0000:1b:00.0"
+        fabric_vf_pci_address: "0000:1a:00.1"
+        nvme_device: /dev/disk/by-id/nvme-eui.000000000000000100a075244a103331
+    mac_address: "52:54:00:3f:a2:10"
+    bridge: br-slice
+    profile: {vcpus: 24, memory_mib: 65536}
+    image:
+      path: /var/lib/gpuaas/slice-images/ubuntu-24.04-h200-cuda.raw
+      sha256: "{{ image_sha256 }}"
+    clone:
+      state_dir: /var/lib/gpuaas/slices/gpuaas-slice-158ea1470115407fbbd51850c32b9517
 """
 
 RETURN = r"""
 changed:
-  description: Always false.
+  description:
+    - Whether the clone wrote (or in check mode would write) the disk; always false
+      without O(clone), the checks change nothing.
   returned: always
   type: bool
+checked_at:
+  description:
+    - When every check had passed, in seconds since the epoch; the end of the preflight phase.
+  returned: success, and on a failed clone
+  type: float
+  sample: 1763889999.990
+image:
+  description:
+    - The clone's result, the return values of M(gpuaas.fleet.slice_vm_image) (C(changed),
+      C(skipped_reason), C(plan), C(digest), C(record), C(disk)) and C(finished_at), when it
+      finished.
+  returned: with O(clone), when every check passed
+  type: dict
 finished_at:
   description:
     - When the module finished, in seconds since the epoch (also on failure); the slice VM
@@ -325,6 +376,13 @@ def main():
             kvm_device=dict(type="path", default="/dev/kvm"),
             stable_dirs=common_args.stable_dirs_spec(),
             libvirt_uri=common_args.libvirt_uri_spec(),
+            clone=dict(
+                type="dict",
+                options=dict(
+                    state_dir=dict(type="path", required=True),
+                    timeout=dict(type="int", default=3600),
+                ),
+            ),
         ),
         supports_check_mode=True,
     )

@@ -20,7 +20,7 @@ ROLE = REPO_ROOT / "roles" / "slice_vm_provision"
 def role_phases() -> list[str]:
     """The phases in the order the role's timings template walks them."""
     template = (ROLE / "templates" / "timings.j2").read_text()
-    return re.findall(r"\('(\w+)', slice_vm_provision_\w+_result\b", template)
+    return re.findall(r"^\s*\('(\w+)',", template, re.MULTILINE)
 
 
 def role_progress(phase: str) -> str:

@@ -79,7 +79,7 @@ def test_a_provision_refused_in_preflight_fails_and_its_slots_are_available_at_o
         "placing h200-sxm-slice x2",
         f"placed allocation {allocation_id} on j22u15, slots",
         f"allocation {allocation_id} is provisioning on j22u15",
-        "j22u15: Check every precondition before writing anything: failed",
+        "j22u15: Check every precondition, then clone the image onto the boot disk: failed",
         f"allocation {allocation_id} failed before touching its node; its slots are"
         " available again",
     ):

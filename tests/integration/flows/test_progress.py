@@ -323,7 +323,7 @@ def test_provision_progress_is_an_artifact_of_the_run_stopped_at_the_preflight(a
     assert task_run.name.startswith("provision VM on node")
     assert task_run.flow_run_id == state.state_details.flow_run_id
     percent, position, where = stop_point(engine, "slice.vm_provision", VM_PROVISION.listed_tasks)
-    assert where.endswith("Check every precondition before writing anything")
+    assert where.endswith("Check every precondition, then clone the image onto the boot disk")
     assert artifact.data == pytest.approx(percent)
     title = f"VM provision of allocation {allocation_id} on j22u15"
     assert artifact.description == f"{title}: {where}"

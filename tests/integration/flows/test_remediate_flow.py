@@ -66,7 +66,7 @@ def test_a_provision_failed_after_its_disk_was_written_is_remediated_with_a_proo
     assert failed.is_failed()
     [allocation] = [a.id for a in cp.list_allocations()]
     logged = "\n".join(flow_run_logs(failed.state_details.flow_run_id))
-    assert "Verify the image and clone it onto the boot disk: changed" in logged
+    assert "Check every precondition, then clone the image onto the boot disk: changed" in logged
     assert f"allocation {allocation} failed (disk_written); its slots wait" in logged
     domain = "gpuaas-slice-" + uuid.UUID(allocation).hex
     assert domain in domains(host)

@@ -76,8 +76,7 @@ def test_provision_then_release_a_real_slice_vm_through_the_flows(lab_node, engi
         "placing lab-slice x1",
         f"placed allocation {result['allocation_id']} on {host.hostname}, slots [0]",
         "is provisioning on",
-        "Check every precondition before writing anything: ok",
-        "Verify the image and clone it onto the boot disk: changed",
+        "Check every precondition, then clone the image onto the boot disk: changed",
         "Write the NoCloud seed with the relay key, reserve the address in dnsmasq, define and "
         "start the domain: changed",
         "lease: mac",

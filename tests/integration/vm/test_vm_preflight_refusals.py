@@ -433,6 +433,32 @@ def test_provision_refused_on_a_mounted_child_partition_writes_nothing(
         lab.run(["umount", str(mountpoint)], check=False)
 
 
+def test_a_clone_refused_after_every_check_passed_fails_in_the_image_phase(linux_allocation):
+    """The preflight and the clone are one module task: a disk too small for the image passes
+    every check, then the clone refuses it. The failure names the image phase (the clone may
+    write, so cleanup is owed) with the checks and both phases' timings, and nothing past the
+    clone ran."""
+    allocation = linux_allocation
+    lab = allocation.lab
+    image_mib = allocation.image.size_bytes // (1 << 20)
+    allocation.disk = lab.disk(size_mib=max(1, image_mib // 2))
+    before = lab.loops.fingerprint(allocation.disk)
+    run = lab.playbook("vm_provision.yml", allocation.provision_vars())
+    assert run.rc != 0
+    evidence = run.custom_stats["gpuaas_slice_provision"]
+    assert evidence["status"] == "failed"
+    assert (evidence["failure"]["phase"], evidence["failure"]["code"]) == (
+        "image",
+        "image_larger_than_disk",
+    )
+    assert (evidence["cleanup_blocked"], evidence["progress"]) == (True, "disk_written")
+    assert evidence["preflight_checks"] and all(c["ok"] for c in evidence["preflight_checks"])
+    assert set(evidence["timings"]) == {"preflight", "image", "total"}
+    assert lab.loops.fingerprint(allocation.disk) == before
+    assert allocation.mac_address not in lab.dnsmasq_hostsfile.read_text()
+    assert allocation.domain not in lab.virsh("list", "--all", "--name").stdout
+
+
 def test_check_mode_provision_reports_and_writes_nothing(linux_allocation):
     allocation = linux_allocation
     lab = allocation.lab
