@@ -472,7 +472,7 @@ def network_blockers(network, mode):
     return found
 
 
-def slice_network(mode, bridge, slice_subnet, tmfifo, collect_network, runner):
+def slice_network(mode, bridge, slice_subnet, tmfifo, collect_network, runner, evidence=None):
     base = {"mode": mode, "bridge": bridge, "collected": bool(collect_network)}
     if not collect_network:
         gateway = netstate.gateway_interface(slice_subnet)
@@ -494,7 +494,8 @@ def slice_network(mode, bridge, slice_subnet, tmfifo, collect_network, runner):
             "subnet": str(gateway.network),
             "errors": [],
         }
-    evidence = netstate.collect(runner, bridge=bridge, subnet=slice_subnet, tmfifo=tmfifo)
+    if evidence is None:
+        evidence = netstate.collect(runner, bridge=bridge, subnet=slice_subnet, tmfifo=tmfifo)
     keep = (
         "bridge_present",
         "bridge_link",
@@ -530,8 +531,13 @@ def discover(
     fabric_link_layer="InfiniBand",
     runner=netstate.default_runner,
     collected_at=None,
+    network_evidence=None,
 ):
-    """The gpuaas.topology/v1 map of the host under `root` (paths as the host sees them)."""
+    """The gpuaas.topology/v1 map of the host under `root` (paths as the host sees them).
+
+    `network_evidence`: the live network state netstate.collect already read with the same
+    runner, bridge, subnet and tmfifo interface (a parity run that discovers first reads it
+    once for both)."""
     validate_options(slice_subnet, network_mode)
     host = sysfs.HostRoot(root)
     if not os.path.isdir(host.path("/sys")):
@@ -547,7 +553,13 @@ def discover(
     disks.sort(key=lambda d: _sort_key(d, "pci_address"))
     host_state = sysfs.host_virtualization(host)
     network = slice_network(
-        network_mode, bridge, slice_subnet, tmfifo_interface, collect_network, runner
+        network_mode,
+        bridge,
+        slice_subnet,
+        tmfifo_interface,
+        collect_network,
+        runner,
+        network_evidence,
     )
     slots, slot_blockers = pair_slots(gpus, disks, fabric, node, slice_subnet, fabric_link_layer)
     blockers = host_blockers(host_state, gpus) + network_blockers(network, network_mode)

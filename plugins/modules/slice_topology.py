@@ -174,9 +174,9 @@ topology:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuaas.fleet.plugins.module_utils import common_args
 from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import module_runner
 from ansible_collections.gpuaas.fleet.plugins.module_utils.topology import (
-    NETWORK_MODES,
     TopologyError,
     discover,
 )
@@ -186,15 +186,10 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             root=dict(type="path", default="/"),
-            node=dict(type="str"),
             slice_subnet=dict(type="str", default="10.100.0.0/24"),
             bridge=dict(type="str", default="ovsbr0"),
-            network_mode=dict(type="str", default="private-nat", choices=list(NETWORK_MODES)),
             tmfifo_interface=dict(type="str", default="tmfifo_net0"),
-            collect_network=dict(type="bool", default=True),
-            fabric_link_layer=dict(
-                type="str", default="InfiniBand", choices=["InfiniBand", "Ethernet"]
-            ),
+            **common_args.topology_discovery_spec(),
         ),
         supports_check_mode=True,
     )
