@@ -29,7 +29,7 @@ import ipaddress
 import json
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Tuple
 from xml.etree import ElementTree
 
@@ -1084,8 +1084,54 @@ def validate_checks(checks):
 
 def run_checks(ctx, checks=None):
     """Results for `checks` (all by default) in the parity target's order."""
-    validate_checks(checks)
+    validate_inputs(ctx, checks)
     wanted = set(checks) if checks else set(CHECKS)
+    return [CHECK_FUNCTIONS[name](ctx) for name in CHECKS if name in wanted]
+
+
+def check_host(ctx, checks=None, discovery=None):
+    """The slice_parity module's answer: the results, their lines and counts.
+
+    With `discovery` (the slice_topology options parity does not share:
+    common_args.topology_discovery_spec), the host's topology is discovered first in the
+    same module run, so that a fleet sweep's discovery and parity cost one task per host
+    (docs/operations.md, "Fleet sweeps"): the map is returned as `topology` and is the
+    evidence api_topology judges, and the live network state is read once for both. Every
+    input is validated before anything is read; a discovery that fails raises
+    topology.TopologyError and checks nothing.
+    """
+    validate_inputs(ctx, checks)
+    discovered = None
+    if discovery is not None:
+        live = discovery.get("collect_network", True)
+        discovered = topology.discover(
+            root=ctx.host.root,
+            slice_subnet=ctx.slice_subnet,
+            bridge=ctx.bridge,
+            tmfifo_interface=ctx.tmfifo_interface,
+            runner=ctx.runner,
+            network_evidence=ctx.network() if live else None,
+            **discovery,
+        )
+        ctx = replace(ctx, topology_evidence=discovered)
+    results = run_checks(ctx, checks)
+    summary = summarize(results)
+    output = dict(
+        changed=False,
+        results=results,
+        lines=format_lines(results),
+        failures=summary["failures"],
+        warning_count=summary["warnings"],
+        summary=summary,
+    )
+    if discovered is not None:
+        output["topology"] = discovered
+    return output
+
+
+def validate_inputs(ctx, checks=None):
+    """Raise ParityError for a check name or network the checks cannot use."""
+    validate_checks(checks)
     netstate.gateway_interface(ctx.slice_subnet)
     for entry in ctx.infra_networks:
         try:
@@ -1101,4 +1147,3 @@ def run_checks(ctx, checks=None):
             raise ParityError(
                 f"fabric_subnet {ctx.fabric_subnet!r} is not a network: {exc}"
             ) from None
-    return [CHECK_FUNCTIONS[name](ctx) for name in CHECKS if name in wanted]

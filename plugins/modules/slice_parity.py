@@ -97,7 +97,8 @@ options:
     description:
       - Topology evidence for this node, at least C(collected_at) and C(blockers) (for
         example the map returned by M(gpuaas.fleet.slice_topology) in the same run).
-      - Takes precedence over O(topology_collected_at).
+      - Takes precedence over O(topology_collected_at); a map discovered by O(discover)
+        takes precedence over it.
     type: dict
   topology_collected_at:
     description:
@@ -146,6 +147,43 @@ options:
     description: Fail the host when at least one check reports FAIL.
     type: bool
     default: true
+  discover:
+    description:
+      - Discover the host's topology first, in the same module run, as
+        M(gpuaas.fleet.slice_topology) does with these options and O(root), O(bridge),
+        O(slice_subnet) and O(tmfifo_interface); the map is returned as RV(topology) and is
+        the evidence V(api_topology) judges, before O(topology_evidence) and
+        O(topology_collected_at).
+      - A fleet sweep's discovery and parity then cost one task per host instead of two
+        (docs/operations.md, "Fleet sweeps").
+      - A discovery that fails fails the host before any check runs, with a message that
+        begins with C(topology discovery failed).
+    type: dict
+    suboptions:
+      node:
+        description:
+          - As M(gpuaas.fleet.slice_topology)'s O(gpuaas.fleet.slice_topology#module:node).
+        type: str
+      network_mode:
+        description:
+          - As M(gpuaas.fleet.slice_topology)'s
+            O(gpuaas.fleet.slice_topology#module:network_mode).
+        type: str
+        default: private-nat
+        choices: [private-nat, private-routed, public-nat, tailscale-overlay]
+      collect_network:
+        description:
+          - As M(gpuaas.fleet.slice_topology)'s
+            O(gpuaas.fleet.slice_topology#module:collect_network).
+        type: bool
+        default: true
+      fabric_link_layer:
+        description:
+          - As M(gpuaas.fleet.slice_topology)'s
+            O(gpuaas.fleet.slice_topology#module:fabric_link_layer).
+        type: str
+        default: InfiniBand
+        choices: [InfiniBand, Ethernet]
 attributes:
   check_mode:
     description: Read-only; runs the same checks in check mode.
@@ -173,6 +211,16 @@ EXAMPLES = r"""
   gpuaas.fleet.slice_parity:
     topology_evidence: "{{ discovery.topology }}"
     topology_max_age: 15m
+
+- name: Discover the topology and check parity against it, in one module run
+  gpuaas.fleet.slice_parity:
+    discover:
+      node: "{{ inventory_hostname }}"
+  register: checked
+
+- name: The map discovered, as gpuaas.fleet.slice_topology returns it
+  ansible.builtin.debug:
+    msg: "{{ checked.topology.summary }}"
 
 - name: Gate on the control plane's stored topology evidence (control-plane inventory)
   gpuaas.fleet.slice_parity:
@@ -258,6 +306,13 @@ summary:
       description: Number of WARN results.
       type: int
       returned: always
+topology:
+  description:
+    - The gpuaas.topology/v1 map discovered in this run, exactly as
+      M(gpuaas.fleet.slice_topology) returns it
+      (its RV(gpuaas.fleet.slice_topology#module:topology)).
+  returned: when O(discover) was given
+  type: dict
 attestation:
   description:
     - The node's signature over RV(results) (an object with the single key C(results)) for
@@ -280,6 +335,7 @@ from ansible_collections.gpuaas.fleet.plugins.module_utils import (
     sysfs,
 )
 from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import module_runner
+from ansible_collections.gpuaas.fleet.plugins.module_utils.topology import TopologyError
 
 
 def main():
@@ -302,6 +358,7 @@ def main():
             topology_max_age=dict(type="str", default=parity.DEFAULT_TOPOLOGY_MAX_AGE),
             checks=dict(type="list", elements="str", choices=list(parity.CHECKS)),
             fail_on_failures=dict(type="bool", default=True),
+            discover=dict(type="dict", options=common_args.topology_discovery_spec()),
             **common_args.attestation_spec(),
         ),
         required_by=common_args.ATTESTATION_REQUIRED_BY,
@@ -327,21 +384,14 @@ def main():
         runner=module_runner(module),
     )
     try:
-        results = parity.run_checks(context, params["checks"])
+        output = parity.check_host(context, params["checks"], params["discover"])
+    except TopologyError as exc:
+        module.fail_json(msg=f"topology discovery failed: {exc}")
     except ValueError as exc:
         module.fail_json(msg=str(exc))
-    summary = parity.summarize(results)
-    output = dict(
-        changed=False,
-        results=results,
-        lines=parity.format_lines(results),
-        failures=summary["failures"],
-        warning_count=summary["warnings"],
-        summary=summary,
-    )
     output.update(evidence_signing.attest_field(params, "parity", output, "results"))
-    if summary["failures"] and params["fail_on_failures"]:
-        failed = [r["check"] for r in results if r["status"] == parity.FAIL]
+    if output["failures"] and params["fail_on_failures"]:
+        failed = [r["check"] for r in output["results"] if r["status"] == parity.FAIL]
         module.fail_json(msg=f"slice parity failed: {', '.join(failed)}", **output)
     module.exit_json(**output)
 

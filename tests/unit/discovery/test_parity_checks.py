@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from ansible_collections.gpuaas.fleet.plugins.module_utils import parity, sysfs
+from ansible_collections.gpuaas.fleet.plugins.module_utils import parity, sysfs, topology
 from ansible_collections.gpuaas.fleet.plugins.module_utils.commands import CommandResult
 
 from gpuaas_lab import hosttrees
@@ -614,3 +616,107 @@ def test_kvm_on_a_live_root_is_probed_not_just_listed():
         assert detail == "/dev/kvm answers (API version 12)"
     else:
         assert detail.startswith(("/dev/kvm cannot be opened", "/dev/kvm does not answer"))
+
+
+# discovery in the same module run (parity.check_host) ---------------------------------
+
+DISCOVER_OPTIONS = {
+    "node": "j22u15",
+    "network_mode": "private-nat",
+    "collect_network": True,
+    "fabric_link_layer": "InfiniBand",
+}
+
+
+def no_commands(argv):
+    raise AssertionError(f"ran {argv}: nothing was to be read")
+
+
+def recorded_network():
+    """Recorded commands of a prepared slice bridge (`ip -j`, iptables-save), and the
+    commands asked."""
+    calls = []
+    bridge = {
+        "ifname": "ovsbr0",
+        "flags": ["BROADCAST", "UP"],
+        "linkinfo": {"info_kind": "bridge"},
+        "addr_info": [{"family": "inet", "local": "10.100.0.1", "prefixlen": 24}],
+    }
+    saved = "*nat\n-A POSTROUTING -s 10.100.0.0/24 -j MASQUERADE\nCOMMIT\n"
+
+    def runner(argv):
+        calls.append(tuple(argv))
+        if argv[:3] == ["ip", "-d", "-j"]:
+            return CommandResult(tuple(argv), 0, json.dumps([bridge]))
+        if argv[0] == "ip":
+            return CommandResult(tuple(argv), 0, "[]")
+        if argv[0] == "iptables-save":
+            return CommandResult(tuple(argv), 0, saved)
+        return CommandResult(tuple(argv), 2)
+
+    return runner, calls
+
+
+def test_parity_judges_the_topology_it_discovers(host_tree):
+    root = host_tree("clean", "j22u15")
+    runner, calls = recorded_network()
+    ctx = parity.ParityContext(
+        host=sysfs.HostRoot(str(root)),
+        runner=runner,
+        # Stale evidence handed in: the map discovered in this run takes its place.
+        topology_evidence={"collected_at": "2020-01-01T00:00:00Z", "blockers": []},
+    )
+    output = parity.check_host(ctx, ["api_topology", "bridge", "nat"], DISCOVER_OPTIONS)
+    # The live network state was read once, for the discovery and the checks both.
+    assert calls and len(calls) == len(set(calls)), calls
+    expected = topology.discover(str(root), runner=recorded_network()[0], **DISCOVER_OPTIONS)
+    discovered = output["topology"]
+    assert discovered.pop("collected_at") and expected.pop("collected_at")
+    assert discovered == expected
+    assert discovered["slice_network"]["bridge_owns_gateway"] is True
+    results = {r["check"]: r for r in output["results"]}
+    assert results["bridge"]["status"] == results["nat"]["status"] == "PASS", output
+    # Judged by the map just discovered (its hard blockers, if this machine's forwarding
+    # is off, say), not by the stale one handed in.
+    hard = [b["code"] for b in topology.hard_blockers(discovered)]
+    api = results["api_topology"]
+    assert api["status"] == ("FAIL" if hard else "PASS"), api
+    assert all(code in api["detail"] for code in hard) and "old" not in api["detail"]
+    assert output["changed"] is False
+
+    without = parity.check_host(ctx, ["api_topology"])
+    assert "topology" not in without
+    [stale] = without["results"]
+    assert stale["status"] == "FAIL" and "old" in stale["detail"], stale
+
+
+def test_parity_fails_on_the_hard_blockers_it_discovers(host_tree):
+    # No VFs on the fabric PFs: discovery reports hard blockers, api_topology fails.
+    ctx = parity.ParityContext(
+        host=sysfs.HostRoot(str(host_tree("missing-vfs", "j22u15"))),
+        runner=recorded_network()[0],
+    )
+    output = parity.check_host(ctx, ["api_topology"], DISCOVER_OPTIONS)
+    hard = [b["code"] for b in topology.hard_blockers(output["topology"])]
+    assert hard
+    [api] = output["results"]
+    assert api["status"] == "FAIL" and hard[0] in api["detail"], api
+
+
+def test_a_discovery_that_cannot_read_the_host_checks_nothing(tmp_path):
+    ctx = parity.ParityContext(host=sysfs.HostRoot(str(tmp_path)), runner=no_commands)
+    with pytest.raises(topology.TopologyError, match="no sys/ directory"):
+        parity.check_host(ctx, None, {**DISCOVER_OPTIONS, "collect_network": False})
+
+
+def test_bad_input_is_refused_before_discovery_reads_anything(host_tree):
+    ctx = parity.ParityContext(
+        host=sysfs.HostRoot(str(host_tree("clean", "j22u15"))),
+        slice_subnet="10.100.0.0/33",
+        runner=no_commands,
+    )
+    with pytest.raises(ValueError, match=re.escape("10.100.0.0/33")):
+        parity.check_host(ctx, None, DISCOVER_OPTIONS)
+    good = dataclasses.replace(ctx, slice_subnet="10.100.0.0/24")
+    with pytest.raises(parity.ParityError, match="nosuchcheck"):
+        parity.check_host(good, ["nosuchcheck"], DISCOVER_OPTIONS)
