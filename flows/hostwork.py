@@ -12,7 +12,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,7 +22,15 @@ from controlplane.errors import Conflict, GpuaasError
 from controlplane.hostkeys import write_known_hosts
 from controlplane.secrets import redact, secret_values
 from controlplane.services.guests import GuestTarget
-from flows.runner import EventObserver, PlaybookRun, RunResult, new_private_dir, run_playbook
+from flows.runner import (
+    EventObserver,
+    PlaybookRun,
+    RunResult,
+    TaskResult,
+    new_private_dir,
+    run_playbook,
+    summarize,
+)
 
 
 @dataclass(frozen=True)
@@ -33,7 +41,8 @@ class HostAction:
     task that loops over the action's items (disks), so progress can move per item.
     ``reported``: further modules whose last result each host's outcome carries.
     ``skips_busy_nodes``: a sweep runs it at once on the nodes that have room and skips
-    the others, instead of waiting for room."""
+    the others, instead of waiting for room. ``returns``: the keys of its module's answer,
+    which another module's answer may carry for it (``HostJob.carrier``)."""
 
     kind: NodeTaskKind
     playbook: str
@@ -44,6 +53,7 @@ class HostAction:
     looped_task: str | None = None
     reported: tuple[str, ...] = ()
     skips_busy_nodes: bool = False
+    returns: tuple[str, ...] = ()
 
 
 DISCOVER = HostAction(
@@ -52,6 +62,7 @@ DISCOVER = HostAction(
     "slice_topology",
     EvidenceKind.TOPOLOGY,
     600,
+    returns=("topology",),
 )
 PARITY = HostAction(
     NodeTaskKind.HOST_PARITY, "parity.yml", "slice_parity", EvidenceKind.PARITY, 600
@@ -114,20 +125,24 @@ BOOTSTRAP = HostAction(
 class HostJob:
     """Host actions that one playbook run carries over one inventory read, each recording a
     node task of its own per host (docs/operations.md, "Fleet sweeps": a batch's discovery
-    and parity in one job). ``plays``: each action's play in the playbook, whose tasks alone
-    decide that action's outcome (empty: the one action's outcome is the whole run's).
-    ``nonces_from``: the action whose node task ids are the run's nonces for signed
-    evidence (docs/trust.md), the one whose result the node signs."""
+    and parity in one job). ``carrier``: with several actions, the one whose module answers
+    for all of them in one task per host, each other action's answer under the keys that
+    action ``returns`` (a sweep's discovery inside its parity check). ``nonces_from``: the
+    action whose node task ids are the run's nonces for signed evidence (docs/trust.md),
+    the one whose result the node signs."""
 
     playbook: str
     actions: tuple[HostAction, ...]
     nonces_from: NodeTaskKind
-    plays: tuple[str, ...] = ()
+    carrier: NodeTaskKind | None = None
 
     def __post_init__(self) -> None:
         kinds = [action.kind for action in self.actions]
-        if len(self.actions) > 1 and len(self.plays) != len(self.actions):
-            raise ValueError(f"{self.playbook}: one play per host action, {kinds}")
+        if len(self.actions) > 1 and self.carrier not in kinds:
+            raise ValueError(f"{self.playbook}: a carrier among {kinds}, not {self.carrier}")
+        carried = [a for a in self.actions if a.kind != self.carrier]
+        if self.carrier is not None and not all(a.returns for a in carried):
+            raise ValueError(f"{self.playbook}: each carried action names what it returns")
         if self.nonces_from not in kinds:
             raise ValueError(f"{self.playbook}: nonces from {self.nonces_from}, not in {kinds}")
 
@@ -145,18 +160,68 @@ class HostJob:
 
     def part(self, action: HostAction, result: RunResult) -> RunResult:
         """The part of the run's result that is ``action``'s."""
-        if not self.plays:
+        if self.carrier is None:
             return result
-        return result.of_play(self.plays[self.actions.index(action)])
+        return self.carried_part(action, result)
+
+    def carried_part(self, action: HostAction, result: RunResult) -> RunResult:
+        """One action's part of a run whose carrier answered for every action. A carried
+        action's part is the carrier's tasks alone, as its own module's: passed where
+        they returned its keys (a host whose parity failed was still discovered). The
+        carrier's part is the run without the carried keys, and without the hosts where
+        a carried action failed, so that their outcome says it did not run, and why."""
+        [carrier] = [a for a in self.actions if a.kind == self.carrier]
+        carried = [a for a in self.actions if a is not carrier]
+
+        def is_carrier(task: TaskResult) -> bool:
+            return task.action.rsplit(".", 1)[-1] == carrier.module
+
+        if action is carrier:
+            failed = {
+                task.host
+                for task in result.tasks
+                if is_carrier(task) and not all(answers(task, a) for a in carried)
+            }
+            returned = {key for a in carried for key in a.returns}
+            tasks = [
+                replace(task, result=without(task.result, returned)) if is_carrier(task) else task
+                for task in result.tasks
+                if task.host not in failed
+            ]
+        else:
+            tasks = [carried_task(task, action) for task in result.tasks if is_carrier(task)]
+        return replace(result, tasks=tasks, hosts=summarize(tasks))
 
 
-# Discovery then parity over one inventory read (playbooks/fleet_check.yml); parity's
-# api_topology check reads the map discovered in the same run.
+def answers(task: TaskResult, action: HostAction) -> bool:
+    """Whether a carrier's task returned everything ``action`` returns."""
+    return task.status != "unreachable" and all(key in task.result for key in action.returns)
+
+
+def without(result: dict[str, Any], keys: set[str]) -> dict[str, Any]:
+    return {key: value for key, value in result.items() if key not in keys}
+
+
+def carried_task(task: TaskResult, action: HostAction) -> TaskResult:
+    """A carrier's task as ``action``'s own: its keys of the answer, passed where they
+    were returned, else the carrier's failure."""
+    module = task.action.rsplit(".", 1)
+    module[-1] = action.module
+    if not answers(task, action):
+        return replace(task, action=".".join(module))
+    return replace(
+        task,
+        action=".".join(module),
+        status="ok",
+        changed=False,
+        result={key: task.result[key] for key in action.returns},
+    )
+
+
+# Discovery then parity in one module task per host (playbooks/fleet_check.yml: the parity
+# module discovers the topology first and judges api_topology by that map).
 DISCOVER_AND_CHECK = HostJob(
-    "fleet_check.yml",
-    (DISCOVER, PARITY),
-    nonces_from=PARITY.kind,
-    plays=("Discover GPU slice topology", "Check slice host parity"),
+    "fleet_check.yml", (DISCOVER, PARITY), nonces_from=PARITY.kind, carrier=PARITY.kind
 )
 
 

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +94,6 @@ class TaskResult:
     result: dict[str, Any]
     started_at: str | None
     duration_s: float | None
-    play: str = ""
 
 
 @dataclass
@@ -136,12 +135,6 @@ class RunResult:
     def host_passed(self, host: str) -> bool:
         summary = self.hosts.get(host)
         return summary is not None and summary.passed and self.status != "timeout"
-
-    def of_play(self, play: str) -> RunResult:
-        """The run as far as one of its plays goes: its tasks, and each host's summary
-        counted from them (one host action's part of a job of several)."""
-        tasks = [task for task in self.tasks if task.play == play]
-        return replace(self, tasks=tasks, hosts=summarize(tasks))
 
 
 def clean_result(res: dict[str, Any], secrets: frozenset[str] = frozenset()) -> dict[str, Any]:
@@ -190,7 +183,6 @@ def parse_events(
                 result=clean_result(res, secrets) if isinstance(res, dict) else {},
                 started_at=data.get("start"),
                 duration_s=data.get("duration"),
-                play=data.get("play", ""),
             )
         )
     return summarize(tasks), tasks
