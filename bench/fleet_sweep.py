@@ -34,7 +34,8 @@ while the largest sweep with the most workers and the last batch size runs, and 
 other with no sweep running, after the sweeps (same process, same store): p50/p99.
 
 Then the same discovery and parity as one job per batch (parity-sweep with discover=True:
-one playbook run and one flow run per batch; docs/operations.md, "Fleet sweeps"): its
+one flow run and one playbook run per batch, one module task per host; docs/operations.md,
+"Fleet sweeps"): its
 wall time, controller CPU-s per host, both as ratios to the two sweeps', and its split by
 process kind.
 
@@ -304,7 +305,8 @@ def measure(
     measured.cpu = {name: group.seconds() - before[name] for name, group in groups.items()}
     measured.kinds = sampler.by_kind()
     measured.evidence = evidence_rows(engine) - rows
-    # The same two host actions as one job per batch: one playbook run, one flow run.
+    # The same two host actions as one job per batch: one flow run, one playbook run, one
+    # module task per host.
     one_job_before = groups["controller"].seconds()
     sampler.reset()
     measured.wall["one job"] = completed_sweep(
