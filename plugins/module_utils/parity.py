@@ -1132,7 +1132,10 @@ def check_host(ctx, checks=None, discovery=None):
 def validate_inputs(ctx, checks=None):
     """Raise ParityError for a check name or network the checks cannot use."""
     validate_checks(checks)
-    netstate.gateway_interface(ctx.slice_subnet)
+    try:
+        netstate.gateway_interface(ctx.slice_subnet)
+    except ValueError as exc:
+        raise ParityError(f"slice_subnet {ctx.slice_subnet!r} is not a network: {exc}") from None
     for entry in ctx.infra_networks:
         try:
             ipaddress.IPv4Network(entry)

@@ -124,6 +124,12 @@ def test_netplan_parse_errors_are_specific():
     assert matched == {"ibp*": ["172.16.1.1/24"]}
 
 
+@pytest.mark.parametrize("subnet", ["10.100.0.5/24", "slices", "10.100.0.0/33"])
+def test_a_bad_slice_subnet_is_refused_by_name(host_tree, subnet):
+    with pytest.raises(parity.ParityError, match=f"slice_subnet '{re.escape(subnet)}'"):
+        run(host_tree("clean", "j22u15"), ["bridge"], slice_subnet=subnet)
+
+
 def test_a_bad_fabric_subnet_is_refused(host_tree):
     with pytest.raises(parity.ParityError, match="fabric_subnet 'fabric' is not a network"):
         run(host_tree("clean", "j22u15"), ["ipoib_netplan"], fabric_subnet="fabric")
@@ -715,7 +721,9 @@ def test_bad_input_is_refused_before_discovery_reads_anything(host_tree):
         slice_subnet="10.100.0.0/33",
         runner=no_commands,
     )
-    with pytest.raises(ValueError, match=re.escape("10.100.0.0/33")):
+    with pytest.raises(
+        parity.ParityError, match=re.escape("slice_subnet '10.100.0.0/33' is not a network")
+    ):
         parity.check_host(ctx, None, DISCOVER_OPTIONS)
     good = dataclasses.replace(ctx, slice_subnet="10.100.0.0/24")
     with pytest.raises(parity.ParityError, match="nosuchcheck"):
