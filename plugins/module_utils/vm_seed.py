@@ -26,6 +26,7 @@ import os
 import re
 import socket
 import subprocess
+import tempfile
 
 try:
     import pycdlib
@@ -307,15 +308,10 @@ def _diff_text(files) -> str:
     )
 
 
-def ensure_relay_key(path: str, check_mode: bool) -> dict:
-    """The node terminal relay key pair at `path` (+ .pub), created (ed25519) if missing."""
-    public = path + ".pub"
-    created = False
-    if not os.path.exists(path):
-        created = True
-        if check_mode:
-            return {"path": path, "created": True, "public_key": ""}
-        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+def make_relay_key(path: str, directory: str) -> None:
+    """A new ed25519 pair at `path`, moved into place whole (the caller holds its lock)."""
+    with tempfile.TemporaryDirectory(prefix=".relay-key.", dir=directory) as scratch:
+        made = os.path.join(scratch, "key")
         proc = subprocess.run(
             [
                 "ssh-keygen",
@@ -327,16 +323,39 @@ def ensure_relay_key(path: str, check_mode: bool) -> dict:
                 "-C",
                 f"gpuaas-terminal-relay@{socket.gethostname()}",
                 "-f",
-                path,
+                made,
             ],
             capture_output=True,
             text=True,
             check=False,
+            stdin=subprocess.DEVNULL,
         )
         if proc.returncode != 0:
             raise VmError(
                 "terminal_key_failed", f"ssh-keygen {path}: {proc.stderr.strip()}", PHASE_SEED
             )
+        os.replace(made + ".pub", path + ".pub")
+        os.replace(made, path)
+
+
+def ensure_relay_key(path: str, check_mode: bool) -> dict:
+    """The node terminal relay key pair at `path` (+ .pub), created (ed25519) if missing.
+
+    Provisions that start together on a new host all want it at once, so it is made under
+    the key's lock, in a scratch directory beside it, and moved into place public half
+    first: a private key that exists always has its public half, and every run reads the
+    one pair that stays."""
+    public = path + ".pub"
+    created = False
+    if not os.path.exists(path):
+        if check_mode:
+            return {"path": path, "created": True, "public_key": ""}
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        with hostfile.edit_lock(path):
+            created = not os.path.exists(path)
+            if created:
+                make_relay_key(path, directory)
     try:
         with open(public, encoding="utf-8") as handle:
             key = handle.read().strip()

@@ -101,6 +101,14 @@ def allocations(engine) -> list[Any]:
         ).all()
 
 
+def described(rows: list[Any]) -> str:
+    """The rows in full, one a line: an assertion message that is not a string is cut short,
+    and a failure's reason is the part worth reading."""
+    return "\n".join(
+        f"{row.id} {row.state} {row.gpu_count} GPU: {row.failure_reason}" for row in rows
+    )
+
+
 def domains(host: LabSliceHost) -> list[str]:
     return sorted(host.lab.virsh("list", "--all", "--name").stdout.split())
 
@@ -149,7 +157,7 @@ def test_a_burst_fills_the_host_then_every_slice_is_released_at_once(eight_slots
     refused = [r for r in runs if not r.state.is_completed()]
     rows = allocations(engine)
     active = [row for row in rows if row.state == "active"]
-    assert sum(row.gpu_count for row in active) == 8, rows
+    assert sum(row.gpu_count for row in active) == 8, described(rows)
     assert len(placed) == len(active) == len(rows), [(r.name, r.state.message) for r in runs]
     for run in refused:
         assert run.state.is_failed()
@@ -230,8 +238,8 @@ def test_a_worker_killed_mid_burst_leaves_nothing_unsafe_after_reconcile(eight_s
 
     # Reconcile judges runs by what they hold in the store (docs/operations.md).
     rows = allocations(engine)
-    assert {row.state for row in rows} <= {"active", "failed", "released"}, rows
-    assert all(row.failure_reason for row in rows if row.state == "failed"), rows
+    assert {row.state for row in rows} <= {"active", "failed", "released"}, described(rows)
+    assert all(row.failure_reason for row in rows if row.state == "failed"), described(rows)
     live = [row.id for row in rows if row.state == "active"]
     assert domains(host) == sorted(slice_domain(a) for a in live)
     # A reservation only for a live VM, or for a slot kept blocked for an operator.

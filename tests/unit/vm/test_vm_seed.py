@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import shutil
 import subprocess
 from pathlib import Path
@@ -209,6 +210,52 @@ def test_run_creates_the_relay_key_once_and_injects_it(tmp_path: Path):
     again = vm_seed.run(params, check_mode=False)
     assert not again["changed"] and not again["terminal_key"]["created"]
     assert key.with_suffix(".pub").read_text().strip() == public
+
+
+def relay_key_in_a_new_process(path: str, ready, results) -> None:
+    ready.wait()
+    try:
+        results.put(vm_seed.ensure_relay_key(path, check_mode=False)["public_key"])
+    except VmError as exc:
+        results.put(f"{exc.code}: {exc}")
+
+
+def test_provisions_racing_for_a_new_relay_key_all_get_the_one_key_written(tmp_path: Path):
+    """A burst on a new host: every slice's seed wants the relay key at once (the burst lab
+    saw one provision fail here). Each gets the same pair, and it is the one on disk."""
+    key = tmp_path / "terminal" / "id_ed25519"
+    context = multiprocessing.get_context("fork")
+    ready, results = context.Event(), context.Queue()
+    racers = [
+        context.Process(target=relay_key_in_a_new_process, args=(str(key), ready, results))
+        for _ in range(8)
+    ]
+    for racer in racers:
+        racer.start()
+    ready.set()
+    answers = [results.get(timeout=60) for _ in racers]
+    for racer in racers:
+        racer.join(timeout=60)
+    public = key.with_suffix(".pub").read_text().strip()
+    assert answers == [public] * len(racers)
+    derived = subprocess.run(
+        ["ssh-keygen", "-y", "-f", str(key)], capture_output=True, text=True, check=True
+    ).stdout.split()[:2]
+    assert derived == public.split()[:2]
+    assert sorted(p.name for p in key.parent.iterdir()) == [
+        ".id_ed25519.lock",
+        "id_ed25519",
+        "id_ed25519.pub",
+    ]
+
+
+def test_a_relay_key_whose_creation_was_cut_short_is_made_again(tmp_path: Path):
+    """A run killed between the two halves leaves a public key alone: the next makes both."""
+    key = tmp_path / "id_ed25519"
+    key.with_suffix(".pub").write_text("ssh-ed25519 AAAAleftover\n")
+    made = vm_seed.ensure_relay_key(str(key), check_mode=False)
+    assert made["created"] and made["public_key"] != "ssh-ed25519 AAAAleftover"
+    assert key.with_suffix(".pub").read_text().strip() == made["public_key"]
 
 
 def test_a_relay_key_without_its_public_half_is_refused(tmp_path: Path):
