@@ -662,19 +662,20 @@ class LabHost:
         started = since or time.monotonic()
         while time.monotonic() - started < timeout:
             if not self.running():
+                console = console_tail(self)
                 raise HostLabError(
                     "lab_host_died",
-                    f"{self.name}: QEMU exited while waiting for SSH; console:\n"
-                    + console_tail(self),
-                    {"console_tail": console_tail(self)},
+                    f"{self.name}: QEMU exited while waiting for SSH; console:\n{console}",
+                    {"console_tail": console},
                 )
             if _port_open(self.address, 22) and self._ssh_answers():
                 return round(time.monotonic() - started, 1)
             time.sleep(2)
+        console = console_tail(self)
         raise HostLabError(
             "lab_host_boot_timeout",
-            f"{self.name}: no SSH after {timeout:.0f} s; console:\n" + console_tail(self),
-            {"console_tail": console_tail(self)},
+            f"{self.name}: no SSH after {timeout:.0f} s; console:\n{console}",
+            {"console_tail": console},
         )
 
     def _ssh_answers(self) -> bool:

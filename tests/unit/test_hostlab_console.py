@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from gpuaas_lab import hostlab
 
 
@@ -48,3 +50,24 @@ def test_trouble_that_scrolled_out_of_the_tail_leads_the_report(tmp_path: Path) 
 
 def test_a_host_without_a_console_log_reports_nothing(tmp_path: Path) -> None:
     assert hostlab.console_tail(ConsoleHost(tmp_path)) == ""
+
+
+class DeadHost(ConsoleHost):
+    """A lab host whose QEMU has exited, as LabHost.wait_for_ssh sees one."""
+
+    name = "lab-dead"
+    address = "127.0.0.1"
+
+    def running(self) -> bool:
+        return False
+
+
+def test_a_host_that_died_while_booting_reports_its_console_once(tmp_path: Path) -> None:
+    (tmp_path / "console.log").write_text("Kernel panic - not syncing: VFS: Unable to mount root\n")
+    host = DeadHost(tmp_path)
+    with pytest.raises(hostlab.HostLabError) as caught:
+        hostlab.LabHost.wait_for_ssh(host, timeout=60)
+    assert caught.value.code == "lab_host_died"
+    shown = caught.value.message.split("console:\n", 1)[1]
+    assert shown == caught.value.details["console_tail"] == hostlab.console_tail(host)
+    assert "Kernel panic" in shown
