@@ -67,11 +67,29 @@ def write_bytes(path, data, mode=None, dir_mode=0o755, like=None):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    sync_directory(directory)
+
+
+def sync_directory(directory):
+    """fsync `directory`, so the renames into it survive a power loss."""
     directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(directory_fd)
     finally:
         os.close(directory_fd)
+
+
+def move_into_place(source, path):
+    """Rename `source` over `path` (one filesystem) durably: the file's data reaches the
+    disk before the rename does, and the rename before this returns, so a power loss leaves
+    the old file or the whole new one, never an empty one."""
+    source_fd = os.open(source, os.O_RDONLY)
+    try:
+        os.fsync(source_fd)
+    finally:
+        os.close(source_fd)
+    os.replace(source, path)
+    sync_directory(os.path.dirname(os.path.abspath(path)))
 
 
 @contextlib.contextmanager

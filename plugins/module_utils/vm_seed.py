@@ -334,8 +334,8 @@ def make_relay_key(path: str, directory: str) -> None:
             raise VmError(
                 "terminal_key_failed", f"ssh-keygen {path}: {proc.stderr.strip()}", PHASE_SEED
             )
-        os.replace(made + ".pub", path + ".pub")
-        os.replace(made, path)
+        hostfile.move_into_place(made + ".pub", path + ".pub")
+        hostfile.move_into_place(made, path)
 
 
 def ensure_relay_key(path: str, check_mode: bool) -> dict:
@@ -343,8 +343,9 @@ def ensure_relay_key(path: str, check_mode: bool) -> dict:
 
     Provisions that start together on a new host all want it at once, so it is made under
     the key's lock, in a scratch directory beside it, and moved into place public half
-    first: a private key that exists always has its public half, and every run reads the
-    one pair that stays."""
+    first (each half synced to disk before its rename, `hostfile.move_into_place`): a
+    private key that exists always has its public half, and every run reads the one pair
+    that stays."""
     public = path + ".pub"
     created = False
     if not os.path.exists(path):

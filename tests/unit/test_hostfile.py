@@ -49,3 +49,37 @@ def test_a_failed_replace_leaves_the_original_and_no_temporary_file(tmp_path, mo
         hostfile.write_bytes(str(target), b"partial")
     assert target.read_text() == "original\n"
     assert [p.name for p in tmp_path.iterdir()] == ["fstab"]
+
+
+def test_a_file_moved_into_place_reaches_the_disk_before_its_rename_and_the_rename_after(
+    tmp_path, monkeypatch
+):
+    """No power loss can be staged here, so the order of the real calls is what is checked:
+    the file's data is synced, then renamed, then its directory is synced."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    made = scratch / "key"
+    made.write_text("new key\n")
+    target = tmp_path / "key"
+    target.write_text("old key\n")
+    calls = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def recorded_fsync(fd):
+        calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def recorded_replace(src, dst):
+        calls.append(("replace", str(src), str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", recorded_fsync)
+    monkeypatch.setattr(os, "replace", recorded_replace)
+    hostfile.move_into_place(str(made), str(target))
+    assert calls == [
+        ("fsync", str(made)),
+        ("replace", str(made), str(target)),
+        ("fsync", str(tmp_path)),
+    ]
+    assert target.read_text() == "new key\n"
+    assert list(scratch.iterdir()) == []
