@@ -22,6 +22,7 @@ import tempfile
 import time
 
 from ansible.module_utils.urls import open_url
+from ansible_collections.gpuaas.fleet.plugins.module_utils import hostfile
 
 CHUNK = 1 << 20
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -53,14 +54,6 @@ def file_sha256(path: str) -> str | None:
     except FileNotFoundError:
         return None
     return digest.hexdigest()
-
-
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def fetch(url: str, dest: str, expected: str, options: dict) -> dict:
@@ -117,7 +110,7 @@ def fetch(url: str, dest: str, expected: str, options: dict) -> dict:
             )
         os.chmod(part, 0o644)
         os.replace(part, dest)
-        _fsync_directory(directory)
+        hostfile.sync_directory(directory)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(part)
